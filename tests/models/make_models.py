@@ -1,0 +1,304 @@
+"""Regenerates the project's own test models in this folder.
+
+    python tests/models/make_models.py builder      # ModelBuilder-made models (needs only the package)
+    python tests/models/make_models.py tensorflow   # real converter output (pip install '.[models]')
+
+Builder models are deterministic: the test suite regenerates them and checks the committed bytes.
+Converter models use fixed seeds but depend on the TensorFlow version (2.21.0 made the committed
+ones); they are small versions of the reference models in `../shared/models`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+# ----------------------------------------------------------------------------------------------
+# Builder-made models: one or a few ops each, named after what they exercise.
+
+
+def _builder_models() -> dict[str, Callable[[], object]]:
+    from tflite_tools.builder import ModelBuilder, quantization
+
+    rng = np.random.default_rng(1234)
+
+    def weights(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32) * 0.5
+
+    def add_relu():
+        b = ModelBuilder()
+        x, y = b.input("x", [1, 4, 4, 3]), b.input("y", [1, 4, 4, 3])
+        b.output(b.op("ADD", [x, y], [1, 4, 4, 3], fused_activation_function="RELU"))
+        return b.build()
+
+    def conv_relu6():
+        b = ModelBuilder()
+        x = b.input("x", [1, 9, 7, 3])
+        w, bias = b.const("w", weights(5, 3, 3, 3)), b.const("b", weights(5))
+        y = b.op("CONV_2D", [x, w, bias], [1, 5, 4, 5], padding="SAME", stride_h=2, stride_w=2,
+                 fused_activation_function="RELU6")
+        b.output(y)
+        return b.build()
+
+    def depthwise_residual():
+        b = ModelBuilder()
+        x = b.input("x", [1, 6, 6, 7])
+        w, bias = b.const("w", weights(1, 3, 3, 7)), b.const("b", weights(7))
+        d = b.op("DEPTHWISE_CONV_2D", [x, w, bias], [1, 6, 6, 7], padding="SAME", stride_h=1, stride_w=1,
+                 depth_multiplier=1, fused_activation_function="RELU6")
+        b.output(b.op("ADD", [d, x], [1, 6, 6, 7]))
+        return b.build()
+
+    def fc_softmax():
+        b = ModelBuilder()
+        x = b.input("x", [2, 17])
+        h = b.op("FULLY_CONNECTED", [x, b.const("w", weights(10, 17)), b.const("b", weights(10))], [2, 10])
+        b.output(b.op("SOFTMAX", [h], [2, 10], beta=1.0))
+        return b.build()
+
+    def fc_no_bias():
+        # The bias is an omitted optional input: index -1 in the file.
+        b = ModelBuilder()
+        x = b.input("x", [3, 8])
+        b.output(b.op("FULLY_CONNECTED", [x, b.const("w", weights(4, 8)), None], [3, 4]))
+        return b.build()
+
+    def swish_chain():
+        b = ModelBuilder()
+        x = b.input("x", [1, 5, 5, 8])
+        s = b.op("MUL", [x, b.const("scale", weights(8))], [1, 5, 5, 8])
+        t = b.op("ADD", [s, b.const("shift", weights(8))], [1, 5, 5, 8])
+        g = b.op("LOGISTIC", [t], [1, 5, 5, 8])
+        b.output(b.op("MUL", [t, g], [1, 5, 5, 8]))
+        return b.build()
+
+    def reshape_transpose():
+        b = ModelBuilder()
+        x = b.input("x", [1, 6, 8])
+        r = b.op("RESHAPE", [x, b.const("shape", [1, 6, 2, 4])], [1, 6, 2, 4], new_shape=[1, 6, 2, 4])
+        t = b.op("TRANSPOSE", [r, b.const("perm", [0, 2, 1, 3])], [1, 2, 6, 4])
+        b.output(t)
+        return b.build()
+
+    def split_outputs():
+        b = ModelBuilder()
+        x = b.input("x", [1, 4, 6])
+        lo, hi = b.op("SPLIT", [b.const("axis", np.array(2, np.int32)), x], [[1, 4, 3], [1, 4, 3]], num_splits=2)
+        b.output(b.op("TANH", [lo], [1, 4, 3]), hi)
+        return b.build()
+
+    def int8_add():
+        b = ModelBuilder()
+        qa, qb, qo = quantization(0.05, -3), quantization(0.02, 5), quantization(0.08, -10)
+        x = b.input("x", [1, 8, 3], "int8", quant=qa)
+        y = b.input("y", [1, 8, 3], "int8", quant=qb)
+        b.output(b.op("ADD", [x, y], [1, 8, 3], quant=qo))
+        return b.build()
+
+    def dynamic_batch():
+        b = ModelBuilder()
+        x = b.input("x", [1, 4], shape_signature=[-1, 4])
+        y = b.op("ADD", [x, b.const("bias", weights(4))], [1, 4])
+        y.shape_signature = (-1, 4)
+        b.output(y)
+        return b.build()
+
+    def custom_op():
+        b = ModelBuilder()
+        x = b.input("x", [1, 4])
+        c = b.custom("DnnfTestCustom", [x], [1, 4], custom_options=b"\x01\x02opaque")
+        b.output(b.op("RELU", [c], [1, 4]))
+        return b.build()
+
+    return {
+        "add_relu": add_relu,
+        "conv_relu6": conv_relu6,
+        "depthwise_residual": depthwise_residual,
+        "fc_softmax": fc_softmax,
+        "fc_no_bias": fc_no_bias,
+        "swish_chain": swish_chain,
+        "reshape_transpose": reshape_transpose,
+        "split_outputs": split_outputs,
+        "int8_add": int8_add,
+        "dynamic_batch": dynamic_batch,
+        "custom_op": custom_op,
+    }
+
+
+def builder_model_bytes() -> dict[str, bytes]:
+    """Each builder model's serialized bytes, by file stem."""
+    from tflite_tools import serialize
+
+    return {name: serialize(make()) for name, make in _builder_models().items()}
+
+
+def make_builder(out: Path) -> list[Path]:
+    """Writes the builder models to `out`."""
+    from tflite_tools.atomic import write_bytes_atomic
+
+    paths = []
+    for name, data in builder_model_bytes().items():
+        path = out / f"{name}.tflite"
+        write_bytes_atomic(path, data)
+        paths.append(path)
+    return paths
+
+
+# ----------------------------------------------------------------------------------------------
+# Real converter output, small versions of the reference models.
+
+
+def make_tensorflow(out: Path) -> list[Path]:
+    """Converts small Keras / tf.function models with TensorFlow and writes them to `out`."""
+    import tensorflow as tf
+
+    from tflite_tools.atomic import write_bytes_atomic
+
+    keras = tf.keras
+    tf.random.set_seed(7)
+    keras.utils.set_random_seed(7)
+    paths = []
+
+    def write(name: str, data: bytes) -> None:
+        path = out / f"{name}.tflite"
+        write_bytes_atomic(path, data)
+        paths.append(path)
+
+    def from_keras(model, **settings) -> bytes:
+        conv = tf.lite.TFLiteConverter.from_keras_model(model)
+        for key, value in settings.items():
+            setattr(conv, key, value)
+        return conv.convert()
+
+    # MobileNetV2 at alpha 0.35 on 96x96, 16 classes: CONV/DEPTHWISE + RELU6, residual ADD, MEAN, FC.
+    mobilenet = keras.applications.MobileNetV2(
+        alpha=0.35, input_tensor=keras.Input((96, 96, 3), batch_size=1), weights=None, classes=16
+    )
+    write("mobilenet_v2_035_96", from_keras(mobilenet))
+
+    def representative():
+        rng = np.random.default_rng(0)
+        for _ in range(16):
+            yield [rng.uniform(-1, 1, (1, 96, 96, 3)).astype(np.float32)]
+
+    write(
+        "mobilenet_v2_035_96_int8",
+        from_keras(
+            mobilenet,
+            optimizations=[tf.lite.Optimize.DEFAULT],
+            representative_dataset=representative,
+            target_spec=_int8_spec(tf),
+            inference_input_type=tf.int8,
+            inference_output_type=tf.int8,
+        ),
+    )
+
+    # One transformer encoder layer, seq 32, hidden 64: GATHER embedding, LayerNorm decomposed,
+    # attention as RESHAPE/TRANSPOSE/BATCH_MATMUL/SOFTMAX, GELU feed-forward.
+    tokens = keras.Input((32,), batch_size=1, dtype="int32", name="input_ids")
+    h = keras.layers.Embedding(1000, 64)(tokens)
+    h = h + keras.layers.Embedding(32, 64)(tf.range(32)[tf.newaxis, :])
+    h = keras.layers.LayerNormalization(epsilon=1e-6)(h)
+    a = keras.layers.MultiHeadAttention(num_heads=2, key_dim=32)(h, h)
+    h = keras.layers.LayerNormalization(epsilon=1e-6)(h + a)
+    f = keras.layers.Dense(128, activation="gelu")(h)
+    f = keras.layers.Dense(64)(f)
+    h = keras.layers.LayerNormalization(epsilon=1e-6)(h + f)
+    write("transformer_encoder", from_keras(keras.Model(tokens, h)))
+
+    # Tiny U-Net on 32x32: MAX_POOL_2D, TRANSPOSE_CONV, CONCATENATION skips, LOGISTIC head.
+    image = keras.Input((32, 32, 3), batch_size=1, name="image")
+
+    def double_conv(x, ch):
+        for _ in range(2):
+            x = keras.layers.Conv2D(ch, 3, padding="same", use_bias=False)(x)
+            x = keras.layers.BatchNormalization()(x)
+            x = keras.layers.ReLU()(x)
+        return x
+
+    s1 = double_conv(image, 8)
+    s2 = double_conv(keras.layers.MaxPooling2D()(s1), 16)
+    bottom = double_conv(keras.layers.MaxPooling2D()(s2), 32)
+    u2 = keras.layers.Conv2DTranspose(16, 2, strides=2)(bottom)
+    u2 = double_conv(keras.layers.Concatenate()([u2, s2]), 16)
+    u1 = keras.layers.Conv2DTranspose(8, 2, strides=2)(u2)
+    u1 = double_conv(keras.layers.Concatenate()([u1, s1]), 8)
+    mask = keras.layers.Conv2D(2, 1, activation="sigmoid")(u1)
+    write("unet_tiny", from_keras(keras.Model(image, mask)))
+
+    # Small convolution with float16 weights: DEQUANTIZE of constants for constant folding.
+    x_in = keras.Input((16, 16, 4), batch_size=1)
+    y = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(x_in)
+    y = keras.layers.DepthwiseConv2D(3, padding="same")(y)
+    fp16 = keras.Model(x_in, y)
+    write(
+        "conv_fp16_weights",
+        from_keras(fp16, optimizations=[tf.lite.Optimize.DEFAULT], target_spec=_fp16_spec(tf)),
+    )
+
+    # Control flow: a WHILE loop makes three subgraphs (main, cond, body).
+    class Loop(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32)])
+        def __call__(self, x):
+            i = tf.constant(0)
+            _, y = tf.while_loop(lambda i, v: i < 3, lambda i, v: (i + 1, tf.tanh(v * 1.5 + 0.1)), [i, x])
+            return y
+
+    loop = Loop()
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([loop.__call__.get_concrete_function()], loop)
+    write("while_loop", conv.convert())
+
+    # A dynamic batch dimension: shape_signature [-1, 8].
+    class Dynamic(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = tf.Variable(np.random.default_rng(3).standard_normal((8, 4)).astype(np.float32))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def __call__(self, x):
+            return tf.nn.relu(tf.matmul(x, self.w))
+
+    dyn = Dynamic()
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([dyn.__call__.get_concrete_function()], dyn)
+    write("dynamic_batch_matmul", conv.convert())
+    return paths
+
+
+def _int8_spec(tf):
+    spec = tf.lite.TargetSpec()
+    spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    return spec
+
+
+def _fp16_spec(tf):
+    spec = tf.lite.TargetSpec()
+    spec.supported_types = [tf.float16]
+    return spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry: regenerate the builder and/or TensorFlow models."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=["builder", "tensorflow", "all"], nargs="?", default="builder")
+    parser.add_argument("--out", type=Path, default=HERE)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
+    written = []
+    if args.which in ("builder", "all"):
+        written += make_builder(args.out)
+    if args.which in ("tensorflow", "all"):
+        written += make_tensorflow(args.out)
+    for path in written:
+        print(f"{path.name:<32} {path.stat().st_size:>9} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Atomic file writes: a reader sees the old file or the complete new one, never a partial one."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Iterator
+
+
+@contextlib.contextmanager
+def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Opens a temporary file beside `path`; on clean exit renames it over `path`.
+
+    If the block raises, the temporary file is removed and `path` is left as it was. The file
+    gets the permissions a plain `open(path, "wb")` would have given it (0666 less the umask).
+    """
+    target = Path(path)
+    fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)
+        os.replace(tmp_name, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes | bytearray | memoryview) -> None:
+    """Writes `data` to `path` atomically."""
+    with atomic_writer(path) as handle:
+        handle.write(data)

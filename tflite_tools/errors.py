@@ -1,0 +1,9 @@
+"""The project's own error type for anything wrong with a model or a request about one."""
+
+
+class ModelError(Exception):
+    """A model cannot be read, written or processed; the message is one line a user can act on.
+
+    Everything the tools reject on purpose raises this (or a subclass), so callers and the CLI
+    can tell a bad input from a bug: the CLI prints the message and exits with code 2.
+    """

@@ -1,0 +1,88 @@
+"""Running models in LiteRT: the interpreter import, resolver choice and random inputs.
+
+`ai_edge_litert` is the maintained runtime; `tflite_runtime` (2.14 and older) still works as a
+fallback where LiteRT is missing. Everything that runs a model goes through here, so tests,
+the CLI and benchmarks agree on how a model is run and fed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+try:  # pragma: no cover - which branch runs depends on the environment
+    from ai_edge_litert import interpreter as _interpreter
+
+    RUNTIME = "ai_edge_litert"
+except ImportError:  # pragma: no cover
+    from tflite_runtime import interpreter as _interpreter  # type: ignore[no-redef]
+
+    RUNTIME = "tflite_runtime"
+
+Interpreter = _interpreter.Interpreter
+OpResolverType = _interpreter.OpResolverType
+load_delegate = _interpreter.load_delegate
+
+# The resolvers the project runs models with, by the name used in options and reports.
+RESOLVERS = {
+    # TFLite's optimized kernels with XNNPACK applied to what it supports (the default).
+    "xnnpack": OpResolverType.AUTO,
+    # TFLite's optimized builtin kernels, no default delegate.
+    "builtin": OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES,
+    # TFLite's reference kernels: the ground truth every lowering is tested against.
+    "reference": OpResolverType.BUILTIN_REF,
+}
+
+
+def make_interpreter(
+    model: bytes | str | os.PathLike,
+    resolver: str = "xnnpack",
+    num_threads: int = 1,
+    delegates: Sequence[Any] | None = None,
+) -> Any:
+    """An allocated LiteRT interpreter for a model given as bytes or a path."""
+    kwargs: dict[str, Any] = dict(
+        experimental_op_resolver_type=RESOLVERS[resolver],
+        num_threads=num_threads,
+        experimental_delegates=list(delegates or []),
+    )
+    if isinstance(model, (bytes, bytearray)):
+        interp = Interpreter(model_content=bytes(model), **kwargs)
+    else:
+        interp = Interpreter(model_path=os.fspath(model), **kwargs)
+    interp.allocate_tensors()
+    return interp
+
+
+def random_inputs(interp: Any, seed: int = 0) -> list[np.ndarray]:
+    """One random array per model input, in the input's dtype and shape.
+
+    Floats are standard normal; int8/uint8 span their whole range; other integers are small and
+    non-negative (they are usually indices: token ids, gather positions), bools are coin flips.
+    """
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for detail in interp.get_input_details():
+        shape, dtype = tuple(detail["shape"]), np.dtype(detail["dtype"])
+        if dtype.kind == "f":
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+        elif dtype in (np.int8, np.uint8):
+            info = np.iinfo(dtype)
+            arrays.append(rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype))
+        elif dtype.kind in "iu":
+            arrays.append(rng.integers(0, 16, size=shape).astype(dtype))
+        elif dtype == np.bool_:
+            arrays.append(rng.integers(0, 2, size=shape).astype(np.bool_))
+        else:
+            raise ValueError(f"cannot make random input of dtype {dtype}")
+    return arrays
+
+
+def run(interp: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Invokes with `inputs` (in input order) and returns copies of all outputs."""
+    for detail, value in zip(interp.get_input_details(), inputs):
+        interp.set_tensor(detail["index"], value)
+    interp.invoke()
+    return [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]

@@ -1,0 +1,135 @@
+"""Static measurements of a graph: FLOPs, weight bytes, activation bytes and their peak live set.
+
+These are the numbers `tflite_tools info` prints and the fusion planner reports before and after
+fusing, so they live with the IR rather than with either user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .ir import Model, Operator, Subgraph, Tensor
+
+
+def _prod(values: tuple[int, ...] | list[int]) -> int:
+    result = 1
+    for v in values:
+        result *= int(v)
+    return result
+
+
+def macs(op: Operator) -> int:
+    """Multiply-accumulates of the compute-heavy ops (convolutions and matrix products), else 0."""
+    name = op.name
+    ins = op.inputs
+    out = op.outputs[0] if op.outputs else None
+    if out is None:
+        return 0
+    if name == "CONV_2D" and ins[1] is not None:  # filter [Cout, kh, kw, Cin/groups]
+        return out.num_elements * _prod(ins[1].shape[1:])
+    if name == "DEPTHWISE_CONV_2D" and ins[1] is not None:  # filter [1, kh, kw, Cout]
+        return out.num_elements * _prod(ins[1].shape[1:3])
+    if name == "CONV_3D" and ins[1] is not None:  # filter [kd, kh, kw, Cin, Cout]
+        return out.num_elements * _prod(ins[1].shape[:4])
+    if name == "TRANSPOSE_CONV" and ins[1] is not None and ins[2] is not None:
+        # Every input pixel scatters a kh x kw x Cout patch: filter [Cout, kh, kw, Cin].
+        return ins[2].num_elements * _prod(ins[1].shape[:3])
+    if name == "FULLY_CONNECTED" and ins[1] is not None:  # weights [units, in]
+        return out.num_elements * int(ins[1].shape[-1])
+    if name == "BATCH_MATMUL" and ins[0] is not None:
+        adj_x = bool(getattr(op.options, "adjX", False))
+        k = ins[0].shape[-2] if adj_x else ins[0].shape[-1]
+        return out.num_elements * int(k)
+    return 0
+
+
+def flops(op: Operator) -> int:
+    """FLOPs as 2 x MACs for convolutions and matrix products; other ops count 0."""
+    return 2 * macs(op)
+
+
+def weight_bytes(model: Model) -> int:
+    """Bytes of constant data, counting memory shared by several tensors once."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    for sg in model.subgraphs:
+        for t in sg.tensors:
+            if t.data is not None:
+                key = (t.data.__array_interface__["data"][0], t.data.nbytes)
+                if key not in seen:
+                    seen.add(key)
+                    total += int(t.data.nbytes)
+    return total
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    """A non-constant tensor is live from step `first` to step `last`, inclusive.
+
+    Step -1 is before the first operator (graph inputs); step len(operators) is after the last
+    (graph outputs must survive the whole run).
+    """
+
+    tensor: Tensor
+    first: int
+    last: int
+
+
+def lifetimes(sg: Subgraph) -> list[Lifetime]:
+    """The lifetime of every non-constant tensor the subgraph's operators or interface touch."""
+    end = len(sg.operators)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    tensors: dict[int, Tensor] = {}
+
+    def touch(t: Tensor, step: int) -> None:
+        if t.is_constant:
+            return
+        key = id(t)
+        tensors[key] = t
+        first[key] = min(first.get(key, step), step)
+        last[key] = max(last.get(key, step), step)
+
+    for t in sg.inputs:
+        touch(t, -1)
+    for step, op in enumerate(sg.operators):
+        for t in op.inputs:
+            if t is not None:
+                if id(t) not in first:
+                    # Read before anything in the graph writes it (a variable, or an input the
+                    # graph does not list): it must exist from the start.
+                    touch(t, -1)
+                touch(t, step)
+        for t in op.outputs:
+            touch(t, step)
+    for t in sg.outputs:
+        touch(t, end)
+    for t in sg.tensors:
+        if t.is_variable and not t.is_constant:
+            touch(t, -1)
+            touch(t, end)
+    return [Lifetime(tensors[k], first[k], last[k]) for k in tensors]
+
+
+def activation_bytes(sg: Subgraph) -> int:
+    """Bytes of all non-constant tensors, as if each had its own buffer."""
+    return sum(lt.tensor.nbytes for lt in lifetimes(sg))
+
+
+def peak_live_bytes(sg: Subgraph) -> int:
+    """The largest total size of tensors live at once, under the lifetime plan above.
+
+    This is the floor for any arena that reuses memory by lifetime (TFLite's arena planner
+    lands near it; fragmentation can add a little).
+    """
+    spans = lifetimes(sg)
+    if not spans:
+        return 0
+    steps = len(sg.operators) + 2  # -1 .. len(operators)
+    delta = np.zeros(steps + 1, dtype=np.int64)
+    for lt in spans:
+        delta[lt.first + 1] += lt.tensor.nbytes
+        delta[lt.last + 2] -= lt.tensor.nbytes
+    return int(np.cumsum(delta).max())
