@@ -132,7 +132,7 @@ class ModelBuilder:
         """Adds a builtin op and returns its output tensor.
 
         For several outputs, pass a list of shapes (and optionally a list of dtypes): a list of
-        tensors is returned. The output dtype defaults to the first input's.
+        tensors is returned. The output dtype defaults to the first non-constant input's.
         """
         op_name = op.upper()
         code = schema.builtin_code(op_name)
@@ -172,7 +172,9 @@ class ModelBuilder:
     def _outputs(self, name: str, inputs: Sequence[Tensor | None], shape: Any, dtype: Any, quant: Any) -> list[Tensor]:
         shapes = list(shape) if _is_multi(shape) else [shape]
         if dtype is None:
-            first = next((t for t in inputs if t is not None), None)
+            # The first non-constant input decides (SPLIT's axis and similar come first).
+            present = [t for t in inputs if t is not None]
+            first = next((t for t in present if not t.is_constant), present[0] if present else None)
             dtypes = [first.dtype if first is not None else "float32"] * len(shapes)
         elif isinstance(dtype, (list, tuple)):
             dtypes = list(dtype)

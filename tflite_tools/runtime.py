@@ -1,25 +1,34 @@
 """Running models in LiteRT: the interpreter import, resolver choice and random inputs.
 
 `ai_edge_litert` is the maintained runtime; `tflite_runtime` (2.14 and older) still works as a
-fallback where LiteRT is missing. Everything that runs a model goes through here, so tests,
+fallback where LiteRT is missing, or first when `DNNFUSION_RUNTIME=tflite_runtime` asks for it. Everything that runs a model goes through here, so tests,
 the CLI and benchmarks agree on how a model is run and fed.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any, Sequence
 
 import numpy as np
 
-try:  # pragma: no cover - which branch runs depends on the environment
-    from ai_edge_litert import interpreter as _interpreter
 
-    RUNTIME = "ai_edge_litert"
-except ImportError:  # pragma: no cover
-    from tflite_runtime import interpreter as _interpreter  # type: ignore[no-redef]
+def _import_interpreter() -> tuple[str, Any]:
+    """The first importable runtime, in the order DNNFUSION_RUNTIME names (default: LiteRT first)."""
+    order = os.environ.get("DNNFUSION_RUNTIME", "ai_edge_litert,tflite_runtime").split(",")
+    errors = []
+    for name in (n.strip() for n in order if n.strip()):
+        if name not in ("ai_edge_litert", "tflite_runtime"):
+            raise ImportError(f"DNNFUSION_RUNTIME names unknown runtime {name!r}")
+        try:
+            return name, importlib.import_module(f"{name}.interpreter")
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+    raise ImportError("no TFLite runtime found (pip install ai-edge-litert): " + "; ".join(errors))
 
-    RUNTIME = "tflite_runtime"
+
+RUNTIME, _interpreter = _import_interpreter()
 
 Interpreter = _interpreter.Interpreter
 OpResolverType = _interpreter.OpResolverType

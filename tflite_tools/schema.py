@@ -12,16 +12,15 @@ import re
 
 import numpy as np
 
-try:  # pragma: no cover - which branch runs depends on the environment
+# `tflite_runtime` has no schema module, so the schema always comes from ai-edge-litert; only the
+# interpreter falls back to `tflite_runtime` (see runtime.py). The module is pure Python and
+# imports fine beside numpy 1.x too.
+try:
     from ai_edge_litert import schema_py_generated as fb
-except ImportError:  # pragma: no cover
-    try:
-        from tflite_runtime import schema_py_generated as fb  # type: ignore[no-redef]
-    except ImportError as exc:
-        raise ImportError(
-            "tflite_tools needs the TFLite flatbuffer schema from `ai-edge-litert` "
-            "(pip install ai-edge-litert)"
-        ) from exc
+except ImportError as exc:  # pragma: no cover
+    raise ImportError(
+        "tflite_tools needs the TFLite flatbuffer schema from ai-edge-litert (pip install ai-edge-litert)"
+    ) from exc
 
 FILE_IDENTIFIER = b"TFL3"
 SCHEMA_VERSION = 3

@@ -23,24 +23,29 @@ def _prod(values: tuple[int, ...] | list[int]) -> int:
 def macs(op: Operator) -> int:
     """Multiply-accumulates of the compute-heavy ops (convolutions and matrix products), else 0."""
     name = op.name
-    ins = op.inputs
     out = op.outputs[0] if op.outputs else None
+
+    def operand(i: int, rank: int) -> Tensor | None:
+        # A malformed graph (wrong rank, missing operand) has no defined count: report 0.
+        t = op.inputs[i] if i < len(op.inputs) else None
+        return t if t is not None and len(t.shape) == rank else None
+
     if out is None:
         return 0
-    if name == "CONV_2D" and ins[1] is not None:  # filter [Cout, kh, kw, Cin/groups]
-        return out.num_elements * _prod(ins[1].shape[1:])
-    if name == "DEPTHWISE_CONV_2D" and ins[1] is not None:  # filter [1, kh, kw, Cout]
-        return out.num_elements * _prod(ins[1].shape[1:3])
-    if name == "CONV_3D" and ins[1] is not None:  # filter [kd, kh, kw, Cin, Cout]
-        return out.num_elements * _prod(ins[1].shape[:4])
-    if name == "TRANSPOSE_CONV" and ins[1] is not None and ins[2] is not None:
+    if name == "CONV_2D" and (w := operand(1, 4)):  # filter [Cout, kh, kw, Cin/groups]
+        return out.num_elements * _prod(w.shape[1:])
+    if name == "DEPTHWISE_CONV_2D" and (w := operand(1, 4)):  # filter [1, kh, kw, Cout]
+        return out.num_elements * _prod(w.shape[1:3])
+    if name == "CONV_3D" and (w := operand(1, 5)):  # filter [kd, kh, kw, Cin, Cout]
+        return out.num_elements * _prod(w.shape[:4])
+    if name == "TRANSPOSE_CONV" and (w := operand(1, 4)) and (x := operand(2, 4)):
         # Every input pixel scatters a kh x kw x Cout patch: filter [Cout, kh, kw, Cin].
-        return ins[2].num_elements * _prod(ins[1].shape[:3])
-    if name == "FULLY_CONNECTED" and ins[1] is not None:  # weights [units, in]
-        return out.num_elements * int(ins[1].shape[-1])
-    if name == "BATCH_MATMUL" and ins[0] is not None:
-        adj_x = bool(getattr(op.options, "adjX", False))
-        k = ins[0].shape[-2] if adj_x else ins[0].shape[-1]
+        return x.num_elements * _prod(w.shape[:3])
+    if name == "FULLY_CONNECTED" and (w := operand(1, 2)):  # weights [units, in]
+        return out.num_elements * int(w.shape[1])
+    if name == "BATCH_MATMUL" and op.inputs and op.inputs[0] is not None and len(op.inputs[0].shape) >= 2:
+        lhs = op.inputs[0]
+        k = lhs.shape[-2] if getattr(op.options, "adjX", False) else lhs.shape[-1]
         return out.num_elements * int(k)
     return 0
 

@@ -44,7 +44,11 @@ class _AlignedBufferT(fb.BufferT):
 
 def save(model: Model, path: str | os.PathLike) -> None:
     """Writes `model` to `path` atomically: a failure leaves no partial file behind."""
-    write_bytes_atomic(path, serialize(model))
+    data = serialize(model)
+    try:
+        write_bytes_atomic(path, data)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot write ({exc.strerror or exc})") from None
 
 
 def serialize(model: Model) -> bytes:
