@@ -135,19 +135,10 @@ class ModelBuilder:
         tensors is returned. The output dtype defaults to the first non-constant input's.
         """
         op_name = op.upper()
-        code = schema.builtin_code(op_name)
         options_type, options_obj = make_options(op_name, options)
-        outputs = self._outputs(name or op_name.lower(), inputs, shape, dtype, quant)
-        self.graph.operators.append(
-            Operator(
-                opcode=OpCode(code, None, version),
-                inputs=list(inputs),
-                outputs=outputs,
-                options_type=options_type,
-                options=options_obj,
-            )
-        )
-        return outputs if _is_multi(shape) else outputs[0]
+        opcode = OpCode(schema.builtin_code(op_name), None, version)
+        return self._append(opcode, name or op_name.lower(), inputs, shape, dtype, quant,
+                            options_type=options_type, options=options_obj)
 
     def custom(
         self,
@@ -158,15 +149,13 @@ class ModelBuilder:
         custom_options: bytes = b"",
     ) -> Any:
         """Adds a custom op (`code` is its custom code) and returns its output(s)."""
-        outputs = self._outputs(code.lower(), inputs, shape, dtype, None)
-        self.graph.operators.append(
-            Operator(
-                opcode=OpCode(fb.BuiltinOperator.CUSTOM, code, 1),
-                inputs=list(inputs),
-                outputs=outputs,
-                custom_options=custom_options,
-            )
-        )
+        opcode = OpCode(fb.BuiltinOperator.CUSTOM, code, 1)
+        return self._append(opcode, code.lower(), inputs, shape, dtype, None, custom_options=custom_options)
+
+    def _append(self, opcode: OpCode, name: str, inputs: Sequence[Tensor | None], shape: Any, dtype: Any,
+                quant: Quantization | None, **fields: Any) -> Any:
+        outputs = self._outputs(name, inputs, shape, dtype, quant)
+        self.graph.operators.append(Operator(opcode=opcode, inputs=list(inputs), outputs=outputs, **fields))
         return outputs if _is_multi(shape) else outputs[0]
 
     def _outputs(self, name: str, inputs: Sequence[Tensor | None], shape: Any, dtype: Any, quant: Any) -> list[Tensor]:
