@@ -149,3 +149,34 @@ def test_non_utf8_names_round_trip() -> None:
     y.name = b"caf\xe9".decode("utf-8", "surrogateescape")  # a Latin-1 name in the file
     copy = tflite_tools.parse(tflite_tools.serialize(model))
     assert copy.main.tensors[1].name == y.name
+
+
+def test_buffers_stored_after_the_flatbuffer_are_read(model_path, tmp_path: Path) -> None:
+    # Models over 2 GiB keep constants after the flatbuffer (Buffer.offset / size); build a small
+    # one the same way and check LiteRT and the loader agree on it.
+    import flatbuffers
+
+    from tflite_tools.schema import FILE_IDENTIFIER, fb
+
+    data = model_path("fc_softmax").read_bytes()
+    raw = fb.ModelT.InitFromBuf(data, flatbuffers.encode.Get(flatbuffers.packer.uoffset, data, 0))
+    weights_index = raw.subgraphs[0].tensors[raw.subgraphs[0].operators[0].inputs[1]].buffer
+    payload = bytes(raw.buffers[weights_index].data)
+    offset = 1 << 16
+    raw.buffers[weights_index] = fb.BufferT(data=None, offset=offset, size=len(payload))
+    builder = flatbuffers.Builder(1024)
+    builder.Finish(raw.Pack(builder), file_identifier=FILE_IDENTIFIER)
+    head = bytes(builder.Output())
+    assert len(head) < offset
+    external = head + b"\0" * (offset - len(head)) + payload
+    path = tmp_path / "external.tflite"
+    path.write_bytes(external)
+
+    model = tflite_tools.load(path)
+    assert model.main.operators[0].inputs[1].data.tobytes() == payload
+    assert_round_trip(path, tmp_path)
+
+    truncated = tmp_path / "truncated.tflite"
+    truncated.write_bytes(external[:-1])
+    with pytest.raises(tflite_tools.ModelError, match="past the end of the file"):
+        tflite_tools.load(truncated)

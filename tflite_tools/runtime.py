@@ -16,7 +16,7 @@ import numpy as np
 
 def _import_interpreter() -> tuple[str, Any]:
     """The first importable runtime, in the order DNNFUSION_RUNTIME names (default: LiteRT first)."""
-    order = os.environ.get("DNNFUSION_RUNTIME", "ai_edge_litert,tflite_runtime").split(",")
+    order = (os.environ.get("DNNFUSION_RUNTIME") or "ai_edge_litert,tflite_runtime").split(",")
     errors = []
     for name in (n.strip() for n in order if n.strip()):
         if name not in ("ai_edge_litert", "tflite_runtime"):
