@@ -7,6 +7,7 @@ fusing, so they live with the IR rather than with either user.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -82,9 +83,23 @@ class Lifetime:
     last: int
 
 
-def lifetimes(sg: Subgraph) -> list[Lifetime]:
-    """The lifetime of every non-constant tensor the subgraph's operators or interface touch."""
-    end = len(sg.operators)
+@dataclass(frozen=True)
+class Step:
+    """One unit of execution for lifetime analysis: an operator, or a fused block of them."""
+
+    inputs: Sequence[Tensor | None]
+    outputs: Sequence[Tensor]
+
+
+def lifetimes(sg: Subgraph, steps: Sequence[Step] | None = None) -> list[Lifetime]:
+    """The lifetime of every non-constant tensor the steps or the subgraph's interface touch.
+
+    `steps` defaults to the subgraph's operators; a fusion plan passes its blocks instead, so
+    tensors internal to a block never appear.
+    """
+    if steps is None:
+        steps = [Step(op.inputs, op.outputs) for op in sg.operators]
+    end = len(steps)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     tensors: dict[int, Tensor] = {}
@@ -99,16 +114,16 @@ def lifetimes(sg: Subgraph) -> list[Lifetime]:
 
     for t in sg.inputs:
         touch(t, -1)
-    for step, op in enumerate(sg.operators):
-        for t in op.inputs:
+    for index, step in enumerate(steps):
+        for t in step.inputs:
             if t is not None:
                 if id(t) not in first:
                     # Read before anything in the graph writes it (a variable, or an input the
                     # graph does not list): it must exist from the start.
                     touch(t, -1)
-                touch(t, step)
-        for t in op.outputs:
-            touch(t, step)
+                touch(t, index)
+        for t in step.outputs:
+            touch(t, index)
     for t in sg.outputs:
         touch(t, end)
     for t in sg.tensors:
@@ -118,22 +133,22 @@ def lifetimes(sg: Subgraph) -> list[Lifetime]:
     return [Lifetime(tensors[k], first[k], last[k]) for k in tensors]
 
 
-def activation_bytes(sg: Subgraph) -> int:
-    """Bytes of all non-constant tensors, as if each had its own buffer."""
-    return sum(lt.tensor.nbytes for lt in lifetimes(sg))
+def activation_bytes(sg: Subgraph, steps: Sequence[Step] | None = None) -> int:
+    """Bytes of all non-constant tensors the steps touch, as if each had its own buffer."""
+    return sum(lt.tensor.nbytes for lt in lifetimes(sg, steps))
 
 
-def peak_live_bytes(sg: Subgraph) -> int:
+def peak_live_bytes(sg: Subgraph, steps: Sequence[Step] | None = None) -> int:
     """The largest total size of tensors live at once, under the lifetime plan above.
 
     This is the floor for any arena that reuses memory by lifetime (TFLite's arena planner
     lands near it; fragmentation can add a little).
     """
-    spans = lifetimes(sg)
+    spans = lifetimes(sg, steps)
     if not spans:
         return 0
-    steps = len(sg.operators) + 2  # -1 .. len(operators)
-    delta = np.zeros(steps + 1, dtype=np.int64)
+    count = (len(sg.operators) if steps is None else len(steps)) + 2  # -1 .. len(steps)
+    delta = np.zeros(count + 1, dtype=np.int64)
     for lt in spans:
         delta[lt.first + 1] += lt.tensor.nbytes
         delta[lt.last + 2] -= lt.tensor.nbytes

@@ -1,0 +1,112 @@
+"""The Extended Computational Graph (DNNFusion §3.2): the graph IR annotated for fusion.
+
+Each node carries its mapping type (per op and per input edge), its algebraic properties, and
+whether it may be fused at all; each tensor its intermediate-result size (IRS). `IR_removable`
+depends on a fusion plan, so it is a query (`ir_removable`) rather than a stored flag.
+
+Nodes are numbered by execution order, which TFLite guarantees is topological, so "later"
+always means "downstream or unrelated".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from tflite_tools.ir import Operator, Subgraph, Tensor
+
+from .mapping import MappingType, Prop, edge_type, op_info, op_mapping
+
+# Element types a fused kernel can hold. Strings, resources and variants stay with TFLite.
+FUSIBLE_TYPES = {"FLOAT32", "FLOAT16", "INT8", "UINT8", "INT16", "INT32", "INT64", "BOOL"}
+
+
+@dataclass
+class Node:
+    """One operator with its fusion annotations."""
+
+    index: int
+    op: Operator
+    mapping: MappingType | None  # None when opaque
+    props: Prop
+    edges: list[MappingType | None]  # per input; None for omitted inputs
+    opaque_reason: str | None = None  # why the node can never be fused
+
+    @property
+    def fusible(self) -> bool:
+        """True when the node may join a fused block."""
+        return self.opaque_reason is None
+
+    @property
+    def name(self) -> str:
+        """The op's schema name."""
+        return self.op.name
+
+
+@dataclass
+class ECG:
+    """A subgraph with per-node annotations and producer/consumer maps."""
+
+    subgraph: Subgraph
+    nodes: list[Node]
+    producer: dict[int, int] = field(default_factory=dict)  # id(tensor) -> node index
+    consumers: dict[int, list[int]] = field(default_factory=dict)  # id(tensor) -> node indices
+    graph_outputs: set[int] = field(default_factory=set)  # id(tensor)
+
+    def successors(self, i: int) -> list[int]:
+        """Nodes reading any output of node `i`, in execution order."""
+        found = {c for t in self.nodes[i].op.outputs for c in self.consumers.get(id(t), [])}
+        return sorted(found)
+
+    def predecessors(self, i: int) -> list[int]:
+        """Nodes writing any input of node `i`, in execution order."""
+        found = {self.producer[id(t)] for t in self.nodes[i].op.inputs if t is not None and id(t) in self.producer}
+        return sorted(found)
+
+    def irs_bytes(self, i: int) -> int:
+        """The intermediate-result size of node `i`: the bytes of its outputs."""
+        return sum(t.nbytes for t in self.nodes[i].op.outputs)
+
+    def ir_removable(self, t: Tensor, block: Iterable[int]) -> bool:
+        """True when `t` need never be materialised: every consumer is in `block` (and so is its
+        producer) and it is not a graph output."""
+        members = set(block)
+        if id(t) in self.graph_outputs or self.producer.get(id(t)) not in members:
+            return False
+        return all(c in members for c in self.consumers.get(id(t), []))
+
+
+def _opaque_reason(op: Operator, mapping: MappingType | None) -> str | None:
+    if op.opcode.is_custom:
+        return f"custom op {op.opcode.custom_code}"
+    if mapping is None:
+        return f"{op.name} has no mapping type (opaque)"
+    tensors = [t for t in (*op.inputs, *op.outputs) if t is not None]
+    for t in tensors:
+        if t.is_dynamic:
+            return f"dynamic shape on {t.name!r}"
+        if t.type_name not in FUSIBLE_TYPES:
+            return f"{t.type_name} tensor {t.name!r}"
+        if t.is_variable:
+            return f"variable tensor {t.name!r}"
+    return None
+
+
+def build_ecg(sg: Subgraph) -> ECG:
+    """Annotates a subgraph: mapping types, properties, fusibility and producer/consumer maps."""
+    nodes = []
+    producer: dict[int, int] = {}
+    consumers: dict[int, list[int]] = {}
+    for i, op in enumerate(sg.operators):
+        info = op_info(op)
+        mapping = op_mapping(op)
+        edges = [None if t is None else edge_type(op, k) for k, t in enumerate(op.inputs)]
+        nodes.append(Node(i, op, mapping, info.props if info else Prop.NONE, edges, _opaque_reason(op, mapping)))
+        for t in op.outputs:
+            producer[id(t)] = i
+        for t in op.inputs:
+            if t is not None and not t.is_constant:
+                consumers.setdefault(id(t), [])
+                if i not in consumers[id(t)]:
+                    consumers[id(t)].append(i)
+    return ECG(sg, nodes, producer, consumers, {id(t) for t in sg.outputs})

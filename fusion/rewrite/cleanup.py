@@ -1,0 +1,257 @@
+"""Cleanup rules: constant folding, identity elimination, data-movement chains, affine folding.
+
+Each is exact (run always) unless marked otherwise. "Exact" is judged against TFLite's reference
+kernels; where an optimized kernel associates differently, the rule's docstring says so.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tflite_tools.ir import Operator, Tensor
+
+from .base import Rewrite, all_bits, all_float, const, is_float, keeps_shape, no_activation, other_input, powers_of_two, rule
+from .fold import fold, foldable
+from .graph import GraphView
+
+REORGANIZE = ("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
+
+
+@rule("constant_folding", exact=True, family="cleanup")
+def constant_folding(g: GraphView, op: Operator) -> Rewrite | None:
+    """An op whose inputs are all constants becomes a constant (run once by LiteRT's reference kernels)."""
+    if not foldable(op) or any(id(t) in g.outputs for t in op.outputs):
+        return None
+
+    def apply() -> bool:
+        if not fold(op, g.outputs):
+            return False
+        g.remove_op(op)
+        return True
+
+    return Rewrite(sum(t.num_elements for t in op.outputs), apply)
+
+
+def _identity(g: GraphView, op: Operator, x: Tensor) -> Rewrite:
+    return Rewrite(op.outputs[0].num_elements, lambda: g.bypass(op, x, op.outputs[0]))
+
+
+def _binary_identity(g: GraphView, op: Operator, names: tuple[str, ...], value: float, commutes: bool) -> Rewrite | None:
+    if op.name not in names or len(op.inputs) != 2 or not all_float(op) or not no_activation(op):
+        return None
+    candidates = [(op.inputs[0], op.inputs[1])] + ([(op.inputs[1], op.inputs[0])] if commutes else [])
+    for x, c in candidates:
+        if all_bits(const(c), value) and keeps_shape(op, x):
+            return _identity(g, op, x)
+    return None
+
+
+@rule("mul_by_one", exact=True, family="cleanup")
+def mul_by_one(g: GraphView, op: Operator) -> Rewrite | None:
+    """x * 1 -> x."""
+    return _binary_identity(g, op, ("MUL",), 1.0, commutes=True)
+
+
+@rule("div_by_one", exact=True, family="cleanup")
+def div_by_one(g: GraphView, op: Operator) -> Rewrite | None:
+    """x / 1 -> x."""
+    return _binary_identity(g, op, ("DIV",), 1.0, commutes=False)
+
+
+@rule("add_negative_zero", exact=True, family="cleanup")
+def add_negative_zero(g: GraphView, op: Operator) -> Rewrite | None:
+    """x + (-0.0) -> x and x - 0.0 -> x (bit-exact, signed zeros included)."""
+    return _binary_identity(g, op, ("ADD",), -0.0, commutes=True) or _binary_identity(g, op, ("SUB",), 0.0, commutes=False)
+
+
+@rule("add_positive_zero", exact=False, family="cleanup")
+def add_positive_zero(g: GraphView, op: Operator) -> Rewrite | None:
+    """x + 0.0 -> x (fast-math: -0.0 + 0.0 is +0.0, so only the sign of a zero can change)."""
+    return _binary_identity(g, op, ("ADD",), 0.0, commutes=True)
+
+
+def _same_type(a: Tensor, b: Tensor) -> bool:
+    qa, qb = a.quantization, b.quantization
+    same_q = (qa is None and qb is None) or (
+        qa is not None and qb is not None and np.array_equal(qa.scale, qb.scale) and np.array_equal(qa.zero_point, qb.zero_point)
+    )
+    return a.dtype == b.dtype and same_q
+
+
+@rule("reorganize_chain", exact=True, family="cleanup")
+def reorganize_chain(g: GraphView, op: Operator) -> Rewrite | None:
+    """RESHAPE / SQUEEZE / EXPAND_DIMS chains become one RESHAPE, or nothing if the shape comes back."""
+    if op.name not in REORGANIZE or not op.inputs or op.inputs[0] is None:
+        return None
+    y = op.outputs[0]
+    inner = g.produced_by(op.inputs[0], *REORGANIZE)
+    if inner is not None and g.single_use(op.inputs[0]) and inner.inputs[0] is not None:
+        x = inner.inputs[0]
+    elif tuple(op.inputs[0].shape) == tuple(y.shape):
+        x, inner = op.inputs[0], None
+    else:
+        return None
+    if not _same_type(x, y):
+        return None
+
+    def apply() -> bool:
+        if tuple(x.shape) == tuple(y.shape):
+            if not g.bypass(op, x, y):
+                return False
+        else:
+            shape = g.constant(y.name + "/shape", np.array(y.shape, np.int32))
+            reshape = g.make_op("RESHAPE", [x, shape], [y], new_shape=[int(d) for d in y.shape])
+            g.insert_before(op, reshape)
+            g.remove_op(op)
+        if inner is not None and inner in g.sg.operators:
+            g.remove_op(inner)
+        return True
+
+    return Rewrite(y.num_elements, apply)
+
+
+@rule("transpose_chain", exact=True, family="cleanup")
+def transpose_chain(g: GraphView, op: Operator) -> Rewrite | None:
+    """TRANSPOSE(TRANSPOSE(x, p), q) -> TRANSPOSE(x, p[q]), or x when the permutations cancel."""
+    if op.name != "TRANSPOSE":
+        return None
+    inner = g.produced_by(op.inputs[0], "TRANSPOSE")
+    q, p = const(op.inputs[1]), None if inner is None else const(inner.inputs[1])
+    if inner is None or p is None or q is None or not g.single_use(op.inputs[0]):
+        return None
+    x, y = inner.inputs[0], op.outputs[0]
+    perm = p.astype(np.int64)[q.astype(np.int64)]
+
+    def apply() -> bool:
+        if np.array_equal(perm, np.arange(len(perm))):
+            if not g.bypass(op, x, y):
+                return False
+        else:
+            merged = g.make_op("TRANSPOSE", [x, g.constant(y.name + "/perm", perm.astype(np.int32))], [y])
+            g.insert_before(op, merged)
+            g.remove_op(op)
+        g.remove_op(inner)
+        return True
+
+    return Rewrite(2 * y.num_elements, apply)
+
+
+@rule("noop_cast", exact=True, family="cleanup")
+def noop_cast(g: GraphView, op: Operator) -> Rewrite | None:
+    """CAST to the type the tensor already has -> nothing."""
+    if op.name != "CAST" or op.inputs[0] is None or not _same_type(op.inputs[0], op.outputs[0]):
+        return None
+    return _identity(g, op, op.inputs[0])
+
+
+@rule("negation_into_add_sub", exact=True, family="cleanup")
+def negation_into_add_sub(g: GraphView, op: Operator) -> Rewrite | None:
+    """ADD(NEG(a), b) -> SUB(b, a); ADD(a, NEG(b)) -> SUB(a, b); SUB(a, NEG(b)) -> ADD(a, b).
+
+    Exact: IEEE subtraction is addition of the negation, and addition commutes.
+    """
+    if op.name not in ("ADD", "SUB") or len(op.inputs) != 2 or not all_float(op):
+        return None
+    a, b = op.inputs
+    neg_b = g.produced_by(b, "NEG")
+    neg_a = g.produced_by(a, "NEG") if op.name == "ADD" else None
+    act = op.fused_activation or "NONE"
+    if neg_b is not None:
+        new_name, new_inputs = ("SUB" if op.name == "ADD" else "ADD"), [a, neg_b.inputs[0]]
+    elif neg_a is not None:
+        new_name, new_inputs = "SUB", [b, neg_a.inputs[0]]
+    else:
+        return None
+
+    def apply() -> bool:
+        g.insert_before(op, g.make_op(new_name, new_inputs, op.outputs, fused_activation_function=act))
+        g.remove_op(op)
+        return True
+
+    return Rewrite(op.outputs[0].num_elements, apply)
+
+
+@rule("double_negation", exact=True, family="cleanup")
+def double_negation(g: GraphView, op: Operator) -> Rewrite | None:
+    """NEG(NEG(x)) -> x."""
+    inner = g.produced_by(op.inputs[0], "NEG") if op.name == "NEG" else None
+    if inner is None or not all_float(op):
+        return None
+    return _identity(g, op, inner.inputs[0])
+
+
+# -- affine folding into convolutions and fully-connected layers ---------------------------
+
+_WEIGHT_AXIS = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 0}
+
+
+def _channel_vector(c: np.ndarray, channels: int) -> np.ndarray | None:
+    """`c` as one value per output channel, if it broadcasts only along the last axis."""
+    if c.size == 1:
+        return np.full(channels, c.reshape(-1)[0], np.float32)
+    if c.shape[-1] == channels and c.size == channels:
+        return c.reshape(channels).astype(np.float32)
+    return None
+
+
+def _affine_match(g: GraphView, op: Operator, exact: bool) -> Rewrite | None:
+    if op.name not in ("MUL", "ADD") or len(op.inputs) != 2 or not all_float(op):
+        return None
+    for y in op.inputs:
+        c = const(other_input(op, y))
+        conv = g.produced_by(y, *_WEIGHT_AXIS)
+        if c is None or conv is None or not g.single_use(y) or not no_activation(conv):
+            continue
+        w = conv.inputs[1]
+        bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+        if not is_float(w) or const(w) is None or (bias is not None and const(bias) is None) or not keeps_shape(op, y):
+            continue
+        channels = y.shape[-1]
+        vec = _channel_vector(c, channels)
+        if vec is None:
+            continue
+        if exact and op.name == "MUL" and not powers_of_two(vec):
+            continue
+        if exact and op.name == "ADD" and bias is not None and np.any(const(bias) != 0):
+            continue
+        return Rewrite(op.outputs[0].num_elements, lambda: _fold_affine(g, op, conv, y, vec))
+    return None
+
+
+def _fold_affine(g: GraphView, op: Operator, conv: Operator, y: Tensor, vec: np.ndarray) -> bool:
+    w = conv.inputs[1]
+    bias = conv.inputs[2] if len(conv.inputs) > 2 else None
+    channels = y.shape[-1]
+    b = np.zeros(channels, np.float32) if bias is None else const(bias).astype(np.float32)
+    if op.name == "MUL":
+        shape = [1] * w.data.ndim
+        shape[_WEIGHT_AXIS[conv.name]] = channels
+        new_w = g.constant(w.name + "/scaled", (w.data * vec.reshape(shape)).astype(np.float32))
+        new_b = b * vec
+    else:
+        new_w, new_b = w, b + vec
+    conv.inputs = [conv.inputs[0], new_w, g.constant((bias.name if bias is not None else w.name) + "/bias", new_b)]
+    conv.outputs = [op.outputs[0]]
+    if op.fused_activation:
+        conv.options.fusedActivationFunction = op.options.fusedActivationFunction
+    g.remove_op(op)
+    return True
+
+
+@rule("affine_into_conv", exact=True, family="cleanup")
+def affine_into_conv(g: GraphView, op: Operator) -> Rewrite | None:
+    """Per-channel MUL by powers of two, or ADD into a missing / zero bias, after CONV_2D,
+    DEPTHWISE_CONV_2D or FULLY_CONNECTED -> folded into weights and bias.
+
+    Exact: scaling by 2^k commutes with every rounding step; adding into a zero bias matches the
+    reference kernels, which accumulate first and add the bias last (XNNPACK starts from the bias
+    instead, so there the last bit can differ).
+    """
+    return _affine_match(g, op, exact=True)
+
+
+@rule("affine_into_conv_any", exact=False, family="cleanup")
+def affine_into_conv_any(g: GraphView, op: Operator) -> Rewrite | None:
+    """Any per-channel constant MUL / ADD after CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED ->
+    folded into weights and bias (fast-math: w*s rounds differently from (x.w)*s)."""
+    return _affine_match(g, op, exact=False)

@@ -1,0 +1,73 @@
+"""Constant folding by asking LiteRT: an op whose inputs are all constants is run once.
+
+Folding through TFLite's own reference kernels (not a numpy re-implementation) makes the folded
+constant exactly what the runtime would have computed — including fp16 -> fp32 DEQUANTIZE of
+weights and DENSIFY of sparse weights, whose formats we then never have to decode ourselves.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tflite_tools import runtime, serialize
+from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
+
+from ..mapping import op_info
+
+# Deterministic builtins outside the mapping table that are still worth folding.
+EXTRA_FOLDABLE = {"DENSIFY", "SHAPE", "RANGE", "FILL", "ZEROS_LIKE", "ONES_LIKE"}
+
+# A fold must not turn a small constant into a large one (BROADCAST_TO / TILE of a scalar).
+MAX_GROWTH = 4
+
+
+def foldable(op: Operator) -> bool:
+    """True for a side-effect-free builtin whose every present input is a constant."""
+    if op.opcode.is_custom or not (op_info(op) is not None or op.name in EXTRA_FOLDABLE):
+        return False
+    present = [t for t in op.inputs if t is not None]
+    return bool(present) and all(t.is_constant for t in present) and bool(op.outputs)
+
+
+def _copy_tensor(t: Tensor) -> Tensor:
+    return Tensor(t.name, t.shape, t.dtype, t.shape_signature, t.quantization, t.data, sparsity=t.sparsity)
+
+
+def evaluate(op: Operator) -> list[np.ndarray] | None:
+    """Runs one op on its constant inputs with TFLite's reference kernels.
+
+    Returns the outputs, or None when LiteRT cannot run it (the op then stays as it is).
+    """
+    inputs = [None if t is None else _copy_tensor(t) for t in op.inputs]
+    outputs = [Tensor(t.name, t.shape, t.dtype, quantization=t.quantization) for t in op.outputs]
+    clone = Operator(op.opcode, inputs, outputs, op.options_type, op.options, op.options2_type, op.options2,
+                     op.custom_options, op.custom_options_format)
+    tensors = [t for t in inputs if t is not None] + outputs
+    graph = Subgraph(tensors=tensors, operators=[clone], inputs=[], outputs=outputs)
+    model = Model(subgraphs=[graph], signatures=[Signature("fold", 0, {}, {t.name: t for t in outputs})])
+    try:
+        interp = runtime.make_interpreter(serialize(model), resolver="reference")
+        return runtime.run(interp, [])
+    except (RuntimeError, ValueError):
+        return None
+
+
+def fold(op: Operator, graph_outputs: set[int]) -> bool:
+    """Replaces `op`'s outputs by constants when it is safe and cheap; True if it did.
+
+    Graph outputs are never made constant (a model should still compute what it returns).
+    """
+    if not foldable(op) or any(id(t) in graph_outputs for t in op.outputs):
+        return False
+    in_bytes = sum(t.data.nbytes for t in op.inputs if t is not None)
+    out_bytes = sum(t.nbytes for t in op.outputs)
+    if out_bytes > MAX_GROWTH * max(in_bytes, 64):
+        return False
+    values = evaluate(op)
+    if values is None:
+        return False
+    for t, v in zip(op.outputs, values):
+        v = np.ascontiguousarray(v.reshape(t.shape))
+        v.flags.writeable = False
+        t.data = v
+    return True
