@@ -77,7 +77,8 @@ class RooflineCost:
 
     Traffic is what enters and leaves the block (inputs, weights, outputs that are still needed);
     intermediates the block keeps inside cost nothing. An elementwise producer inlined into a
-    Many-to-Many consumer is recomputed once per read, which is where fusing can lose.
+    Many-to-Many consumer is recomputed once per read, which is where fusing can lose; a
+    Many-to-Many producer is computed once, at the consumer's tiles (a ring buffer in Halide).
     """
 
     name = "roofline-v1"
@@ -91,8 +92,10 @@ class RooflineCost:
         for i in ops:
             node = ecg.nodes[i]
             work = node_flops(node)
-            consumers = [c for t in node.op.outputs for c in ecg.consumers.get(id(t), []) if c in ops]
-            recompute = max((_reuse(ecg.nodes[c]) for c in consumers if ecg.nodes[c].mapping == MtM), default=1.0)
+            recompute = 1.0
+            if node.mapping != MtM:  # a Many-to-Many producer is computed at the consumer's tiles, once
+                consumers = [c for t in node.op.outputs for c in ecg.consumers.get(id(t), []) if c in ops]
+                recompute = max((_reuse(ecg.nodes[c]) for c in consumers if ecg.nodes[c].mapping == MtM), default=1.0)
             flops += work * recompute
         traffic = sum(t.nbytes for t in _external_inputs(ecg, ops)) + sum(t.nbytes for t in _external_outputs(ecg, ops))
         m = self.machine

@@ -2,6 +2,8 @@
 
 The algorithm, and where it departs from the paper's text:
 
+0. **Table 3 as rebuilt in table3.py**, with one measured exception: a pointwise conv ->
+   depthwise conv -> pointwise conv chain (MobileNet's inverted residual) is yellow, not red.
 1. **Seed**: the unfused One-to-One op with the smallest intermediate result (ties: the earlier
    op). When no One-to-One op is left, the remaining fusible ops seed in the same order, lowest
    impedance first — an extension that lets Reorganize / Shuffle chains and Conv -> Resize pairs
@@ -33,7 +35,7 @@ from .cost import CostSource, RooflineCost, profitable
 from .ecg import ECG
 from .mapping import MappingType, MtM, OtO
 from .signature import block_signature
-from .table3 import Color, cell
+from .table3 import Cell, Color, cell, conv_chain_allowed
 
 
 @dataclass(frozen=True)
@@ -169,6 +171,8 @@ class _Planner:
         if n in block or n in self.block_id or not node.fusible:
             return False
         c = cell(btype[0], node.mapping) if forward else cell(node.mapping, btype[0])
+        if c.color is Color.RED and btype[0] is MtM and node.mapping is MtM and conv_chain_allowed(self.ecg, block, n):
+            c = Cell(MtM, Color.YELLOW)  # the measured inverted-residual exception (table3.py)
         if c.color is Color.RED:
             self._count("red")
             return False

@@ -62,3 +62,55 @@ TABLE3: dict[tuple[MappingType, MappingType], Cell] = {
 def cell(first: MappingType, second: MappingType) -> Cell:
     """The Table 3 cell for a producer of type `first` fused with a consumer of type `second`."""
     return TABLE3[(first, second)]
+
+
+# -- the one measured exception ----------------------------------------------------------------
+#
+# Many-to-Many -> Many-to-Many is red in the paper ("too complex, bad for registers and cache").
+# On this project's host, ../shared/design/schedules.md measured the whole MobileNetV2
+# inverted-residual block — 1x1 expand conv, 3x3 depthwise, 1x1 project conv, residual add —
+# fused into one Halide pipeline at 0.496 ms against 0.537 ms for the three kernels apart (and
+# 0.673 ms for XNNPACK): the depthwise reads the expanded rows from a small ring buffer instead of
+# a 56x56x144 tensor. So that one chain is yellow (the cost source still decides), not red.
+
+
+def _pointwise(op) -> bool:
+    """A 1x1, stride-1, undilated CONV_2D (a per-pixel matrix product)."""
+    w = op.inputs[1] if len(op.inputs) > 1 else None
+    o = op.options
+    return (
+        op.name == "CONV_2D" and w is not None and len(w.shape) == 4 and tuple(w.shape[1:3]) == (1, 1)
+        and getattr(o, "strideH", 1) == 1 and getattr(o, "strideW", 1) == 1
+        and getattr(o, "dilationHFactor", 1) == 1 and getattr(o, "dilationWFactor", 1) == 1
+    )
+
+
+def conv_chain_allowed(ecg, block: frozenset[int] | set[int], candidate: int) -> bool:
+    """True when adding `candidate` keeps the block an inverted-residual chain: its Many-to-Many
+    ops are at most one DEPTHWISE_CONV_2D and two pointwise CONV_2Ds, and the candidate is joined
+    to a conv of the other kind directly or through One-to-One ops of the block (an activation
+    such as swish between them)."""
+    members = set(block) | {candidate}
+    mtm = [ecg.nodes[i].op for i in members if ecg.nodes[i].mapping is MtM]
+    depthwise = sum(op.name == "DEPTHWISE_CONV_2D" for op in mtm)
+    pointwise = sum(_pointwise(op) for op in mtm)
+    if depthwise > 1 or pointwise > 2 or depthwise + pointwise != len(mtm):
+        return False
+    cand = ecg.nodes[candidate].op
+    if not (_pointwise(cand) or cand.name == "DEPTHWISE_CONV_2D"):
+        return False
+    wanted = "DEPTHWISE_CONV_2D" if _pointwise(cand) else "CONV_2D"
+    for step in (ecg.predecessors, ecg.successors):
+        frontier, seen = [candidate], {candidate}
+        while frontier:
+            for n in step(frontier.pop()):
+                if n in seen or n not in block:
+                    continue
+                seen.add(n)
+                node = ecg.nodes[n]
+                if node.mapping is MtM:
+                    if node.op.name == wanted:
+                        return True
+                elif node.mapping is OtO:
+                    frontier.append(n)
+    return False

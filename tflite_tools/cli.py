@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 from typing import Callable, Sequence
 
+from .atomic import write_bytes_atomic
 from .errors import ModelError
 from .info import format_info, model_info
 from .reader import load
@@ -26,6 +30,41 @@ def cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fuse(args: argparse.Namespace) -> int:
+    """Rewrites and plans a model (`--plan-only`): blocks, fusion rate, memory before and after."""
+    # The CLI is the outermost layer: it may call every stage; tflite_tools itself never does.
+    from fusion.pipeline import plan_model
+    from fusion.report import format_summary, to_dot
+
+    if not args.plan_only:
+        raise ModelError("fuse: only --plan-only is available so far (code generation is not built yet)")
+    trace = (lambda line: print(f"[rewrite] {line}", file=sys.stderr)) if args.verbose else None
+    summary = plan_model(load(args.model), fast_math=args.fast_math, trace=trace)
+    if args.dot:
+        write_dot(to_dot(summary), args.dot)
+    if args.json:
+        print(json.dumps({"model": args.model, **summary.to_json()}, indent=2))
+    else:
+        print(format_summary(summary, args.model, explain=args.explain))
+    return 0
+
+
+def write_dot(text: str, path: str) -> None:
+    """Writes Graphviz text, or renders it when `path` ends in .svg / .png / .pdf."""
+    target = Path(path)
+    fmt = target.suffix.lstrip(".").lower()
+    if fmt not in ("svg", "png", "pdf"):
+        write_bytes_atomic(target, text.encode())
+        return
+    dot = shutil.which("dot")
+    if dot is None:
+        raise ModelError(f"{path}: rendering .{fmt} needs Graphviz `dot` (apt-get install graphviz); use a .dot name")
+    rendered = subprocess.run([dot, f"-T{fmt}"], input=text.encode(), capture_output=True, check=False)
+    if rendered.returncode != 0:
+        raise ModelError(f"{path}: dot failed: {rendered.stderr.decode(errors='replace').strip()}")
+    write_bytes_atomic(target, rendered.stdout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
@@ -38,6 +77,16 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("model", metavar="MODEL", help="path to a .tflite file")
     info.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     info.set_defaults(run=cmd_info)
+
+    fuse = sub.add_parser("fuse", help="rewrite the graph and plan fused blocks (DNNFusion)")
+    fuse.add_argument("model", metavar="MODEL", help="path to a .tflite file")
+    fuse.add_argument("--plan-only", action="store_true", help="stop after planning: print the blocks")
+    fuse.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    fuse.add_argument("--dot", metavar="FILE", help="draw the graph coloured by block (.dot, or .svg/.png with Graphviz)")
+    fuse.add_argument("--fast-math", action="store_true", help="also apply rewrites that change float rounding")
+    fuse.add_argument("--explain", action="store_true", help="report how often each rewrite rule fired")
+    fuse.add_argument("--verbose", action="store_true", help="trace each rewrite and the graph after each pass")
+    fuse.set_defaults(run=cmd_fuse)
     return parser
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from tflite_tools.ir import Operator, Tensor
 
-from .base import Rewrite, all_bits, all_float, const, no_activation, other_input, powers_of_two, rule
+from .base import Rewrite, all_bits, all_float, const, is_float, no_activation, other_input, powers_of_two, rule
 from .graph import GraphView
 
 # Elementwise work relative to one add or multiply, for FLOP accounting of divisions and
@@ -246,7 +246,7 @@ def square_minus_product(g: GraphView, op: Operator) -> Rewrite | None:
 @rule("exp_reduce_prod", exact=False, family="algebraic")
 def exp_reduce_prod(g: GraphView, op: Operator) -> Rewrite | None:
     """REDUCE_PROD(EXP(A)) -> EXP(SUM(A)) (Table 4; fast-math). EXP then runs on the reduced tensor."""
-    if op.name != "REDUCE_PROD" or not all_float(op):
+    if op.name != "REDUCE_PROD" or not (is_float(op.inputs[0]) and is_float(op.outputs[0])):
         return None
     exp = g.produced_by(op.inputs[0], "EXP")
     if exp is None or not g.single_use(op.inputs[0]):

@@ -1,0 +1,74 @@
+"""`tflite_tools fuse --plan-only`: text, JSON, Graphviz, --explain, and every model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tflite_tools import cli
+from conftest import model_id, project_model_paths, shared_model_paths
+
+
+@pytest.fixture(autouse=True)
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def fuse_json(capsys, *args):
+    assert cli.main(["fuse", "--plan-only", "--json", *args]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_has_the_promised_keys(capsys, model_path):
+    data = fuse_json(capsys, str(model_path("transformer_encoder")))
+    for key in ("ops", "ops_after_rewrite", "blocks", "fusion_rate", "intermediate_bytes_before",
+                "intermediate_bytes_after", "peak_bytes_before", "peak_bytes_after"):
+        assert key in data
+    assert data["ops"] == 56
+    covered = sorted(i for b in data["blocks"] for i in b["ops"])
+    assert covered == list(range(data["ops_after_rewrite"]))  # every op in exactly one block
+    assert data["fusion_rate"] == round(data["ops"] / len(data["blocks"]), 3)
+    assert data["fusion_rate"] >= 3  # transformer models fuse at least 3x
+    assert data["intermediate_bytes_after"] < data["intermediate_bytes_before"]
+    assert {b["fused_type"] for b in data["blocks"]} <= {"OtO", "OtM", "MtM", "Reorg", "Shuffle"}
+
+
+def test_fast_math_rewrites_more(capsys, model_path):
+    exact = fuse_json(capsys, str(model_path("transformer_encoder")))
+    fast = fuse_json(capsys, "--fast-math", str(model_path("transformer_encoder")))
+    assert fast["ops_after_rewrite"] < exact["ops_after_rewrite"]
+    assert fast["rewrites"]["factor_common_operand"] == 3
+
+
+def test_text_report_and_explain(capsys, model_path):
+    assert cli.main(["fuse", "--plan-only", "--explain", str(model_path("conv_fp16_weights"))]) == 0
+    out = capsys.readouterr().out
+    assert "ops: 5 before rewriting, 2 after" in out
+    assert "constant_folding" in out and "fusion rate" in out and "peak live activations" in out
+
+
+def test_dot_output(capsys, model_path, tmp_path):
+    dot = tmp_path / "plan.dot"
+    assert cli.main(["fuse", "--plan-only", "--dot", str(dot), str(model_path("swish_chain"))]) == 0
+    text = dot.read_text()
+    assert text.startswith("digraph plan {") and "cluster_0" in text and "n0 -> n1;" in text
+
+
+def test_fuse_without_plan_only_is_a_clear_error(capsys, model_path):
+    assert cli.main(["fuse", str(model_path("add_relu"))]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--plan-only" in err
+
+
+def test_fuse_bad_model_is_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b"TFL3" * 3)
+    assert cli.main(["fuse", "--plan-only", str(bad)]) == 2
+    assert "corrupt or truncated" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", project_model_paths() + shared_model_paths(), ids=model_id)
+def test_plan_only_runs_on_every_model(capsys, path):
+    data = fuse_json(capsys, str(path))
+    assert sum(len(b["ops"]) for b in data["blocks"]) == data["ops_after_rewrite"]

@@ -1,0 +1,204 @@
+"""The fusion planner on hand-built graphs: every Table 3 cell, convexity, multiple consumers."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tflite_tools
+from fusion.cost import CachedCost, RooflineCost
+from fusion.ecg import build_ecg
+from fusion.mapping import REORG, SHUFFLE, MappingType, MtM, OtM, OtO
+from fusion.plan import PlanConfig, plan_fusion
+from fusion.table3 import Color, cell
+from tflite_tools.builder import ModelBuilder
+
+
+class FixedCost:
+    """A cost source that makes every yellow cell profitable (or never)."""
+
+    def __init__(self, fuse: bool):
+        self.name = f"fixed-{fuse}"
+        self.fuse = fuse
+        self.asked = 0
+
+    def latency(self, ecg, ops):
+        self.asked += 1
+        return 1.0 if self.fuse else float(len(ops)) ** 2
+
+
+# One op per mapping type, each taking a [4, 6] float tensor.
+def _oto(b, x):
+    return b.op("RELU", [x], x.shape)
+
+
+def _otm(b, x):
+    return b.op("TILE", [x, b.const("m", np.array([1, 2], np.int32))], [x.shape[0], 2 * x.shape[1]])
+
+
+def _mtm(b, x):
+    return b.op("SOFTMAX", [x], x.shape, beta=1.0)
+
+
+def _reorg(b, x):
+    return b.op("RESHAPE", [x, b.const("s", np.array([x.shape[1], x.shape[0]], np.int32))],
+                [x.shape[1], x.shape[0]], new_shape=[x.shape[1], x.shape[0]])
+
+
+def _shuffle(b, x):
+    return b.op("TRANSPOSE", [x, b.const("p", np.array([1, 0], np.int32))], [x.shape[1], x.shape[0]])
+
+
+MAKERS = {OtO: _oto, OtM: _otm, MtM: _mtm, REORG: _reorg, SHUFFLE: _shuffle}
+
+
+def pair_plan(first: MappingType, second: MappingType, cost):
+    b = ModelBuilder()
+    x = b.input("x", [4, 6])
+    b.output(MAKERS[second](b, MAKERS[first](b, x)))
+    ecg = build_ecg(b.build().main)
+    assert [n.mapping for n in ecg.nodes] == [first, second]
+    return plan_fusion(ecg, cost)
+
+
+@pytest.mark.parametrize("first", list(MappingType), ids=lambda t: t.short)
+@pytest.mark.parametrize("second", list(MappingType), ids=lambda t: t.short)
+def test_every_table3_cell(first, second):
+    c = cell(first, second)
+    for fuse in (True, False):
+        cost = FixedCost(fuse)
+        plan = pair_plan(first, second, cost)
+        fused = len(plan.blocks) == 1
+        if c.color is Color.RED:
+            assert not fused and cost.asked == 0
+        elif c.color is Color.GREEN:
+            assert fused and cost.asked == 0
+            assert plan.blocks[0].mapping == c.fused
+        else:
+            assert fused == fuse and cost.asked > 0
+            if fused:
+                assert plan.blocks[0].mapping == c.fused
+
+
+def test_paper_figure_3():
+    # GEMM -> Add (seed) -> Conv -> Relu -> Mul -> Sub: the seed absorbs its successors; going
+    # backwards it meets GEMM, and Many-to-Many after Many-to-Many is red.
+    b = ModelBuilder()
+    x, y, z = b.input("x", [1, 4, 4, 8]), b.input("y", [1, 4, 4, 8]), b.input("z", [1, 4, 4, 8])
+    gemm = b.op("FULLY_CONNECTED", [x, b.const("w", np.ones([8, 8], np.float32)), None], [1, 4, 4, 8],
+                keep_num_dims=True)
+    add = b.op("ADD", [gemm, y], [1, 4, 4, 8])
+    conv = b.op("CONV_2D", [add, b.const("k", np.ones([8, 3, 3, 8], np.float32)), b.const("c", np.zeros(8, np.float32))],
+                [1, 4, 4, 8], padding="SAME", stride_h=1, stride_w=1)
+    relu = b.op("RELU", [conv], [1, 4, 4, 8])
+    mul = b.op("MUL", [relu, z], [1, 4, 4, 8])
+    b.output(b.op("SUB", [mul, y], [1, 4, 4, 8]))
+    plan = plan_fusion(build_ecg(b.build().main), FixedCost(True))
+    assert [b.ops for b in plan.blocks] == [(0,), (1, 2, 3, 4, 5)]
+    assert plan.blocks[1].mapping == MtM
+
+
+def test_convexity_around_an_opaque_op():
+    # RELU -> custom -> ADD(RELU, custom): RELU and ADD alone would leave and re-enter the block.
+    b = ModelBuilder()
+    x = b.input("x", [8])
+    r = b.op("RELU", [x], [8])
+    c = b.custom("Opaque", [r], [8])
+    b.output(b.op("ADD", [r, c], [8]))
+    plan = plan_fusion(build_ecg(b.build().main), FixedCost(True))
+    assert [b.ops for b in plan.blocks] == [(0,), (1,), (2,)]
+    assert plan.blocks[1].opaque_reason == "custom op Opaque"
+
+
+def test_no_cycle_between_blocks():
+    # p -> s, q -> s, p -> r, q -> r. With two ops per block, {p, s} forms first; {q, r} would
+    # need s's block before it and feed it at the same time, so it must not form.
+    b = ModelBuilder()
+    x, y = b.input("x", [8]), b.input("y", [8])
+    p, q = b.op("RELU", [x], [8]), b.op("RELU", [y], [8])
+    s = b.op("ADD", [p, q], [8])
+    r = b.op("SUB", [q, p], [8])
+    b.output(s, r)
+    plan = plan_fusion(build_ecg(b.build().main), FixedCost(True), PlanConfig(max_ops=2))
+    assert sorted(b.ops for b in plan.blocks) == [(0, 2), (1,), (3,)]
+    position = {i: k for k, blk in enumerate(plan.blocks) for i in blk.ops}
+    for blk in plan.blocks:  # every block runs after the blocks it reads from
+        for i in blk.ops:
+            for pred in plan.ecg.predecessors(i):
+                assert position[pred] <= position[i]
+
+
+def test_intermediate_with_unfused_consumer_stays_an_output():
+    b = ModelBuilder()
+    x = b.input("x", [8])
+    t = b.op("RELU", [x], [8])
+    u = b.op("TANH", [t], [8])
+    v = b.custom("Opaque", [t], [8])
+    b.output(u, v)
+    plan = plan_fusion(build_ecg(b.build().main), FixedCost(True))
+    fused = next(blk for blk in plan.blocks if blk.fused)
+    assert fused.ops == (0, 1)
+    assert t in fused.outputs and u in fused.outputs and fused.removable == []
+
+
+def test_single_consumer_intermediate_is_removed(model_path):
+    plan = plan_fusion(build_ecg(tflite_tools.load(model_path("swish_chain")).main), FixedCost(True))
+    (block,) = plan.blocks
+    assert block.ops == (0, 1, 2, 3) and len(block.removable) == 3 and len(block.outputs) == 1
+
+
+def test_constraints_bound_block_size():
+    b = ModelBuilder()
+    t = b.input("x", [8])
+    for _ in range(10):
+        t = b.op("RELU", [t], [8])
+    b.output(t)
+    plan = plan_fusion(build_ecg(b.build().main), FixedCost(True), PlanConfig(max_ops=4))
+    assert [len(blk.ops) for blk in plan.blocks] == [4, 4, 2]
+
+
+def test_inverted_residual_exception(model_path):
+    # The measured exception to Table 3: expand 1x1 -> depthwise -> project 1x1 (+ residual).
+    ecg = build_ecg(tflite_tools.load(model_path("mobilenet_v2_035_96")).main)
+    plan = plan_fusion(ecg, RooflineCost())
+    names = [[ecg.nodes[i].name for i in blk.ops] for blk in plan.blocks]
+    assert ["CONV_2D", "DEPTHWISE_CONV_2D", "CONV_2D"] in names
+    for blk in plan.blocks:  # never two depthwise convs, never a 3x3 conv chained to another MtM
+        assert sum(ecg.nodes[i].name == "DEPTHWISE_CONV_2D" for i in blk.ops) <= 1
+
+
+def test_plan_is_deterministic(model_path):
+    def run():
+        plan = plan_fusion(build_ecg(tflite_tools.load(model_path("transformer_encoder")).main), RooflineCost())
+        return [(blk.name, blk.ops, blk.signature) for blk in plan.blocks]
+
+    assert run() == run()
+
+
+def test_repeated_blocks_share_a_signature(model_path):
+    plan = plan_fusion(build_ecg(tflite_tools.load(model_path("transformer_encoder")).main), RooflineCost())
+    signatures = [blk.signature for blk in plan.blocks]
+    assert len(set(signatures)) < len(signatures)  # the LayerNorms repeat
+
+
+def test_cost_cache_on_disk(tmp_path, model_path):
+    ecg = build_ecg(tflite_tools.load(model_path("transformer_encoder")).main)
+    first = CachedCost(RooflineCost(), tmp_path)
+    plan_fusion(ecg, first)
+    first.save()
+    assert first.misses > 0
+    table = json.loads((tmp_path / "cost-roofline-v1.json").read_text())
+    assert len(table) == first.misses
+    second = CachedCost(RooflineCost(), tmp_path)
+    plan_fusion(ecg, second)
+    assert second.misses == 0 and second.hits == first.misses + first.hits
+
+
+def test_corrupt_cost_cache_is_ignored(tmp_path, model_path):
+    (tmp_path / "cost-roofline-v1.json").write_text("{not json")
+    cost = CachedCost(RooflineCost(), tmp_path)
+    plan_fusion(build_ecg(tflite_tools.load(model_path("transformer_encoder")).main), cost)
+    cost.save()
+    assert json.loads((tmp_path / "cost-roofline-v1.json").read_text())

@@ -1,0 +1,253 @@
+"""Every rewrite rule, run through LiteRT before and after.
+
+Exact rules must give bit-identical outputs under TFLite's reference kernels. Fast-math rules
+change rounding; they must stay within FAST_MATH_TOLERANCE: max |after - before| <= 1e-5 x
+max |before| (about 80 float32 ulps of the output's scale — generous for one reassociation,
+tight enough to catch a wrong rewrite).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tflite_tools
+from fusion.rewrite import RULES, active_rules, rewrite
+from tflite_tools import runtime
+from tflite_tools.builder import ModelBuilder
+
+FAST_MATH_TOLERANCE = 1e-5
+S = [1, 4, 4, 8]
+rng = np.random.default_rng(42)
+
+
+def w(*shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def conv(b, x, weights, bias, **kw):
+    return b.op("CONV_2D", [x, b.const("k", weights), b.const("bias", bias)], S, padding="SAME",
+                stride_h=1, stride_w=1, **kw)
+
+
+def m_constant_folding(b, x):
+    w16 = b.const("w16", w(8, 3, 3, 8).astype(np.float16))
+    deq = b.op("DEQUANTIZE", [w16], [8, 3, 3, 8], dtype="float32")
+    return b.op("CONV_2D", [x, deq, b.const("bias", w(8))], S, padding="SAME", stride_h=1, stride_w=1)
+
+
+def m_mul_by_one(b, x):
+    return b.op("TANH", [b.op("MUL", [x, b.const("one", np.ones(8, np.float32))], S)], S)
+
+
+def m_div_by_one(b, x):
+    return b.op("TANH", [b.op("DIV", [x, b.const("one", np.float32(1))], S)], S)
+
+
+def m_add_negative_zero(b, x):
+    t = b.op("ADD", [b.const("nz", np.full(8, -0.0, np.float32)), x], S)
+    return b.op("TANH", [b.op("SUB", [t, b.const("z", np.float32(0))], S)], S)
+
+
+def m_add_positive_zero(b, x):
+    return b.op("TANH", [b.op("ADD", [x, b.const("z", np.zeros(8, np.float32))], S)], S)
+
+
+def m_reorganize_chain(b, x):
+    r = b.op("RESHAPE", [x, b.const("s1", np.array([16, 8], np.int32))], [16, 8], new_shape=[16, 8])
+    r = b.op("RESHAPE", [r, b.const("s2", np.array([4, 32], np.int32))], [4, 32], new_shape=[4, 32])
+    e = b.op("EXPAND_DIMS", [r, b.const("axis", np.array(0, np.int32))], [1, 4, 32])
+    q = b.op("SQUEEZE", [e], [4, 32], squeeze_dims=[0])
+    return b.op("TANH", [q], [4, 32])
+
+
+def m_transpose_chain(b, x):
+    t1 = b.op("TRANSPOSE", [x, b.const("p1", np.array([0, 3, 1, 2], np.int32))], [1, 8, 4, 4])
+    t2 = b.op("TRANSPOSE", [t1, b.const("p2", np.array([0, 2, 3, 1], np.int32))], S)  # cancels
+    t3 = b.op("TRANSPOSE", [t2, b.const("p3", np.array([0, 2, 1, 3], np.int32))], S)
+    t4 = b.op("TRANSPOSE", [t3, b.const("p4", np.array([3, 1, 2, 0], np.int32))], [8, 4, 4, 1])  # composes
+    return b.op("TANH", [t4], [8, 4, 4, 1])
+
+
+def m_noop_cast(b, x):
+    return b.op("TANH", [b.op("CAST", [x], S, in_data_type="FLOAT32", out_data_type="FLOAT32")], S)
+
+
+def m_negation_into_add_sub(b, x):
+    y = b.op("TANH", [x], S)
+    a = b.op("ADD", [b.op("NEG", [x], S), y], S, fused_activation_function="RELU")
+    return b.op("SUB", [a, b.op("NEG", [y], S)], S)
+
+
+def m_double_negation(b, x):
+    return b.op("TANH", [b.op("NEG", [b.op("NEG", [x], S)], S)], S)
+
+
+def m_affine_into_conv(b, x):
+    c = conv(b, x, w(8, 3, 3, 8), np.zeros(8, np.float32))
+    m = b.op("MUL", [c, b.const("s", np.array([2, 0.5, 4, 1, 0.25, 8, 2, 1], np.float32))], S)
+    d = b.op("DEPTHWISE_CONV_2D", [m, b.const("dk", w(1, 3, 3, 8)), b.const("db", np.zeros(8, np.float32))], S,
+             padding="SAME", stride_h=1, stride_w=1, depth_multiplier=1)
+    return b.op("ADD", [d, b.const("shift", w(8))], S, fused_activation_function="RELU6")
+
+
+def m_affine_into_conv_any(b, x):
+    c = conv(b, x, w(8, 3, 3, 8), w(8))
+    return b.op("ADD", [b.op("MUL", [c, b.const("s", w(8))], S), b.const("t", w(8))], S)
+
+
+def m_mul_self_to_square(b, x):
+    return b.op("MUL", [x, x], S)
+
+
+def m_mul_minus_one_to_neg(b, x):
+    return b.op("MUL", [b.const("m1", np.float32(-1)), x], S)
+
+
+def m_div_by_power_of_two(b, x):
+    return b.op("DIV", [x, b.const("d", np.array([2, 4, 0.5, 8, 1, 16, 2, 0.25], np.float32))], S)
+
+
+def m_div_by_constant(b, x):
+    return b.op("DIV", [x, b.const("d", np.array([3, 7, 0.3, 9, 1.5, 11, 2.2, 5], np.float32))], S)
+
+
+def m_abs_of_product(b, x):
+    y = b.op("TANH", [x], S)
+    return b.op("MUL", [b.op("ABS", [x], S), b.op("ABS", [y], S)], S)
+
+
+def m_reassociate_constants(b, x):
+    m = b.op("MUL", [b.op("MUL", [x, b.const("c1", w(8))], S), b.const("c2", w(8))], S)
+    return b.op("ADD", [b.const("a2", w(8)), b.op("ADD", [m, b.const("a1", w(8))], S)], S)
+
+
+def m_factor_common_operand(b, x):
+    y = b.op("TANH", [x], S)
+    return b.op("ADD", [b.op("MUL", [y, b.const("c", w(8))], S), b.op("MUL", [b.const("d", w(8)), y], S)], S)
+
+
+def m_add_scaled_self(b, x):
+    return b.op("ADD", [x, b.op("MUL", [x, b.const("c", w(8))], S)], S)
+
+
+def m_sqrt_times_sqrt(b, x):
+    pos = b.op("ABS", [x], S)
+    root = b.op("SQRT", [pos], S)
+    simple = b.op("MUL", [root, root], S)
+    a, c = b.op("TANH", [x], S), b.op("LOGISTIC", [x], S)
+    root2 = b.op("SQRT", [b.op("EXP", [x], S)], S)
+    general = b.op("MUL", [b.op("MUL", [a, root2], S), b.op("MUL", [root2, c], S)], S)
+    return b.op("ADD", [simple, general], S)
+
+
+def m_square_minus_product(b, x):
+    s = b.op("TANH", [x], S)
+    return b.op("SUB", [b.op("SQUARE", [s], S), b.op("MUL", [s, b.const("c", w(8))], S)], S)
+
+
+def m_exp_reduce_prod(b, x):
+    e = b.op("EXP", [b.op("MUL", [x, b.const("small", np.float32(0.25))], S)], S)
+    return b.op("REDUCE_PROD", [e, b.const("axes", np.array([3], np.int32))], [1, 4, 4], keep_dims=False)
+
+
+CASES = {name[2:]: fn for name, fn in globals().items() if name.startswith("m_")}
+
+
+def build(case):
+    b = ModelBuilder()
+    b.output(CASES[case](b, b.input("x", S)))
+    return b.build()
+
+
+def test_every_rule_has_a_case():
+    assert sorted(CASES) == sorted(r.name for r in RULES)
+
+
+def run_both(model_bytes, rewritten_bytes, seed=0):
+    a = runtime.make_interpreter(model_bytes, resolver="reference")
+    b = runtime.make_interpreter(rewritten_bytes, resolver="reference")
+    inputs = runtime.random_inputs(a, seed)
+    return runtime.run(a, inputs), runtime.run(b, inputs)
+
+
+@pytest.mark.parametrize("rule", sorted(r.name for r in RULES))
+def test_rule_preserves_results(rule):
+    exact = next(r for r in RULES if r.name == rule).exact
+    original = tflite_tools.serialize(build(rule))
+    model = tflite_tools.parse(original)
+    ops_before = [op.name for op in model.main.operators]
+    log = rewrite(model, fast_math=not exact)
+    assert log.counts[rule] >= 1, f"{rule} did not fire: {dict(log.counts)}"
+    assert [op.name for op in model.main.operators] != ops_before
+    rewritten = tflite_tools.serialize(model)
+    for seed in (0, 1, 2):
+        before, after = run_both(original, rewritten, seed)
+        for x, y in zip(before, after):
+            assert x.shape == y.shape
+            if exact:
+                assert x.tobytes() == y.tobytes(), f"{rule} changed bits"
+            else:
+                assert np.abs(x - y).max() <= FAST_MATH_TOLERANCE * np.abs(x).max(), rule
+
+
+@pytest.mark.parametrize("rule", sorted(r.name for r in RULES if not r.exact))
+def test_fast_math_rules_stay_off_by_default(rule):
+    model = build(rule)
+    log = rewrite(model, fast_math=False)
+    assert all(r.name not in log.counts for r in RULES if not r.exact)
+
+
+def test_exact_rules_keep_whole_models_bit_identical(model_path):
+    for stem in ("transformer_encoder", "conv_fp16_weights", "mobilenet_v2_035_96"):
+        original = model_path(stem).read_bytes()
+        model = tflite_tools.parse(original)
+        rewrite(model)
+        for resolver in ("reference", "xnnpack"):
+            a = runtime.make_interpreter(original, resolver=resolver)
+            b = runtime.make_interpreter(tflite_tools.serialize(model), resolver=resolver)
+            inputs = runtime.random_inputs(a)
+            assert [o.tobytes() for o in runtime.run(a, inputs)] == [o.tobytes() for o in runtime.run(b, inputs)]
+
+
+def test_fp16_weights_are_folded(model_path):
+    model = tflite_tools.load(model_path("conv_fp16_weights"))
+    log = rewrite(model)
+    assert log.counts["constant_folding"] == 3
+    assert [op.name for op in model.main.operators] == ["CONV_2D", "DEPTHWISE_CONV_2D"]
+    assert all(t.type_name == "FLOAT32" for t in model.main.tensors if t.is_constant and t.data.ndim == 4)
+
+
+def test_graph_output_identity_keeps_the_output_name():
+    b = ModelBuilder()
+    x = b.input("x", [4])
+    t = b.op("TANH", [x], [4])
+    b.output(b.op("MUL", [t, b.const("one", np.float32(1))], [4], name="result"))
+    model = b.build()
+    rewrite(model)
+    assert [op.name for op in model.main.operators] == ["TANH"]
+    assert model.main.outputs[0].name == "result"
+    assert model.signatures[0].outputs["result"] is model.main.outputs[0]
+
+
+def test_identity_between_input_and_output_is_kept():
+    b = ModelBuilder()
+    x = b.input("x", [4])
+    b.output(b.op("MUL", [x, b.const("one", np.float32(1))], [4]))
+    model = b.build()
+    rewrite(model)
+    assert [op.name for op in model.main.operators] == ["MUL"]
+
+
+def test_active_rules_policy():
+    exact_names = {r.name for r in active_rules("cleanup", False) + active_rules("algebraic", False)}
+    assert "constant_folding" in exact_names and "factor_common_operand" not in exact_names
+    assert {r.name for r in RULES} == {r.name for r in active_rules("cleanup", True) + active_rules("algebraic", True)}
+
+
+def test_trace_reports_each_pass():
+    lines = []
+    rewrite(build("double_negation"), trace=lines.append)
+    assert any(line.startswith("double_negation") for line in lines)
+    assert [line.split(":")[0] for line in lines if line.startswith("after")] == [
+        "after cleanup", "after algebraic", "after cleanup", "after prune"]
