@@ -18,7 +18,8 @@ What is counted
     Call nodes whose callee is a relax operator (``tvm.ir.Op``) in the graph-level
     relax functions of the module the relax TFLite frontend (``from_tflite``)
     imports, before any pass: ``main``, plus the private functions it makes for
-    control flow (WHILE/IF subgraphs); the reference models have only ``main``. One TFLite op may become several relax ops (e.g. CONV_2D
+    control flow (WHILE/IF subgraphs); the reference models have only ``main``.
+    One TFLite op may become several relax ops (e.g. CONV_2D
     with bias and RELU6 is ``conv2d`` + ``add`` + ``clip``).
 
 ``fused_functions``

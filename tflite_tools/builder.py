@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import schema
-from .ir import Model, OpCode, Operator, Quantization, Signature, Subgraph, Tensor
+from .ir import Model, OpCode, Operator, Quantization, Signature, Subgraph, Tensor, unique_name
 
 fb = schema.fb
 DType = str | int | np.dtype | type
@@ -75,13 +75,6 @@ class ModelBuilder:
         self.graph = Subgraph()
         self._names: set[str] = set()
 
-    def _unique(self, name: str) -> str:
-        base, n = name, 1
-        while name in self._names:
-            name, n = f"{base}_{n}", n + 1
-        self._names.add(name)
-        return name
-
     def tensor(
         self,
         name: str,
@@ -92,7 +85,7 @@ class ModelBuilder:
     ) -> Tensor:
         """A new non-constant tensor."""
         t = Tensor(
-            name=self._unique(name),
+            name=unique_name(name, self._names),
             shape=tuple(int(d) for d in shape),
             dtype=tensor_type(dtype),
             quantization=quant,

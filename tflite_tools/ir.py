@@ -221,3 +221,12 @@ class Model:
             for op in sg.operators:
                 yield i, op
 
+
+
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base_1`, `base_2`, ... whichever is not in `taken`; records the choice in `taken`."""
+    name, n = base, 1
+    while name in taken:
+        name, n = f"{base}_{n}", n + 1
+    taken.add(name)
+    return name

@@ -1,8 +1,9 @@
 """Running models in LiteRT: the interpreter import, resolver choice and random inputs.
 
 `ai_edge_litert` is the maintained runtime; `tflite_runtime` (2.14 and older) still works as a
-fallback where LiteRT is missing, or first when `DNNFUSION_RUNTIME=tflite_runtime` asks for it. Everything that runs a model goes through here, so tests,
-the CLI and benchmarks agree on how a model is run and fed.
+fallback where LiteRT is missing, or first when `DNNFUSION_RUNTIME=tflite_runtime` asks for it.
+Everything that runs a model goes through here, so tests, the CLI and benchmarks agree on how a
+model is run and fed.
 """
 
 from __future__ import annotations

@@ -55,6 +55,18 @@ def _matches(g: GraphView, rules: list[Rule], skip: set[tuple[str, Operator]]) -
     return found
 
 
+def _apply(g: GraphView, r: Rule, op: Operator, m: Rewrite, log: RewriteLog,
+           failed: set[tuple[str, Operator]], trace: Callable[[str], None] | None) -> None:
+    """Applies one match (if its anchor op still exists), records it, and refreshes the maps."""
+    if op in g.sg.operators and m.apply():
+        log.counts[r.name] += 1
+        if trace:
+            trace(f"{r.name} at {op.name} (saves {m.saved_flops} FLOPs)")
+    else:
+        failed.add((r.name, op))
+    g.refresh()
+
+
 def _run_cleanup(g: GraphView, fast_math: bool, log: RewriteLog, trace: Callable[[str], None] | None) -> None:
     rules = active_rules("cleanup", fast_math)
     failed: set[tuple[str, Operator]] = set()  # holding the op keeps its id unique
@@ -62,14 +74,7 @@ def _run_cleanup(g: GraphView, fast_math: bool, log: RewriteLog, trace: Callable
         found = _matches(g, rules, failed)
         if not found:
             return
-        r, op, m = found[0]
-        if m.apply():
-            log.counts[r.name] += 1
-            if trace:
-                trace(f"{r.name} at {op.name}")
-        else:
-            failed.add((r.name, op))
-        g.refresh()
+        _apply(g, *found[0], log, failed, trace)
 
 
 def property_components(g: GraphView) -> dict[int, int]:
@@ -109,13 +114,7 @@ def _run_algebraic(g: GraphView, fast_math: bool, log: RewriteLog, trace: Callab
             return
         # The sub-graphs are disjoint, so each one's best rewrite can be applied in the same round.
         for *_, r, op, m in sorted(best.values(), key=lambda v: v[:3]):
-            if op in g.sg.operators and m.apply():
-                log.counts[r.name] += 1
-                if trace:
-                    trace(f"{r.name} at {op.name} (saves {m.saved_flops} FLOPs)")
-            else:
-                failed.add((r.name, op))
-            g.refresh()
+            _apply(g, r, op, m, log, failed, trace)
 
 
 def rewrite(model: Model, fast_math: bool = False, trace: Callable[[str], None] | None = None) -> RewriteLog:

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tflite_tools.builder import make_options, tensor_type
-from tflite_tools.ir import Model, OpCode, Operator, Subgraph, Tensor
+from tflite_tools.ir import Model, OpCode, Operator, Subgraph, Tensor, unique_name
 from tflite_tools.schema import builtin_code
 
 
@@ -68,11 +68,7 @@ class GraphView:
 
     def unique_name(self, base: str) -> str:
         """A tensor name not yet used in the subgraph."""
-        name, n = base, 1
-        while name in self._names:
-            name, n = f"{base}_{n}", n + 1
-        self._names.add(name)
-        return name
+        return unique_name(base, self._names)
 
     def constant(self, base: str, value: Any, dtype: Any = None) -> Tensor:
         """A new constant tensor in the subgraph."""
