@@ -89,6 +89,8 @@ def _opaque_reason(op: Operator, mapping: MappingType | None) -> str | None:
             return f"{t.type_name} tensor {t.name!r}"
         if t.is_variable:
             return f"variable tensor {t.name!r}"
+        if t.sparsity is not None:  # read sparse by TFLite's own kernel; DENSIFY would fold it
+            return f"sparse tensor {t.name!r}"
     return None
 
 

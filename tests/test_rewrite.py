@@ -218,6 +218,28 @@ def test_fp16_weights_are_folded(model_path):
     assert all(t.type_name == "FLOAT32" for t in model.main.tensors if t.is_constant and t.data.ndim == 4)
 
 
+def test_densify_of_sparse_weights_is_folded(model_path):
+    original = model_path("sparse_conv_densify").read_bytes()
+    model = tflite_tools.parse(original)
+    assert [op.name for op in model.main.operators] == ["DENSIFY", "CONV_2D"]
+    rewrite(model)
+    (conv,) = model.main.operators
+    assert conv.name == "CONV_2D" and conv.inputs[1].sparsity is None
+    assert conv.inputs[1].data.shape == (16, 3, 3, 16) and (conv.inputs[1].data == 0).mean() > 0.7
+    for resolver in ("reference", "xnnpack"):
+        a = runtime.make_interpreter(original, resolver=resolver)
+        b = runtime.make_interpreter(tflite_tools.serialize(model), resolver=resolver)
+        inputs = runtime.random_inputs(a)
+        assert runtime.run(a, inputs)[0].tobytes() == runtime.run(b, inputs)[0].tobytes()
+
+
+def test_sparse_weights_are_not_fused(model_path):
+    from fusion.ecg import build_ecg
+
+    ecg = build_ecg(tflite_tools.load(model_path("sparse_fc")).main)
+    assert "sparse tensor" in ecg.nodes[0].opaque_reason
+
+
 def test_graph_output_identity_keeps_the_output_name():
     b = ModelBuilder()
     x = b.input("x", [4])

@@ -243,6 +243,22 @@ def make_tensorflow(out: Path) -> list[Path]:
         from_keras(fp16, optimizations=[tf.lite.Optimize.DEFAULT], target_spec=_fp16_spec(tf)),
     )
 
+    # Sparse weights: FULLY_CONNECTED reads them sparse; CONV_2D gets a DENSIFY in front.
+    def sparse(layer_input, layer, weight_shape, mask):
+        model = keras.Model(layer_input, layer(layer_input))
+        w = np.random.default_rng(5).standard_normal(weight_shape).astype(np.float32) * mask
+        layer.set_weights([w, np.zeros(weight_shape[-1], np.float32)])
+        return from_keras(model, optimizations=[tf.lite.Optimize.EXPERIMENTAL_SPARSITY])
+
+    fc_mask = np.zeros((64, 64), np.float32)
+    fc_mask[:, ::8] = 1
+    write("sparse_fc", sparse(keras.Input((64,), batch_size=1), keras.layers.Dense(64), (64, 64), fc_mask))
+    conv_mask = np.ones((3, 3, 16, 16), np.float32)
+    conv_mask[..., ::2, :] = 0
+    conv_mask[..., 1::4, :] = 0
+    write("sparse_conv_densify", sparse(keras.Input((8, 8, 16), batch_size=1),
+                                        keras.layers.Conv2D(16, 3, padding="same"), (3, 3, 16, 16), conv_mask))
+
     # Control flow: a WHILE loop makes three subgraphs (main, cond, body).
     class Loop(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32)])
