@@ -108,7 +108,7 @@ class ModelBuilder:
         if arr.dtype == np.int64 and dtype is None:
             arr = arr.astype(np.int32)
         t = self.tensor(name, arr.shape, arr.dtype, quant)
-        t.data = np.ascontiguousarray(arr)
+        t.data = np.require(arr, requirements="C")  # keeps 0-d scalars 0-d
         return t
 
     def op(

@@ -72,7 +72,7 @@ class GraphView:
 
     def constant(self, base: str, value: Any, dtype: Any = None) -> Tensor:
         """A new constant tensor in the subgraph."""
-        arr = np.ascontiguousarray(value if dtype is None else np.asarray(value, dtype=dtype))
+        arr = np.require(value if dtype is None else np.asarray(value, dtype=dtype), requirements="C")
         t = Tensor(self.unique_name(base), tuple(arr.shape), tensor_type(arr.dtype), data=arr)
         t.data.flags.writeable = False
         self.sg.tensors.append(t)

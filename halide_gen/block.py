@@ -1,0 +1,94 @@
+"""One Halide pipeline per planned block: block inputs become kernel arguments, ops are lowered
+in order (each reading its producers' Funcs directly, so nothing in between is materialised unless
+a schedule says so), and the block's outputs are the pipeline's outputs.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import halide as hl
+
+from tflite_tools.ir import Operator, Tensor
+
+from .lower import LoweringError, OpContext, lower
+from .values import Value, halide_type
+
+
+def _ident(text: str) -> str:
+    """A C identifier from a tensor or block name (Halide names Funcs and arguments with them)."""
+    name = re.sub(r"[^0-9A-Za-z_]", "_", text)
+    return name if name and not name[0].isdigit() else f"t_{name}"
+
+
+@dataclass
+class BlockKernel:
+    """A block lowered to Halide, before scheduling."""
+
+    name: str
+    ops: list[Operator]
+    arguments: list[tuple[Tensor, hl.ImageParam]]  # kernel inputs in order of first use
+    outputs: list[tuple[Tensor, Value]]
+    values: dict[int, Value] = field(default_factory=dict)  # id(tensor) -> Value, every tensor
+    op_values: list[list[Value]] = field(default_factory=list)  # per op, its output Values
+    materialize: list[hl.Func] = field(default_factory=list)  # Funcs that must not be inlined
+
+    def output_funcs(self) -> list[hl.Func]:
+        """The pipeline's output Funcs, in block-output order."""
+        return [v.func for _, v in self.outputs]
+
+    def pipeline(self) -> hl.Pipeline:
+        """The Halide pipeline computing every block output."""
+        return hl.Pipeline(self.output_funcs())
+
+
+def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
+    """Lowers `ops` (in execution order) into one pipeline producing `outputs`.
+
+    Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
+    """
+    kernel = BlockKernel(_ident(name), list(ops), [], [])
+    produced = {id(t) for op in ops for t in op.outputs}
+    params: dict[int, Value] = {}
+
+    def value_of(t: Tensor) -> Value:
+        if id(t) in kernel.values:
+            return kernel.values[id(t)]
+        if id(t) in produced:
+            raise LoweringError(f"{t.name!r} is read before the op that writes it")
+        if t.is_dynamic:
+            raise LoweringError(f"dynamic shape on {t.name!r}")
+        param = hl.ImageParam(halide_type(t.type_name), len(t.shape), f"{kernel.name}_in{len(params)}")
+        kernel.arguments.append((t, param))
+        value = Value(hl.Func(param), tuple(t.shape), param.type())
+        params[id(t)] = value
+        kernel.values[id(t)] = value
+        return value
+
+    for k, op in enumerate(ops):
+        ctx = OpContext(op, f"{kernel.name}_op{k}_{op.name.lower()}", value_of)
+        results = lower(ctx)
+        if len(results) != len(op.outputs):
+            raise LoweringError(f"{op.name}: lowering made {len(results)} outputs, the op has {len(op.outputs)}")
+        for t, v in zip(op.outputs, results):
+            if tuple(v.shape) != tuple(t.shape):
+                raise LoweringError(f"{op.name}: lowered shape {list(v.shape)} != {list(t.shape)}")
+            kernel.values[id(t)] = v
+        kernel.op_values.append(results)
+        kernel.materialize.extend(ctx.materialize)
+
+    seen: set[int] = set()
+    for t in outputs:
+        v = kernel.values.get(id(t))
+        if v is None or id(t) in params:
+            raise LoweringError(f"block output {t.name!r} is not computed by the block")
+        if id(v.func) in seen:  # two outputs of one Func: give the second its own
+            copy = hl.Func(f"{v.func.name()}_out")
+            vars_ = [hl.Var(n) for n in v.func.args()] if v.func.args() else []
+            copy[vars_] = v.func[vars_]
+            v = Value(copy, v.shape, v.type)
+        seen.add(id(v.func))
+        kernel.outputs.append((t, v))
+    return kernel

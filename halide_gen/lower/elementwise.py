@@ -1,0 +1,272 @@
+"""Elementwise lowerings: arithmetic, activations, math functions, comparisons, logic, casts.
+
+Binary ops broadcast as TFLite does (NumPy rules); a fused activation is applied to the result.
+Formulas follow TFLite's reference kernels so results agree to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import math
+
+import halide as hl
+
+from ..values import Value, define, read_broadcast
+from .registry import LoweringError, OpContext, register
+
+SQRT1_2 = 1.0 / math.sqrt(2.0)
+
+
+def activation(expr: hl.Expr, name: str | None) -> hl.Expr:
+    """A TFLite fused activation (`RELU`, `RELU6`, `RELU_N1_TO_1`) on `expr`.
+
+    TANH and SIGN_BIT exist in the schema, but TFLite's float kernels turn a fused activation into
+    a clamp range and silently ignore those two; rather than copy that, such ops are not claimed.
+    """
+    if name is None or name == "NONE":
+        return expr
+    zero = hl.cast(expr.type(), 0)
+    if name == "RELU":
+        return hl.max(expr, zero)
+    if name == "RELU6":
+        return hl.clamp(expr, zero, hl.cast(expr.type(), 6))
+    if name == "RELU_N1_TO_1":
+        return hl.clamp(expr, hl.cast(expr.type(), -1), hl.cast(expr.type(), 1))
+    raise LoweringError(f"fused activation {name} (TFLite kernels ignore it)")
+
+
+def as_bool(expr: hl.Expr) -> hl.Expr:
+    """A stored BOOL (uint8 0/1) or any number as a Halide condition."""
+    return expr if expr.type().is_bool() else expr != hl.cast(expr.type(), 0)
+
+
+def store_bool(cond: hl.Expr) -> hl.Expr:
+    """A condition as TFLite's BOOL storage (uint8 0/1)."""
+    return hl.cast(hl.UInt(8), cond)
+
+
+def logistic(x: hl.Expr) -> hl.Expr:
+    """1 / (1 + e^-x)."""
+    one = hl.f32(1)
+    return one / (one + hl.exp(-x))
+
+
+def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
+    """GELU: the erf form, or the tanh approximation when `approximate`."""
+    half = hl.f32(0.5)
+    if approximate:
+        inner = hl.f32(math.sqrt(2.0 / math.pi)) * (x + hl.f32(0.044715) * x * x * x)
+        return half * x * (hl.f32(1) + hl.tanh(inner))
+    return half * x * (hl.f32(1) + hl.erf(x * hl.f32(SQRT1_2)))
+
+
+def round_half_away(x: hl.Expr) -> hl.Expr:
+    """std::round (TfLiteRound): halves away from zero, unlike Halide's round-half-even."""
+    return hl.select(x < 0, -hl.floor(-x + hl.f32(0.5)), hl.floor(x + hl.f32(0.5)))
+
+
+UNARY = {
+    "ABS": hl.abs,
+    "NEG": lambda x: -x,
+    "EXP": hl.exp,
+    "LOG": hl.log,
+    "SQRT": hl.sqrt,
+    "RSQRT": lambda x: hl.f32(1) / hl.sqrt(x),
+    "SQUARE": lambda x: x * x,
+    "SIN": hl.sin,
+    "COS": hl.cos,
+    "FLOOR": hl.floor,
+    "CEIL": hl.ceil,
+    "ROUND": hl.round,  # TFLite ROUND rounds half to even, as Halide does
+    "LOGISTIC": logistic,
+    "TANH": hl.tanh,
+    "RELU": lambda x: hl.max(x, hl.cast(x.type(), 0)),
+    "RELU6": lambda x: hl.clamp(x, hl.cast(x.type(), 0), hl.cast(x.type(), 6)),
+    "RELU_N1_TO_1": lambda x: hl.clamp(x, hl.cast(x.type(), -1), hl.cast(x.type(), 1)),
+    "HARD_SWISH": lambda x: x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) / hl.f32(6),
+}
+
+
+@register(*UNARY)
+def lower_unary(ctx: OpContext) -> list[Value]:
+    """One input, one output of the same shape."""
+    x = ctx.value(0)
+    fn = UNARY[ctx.op.name]
+    if ctx.op.name == "ABS" and x.type.is_int():
+        fn = lambda v: hl.cast(v.type(), hl.abs(v))  # noqa: E731 - Halide's abs of int is unsigned
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: fn(x(*i)))]
+
+
+@register("GELU")
+def lower_gelu(ctx: OpContext) -> list[Value]:
+    """GELU with its `approximate` option."""
+    x = ctx.value(0)
+    approximate = bool(ctx.option("approximate", False))
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: gelu(x(*i), approximate))]
+
+
+@register("LEAKY_RELU")
+def lower_leaky_relu(ctx: OpContext) -> list[Value]:
+    """x if x > 0 else alpha * x."""
+    x = ctx.value(0)
+    alpha = hl.f32(float(ctx.option("alpha", 0.2)))
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: hl.select(x(*i) > 0, x(*i), alpha * x(*i)))]
+
+
+@register("PRELU")
+def lower_prelu(ctx: OpContext) -> list[Value]:
+    """x if x >= 0 else alpha * x, alpha broadcast against x."""
+    x, alpha = ctx.value(0), ctx.value(1)
+    shape = ctx.out_shape()
+
+    def body(*i):
+        v = read_broadcast(x, shape, i)
+        return hl.select(v >= 0, v, read_broadcast(alpha, shape, i) * v)
+
+    return [define(ctx.func_name(), shape, body)]
+
+
+def _divide(a: hl.Expr, b: hl.Expr) -> hl.Expr:
+    if a.type().is_float():
+        return a / b
+    raise LoweringError("integer DIV")
+
+
+BINARY = {
+    "ADD": lambda a, b: a + b,
+    "SUB": lambda a, b: a - b,
+    "MUL": lambda a, b: a * b,
+    "DIV": _divide,
+    "MAXIMUM": hl.max,
+    "MINIMUM": hl.min,
+    "POW": hl.pow,
+    "SQUARED_DIFFERENCE": lambda a, b: (a - b) * (a - b),
+}
+
+COMPARE = {
+    "LESS": lambda a, b: a < b,
+    "LESS_EQUAL": lambda a, b: a <= b,
+    "GREATER": lambda a, b: a > b,
+    "GREATER_EQUAL": lambda a, b: a >= b,
+    "EQUAL": lambda a, b: a == b,
+    "NOT_EQUAL": lambda a, b: a != b,
+}
+
+LOGICAL = {
+    "LOGICAL_AND": lambda a, b: a & b,
+    "LOGICAL_OR": lambda a, b: a | b,
+}
+
+
+@register(*BINARY)
+def lower_binary(ctx: OpContext) -> list[Value]:
+    """Broadcasting arithmetic with the fused activation applied."""
+    a, b = ctx.value(0), ctx.value(1)
+    shape, fn, act = ctx.out_shape(), BINARY[ctx.op.name], ctx.op.fused_activation
+    return [define(ctx.func_name(), shape,
+                   lambda *i: activation(fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i)), act))]
+
+
+@register(*COMPARE)
+def lower_compare(ctx: OpContext) -> list[Value]:
+    """Broadcasting comparisons, stored as BOOL."""
+    a, b = ctx.value(0), ctx.value(1)
+    shape, fn = ctx.out_shape(), COMPARE[ctx.op.name]
+    return [define(ctx.func_name(), shape,
+                   lambda *i: store_bool(fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i))))]
+
+
+@register(*LOGICAL)
+def lower_logical(ctx: OpContext) -> list[Value]:
+    """Broadcasting AND / OR of BOOL tensors."""
+    a, b = ctx.value(0), ctx.value(1)
+    shape, fn = ctx.out_shape(), LOGICAL[ctx.op.name]
+    return [define(ctx.func_name(), shape, lambda *i: store_bool(
+        fn(as_bool(read_broadcast(a, shape, i)), as_bool(read_broadcast(b, shape, i)))))]
+
+
+@register("LOGICAL_NOT")
+def lower_logical_not(ctx: OpContext) -> list[Value]:
+    """NOT of a BOOL tensor."""
+    x = ctx.value(0)
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: store_bool(~as_bool(x(*i))))]
+
+
+@register("SELECT", "SELECT_V2")
+def lower_select(ctx: OpContext) -> list[Value]:
+    """cond ? x : y with broadcasting (SELECT_V2; SELECT's rank-1 condition picks whole rows)."""
+    cond, x, y = ctx.value(0), ctx.value(1), ctx.value(2)
+    shape = ctx.out_shape()
+
+    def pick(*i):
+        if ctx.op.name == "SELECT" and cond.rank == 1 and len(shape) > 1:
+            c = cond(i[0])  # TF1 select: a vector condition chooses along the first axis
+        else:
+            c = read_broadcast(cond, shape, i)
+        return hl.select(as_bool(c), read_broadcast(x, shape, i), read_broadcast(y, shape, i))
+
+    return [define(ctx.func_name(), shape, pick)]
+
+
+@register("CAST")
+def lower_cast(ctx: OpContext) -> list[Value]:
+    """Type conversion: float to int truncates toward zero; to BOOL is `!= 0`."""
+    x = ctx.value(0)
+    target, out = ctx.out_type(), ctx.op.outputs[0]
+
+    def convert(*i):
+        v = x(*i)
+        if out.type_name == "BOOL":
+            return store_bool(as_bool(v))
+        return hl.cast(target, v)
+
+    return [define(ctx.func_name(), ctx.out_shape(), convert)]
+
+
+def _per_axis(ctx: OpContext, t_index: int, field_name: str):
+    """Scale or zero point of a tensor's quantization as a function of an output index."""
+    t = ctx.op.inputs[t_index] if field_name == "in" else ctx.op.outputs[0]
+    q = t.quantization
+    if q is None or q.scale is None or not len(q.scale):
+        raise LoweringError(f"{ctx.op.name}: {t.name!r} has no quantization")
+    scales = [float(s) for s in q.scale]
+    zps = [int(z) for z in (q.zero_point if q.zero_point is not None else [0] * len(scales))]
+    if len(scales) == 1:
+        return (lambda i: hl.f32(scales[0])), (lambda i: hl.i32(zps[0]))
+    axis = q.quantized_dimension
+
+    def table(values, make):
+        def at(i):
+            expr = make(values[-1])
+            for k in range(len(values) - 2, -1, -1):
+                expr = hl.select(i[axis] == k, make(values[k]), expr)
+            return expr
+        return at
+
+    return table(scales, hl.f32), table(zps, hl.i32)
+
+
+@register("DEQUANTIZE")
+def lower_dequantize(ctx: OpContext) -> list[Value]:
+    """(q - zero_point) * scale, per tensor or per channel; FLOAT16 inputs are widened."""
+    x = ctx.value(0)
+    if ctx.op.inputs[0].type_name == "FLOAT16":
+        return [define(ctx.func_name(), ctx.out_shape(), lambda *i: hl.cast(hl.Float(32), x(*i)))]
+    scale, zp = _per_axis(ctx, 0, "in")
+    return [define(ctx.func_name(), ctx.out_shape(),
+                   lambda *i: hl.cast(hl.Float(32), hl.cast(hl.Int(32), x(*i)) - zp(i)) * scale(i))]
+
+
+@register("QUANTIZE")
+def lower_quantize(ctx: OpContext) -> list[Value]:
+    """round(x / scale) + zero_point, clamped to the output type (TFLite rounds halves away from 0)."""
+    if not ctx.op.inputs[0].type_name == "FLOAT32":
+        raise LoweringError("QUANTIZE from an integer type (requantize)")
+    x = ctx.value(0)
+    scale, zp = _per_axis(ctx, 0, "out")
+    target = ctx.out_type()
+
+    def body(*i):
+        q = hl.cast(hl.Int(32), round_half_away(x(*i) / scale(i))) + zp(i)
+        return hl.cast(target, hl.clamp(q, target.min(), target.max()))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]

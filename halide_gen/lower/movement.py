@@ -1,0 +1,320 @@
+"""Data movement as index arithmetic: nothing here copies when inlined into a consumer.
+
+RESHAPE is div/mod on the row-major offset, TRANSPOSE a permutation of indices, SLICE an offset,
+CONCATENATION a select over ranges (DNNFusion §4.4's "loop joint"), PAD a bounds test, GATHER an
+indirect index (clamped, so a bad index cannot read out of bounds).
+"""
+
+from __future__ import annotations
+
+import halide as hl
+import numpy as np
+
+from ..values import Value, define, flat_index, read_broadcast, unflatten
+from .elementwise import activation, round_half_away
+from .registry import LoweringError, OpContext, register
+
+
+@register("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
+def lower_reshape(ctx: OpContext) -> list[Value]:
+    """Same elements, new shape: out[i] = in[unflatten(flatten(i))]."""
+    x, out = ctx.value(0), ctx.out_shape()
+    if tuple(x.shape) == out:
+        return [define(ctx.func_name(), out, lambda *i: x(*i))]
+    return [define(ctx.func_name(), out, lambda *i: x.at(unflatten(x.shape, flat_index(out, i))))]
+
+
+@register("TRANSPOSE")
+def lower_transpose(ctx: OpContext) -> list[Value]:
+    """out[i0..ik] = in[j] with j[perm[a]] = i[a]."""
+    x = ctx.value(0)
+    perm = [int(p) % x.rank for p in ctx.const(1)]
+
+    def body(*i):
+        src: list[hl.Expr] = [hl.Expr(0)] * x.rank
+        for a, p in enumerate(perm):
+            src[p] = i[a]
+        return x.at(src)
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("CONCATENATION")
+def lower_concatenation(ctx: OpContext) -> list[Value]:
+    """A select chain over the inputs' ranges along the axis."""
+    out = ctx.out_shape()
+    axis = int(ctx.option("axis", 0)) % len(out)
+    parts = [ctx.value(k) for k in range(len(ctx.op.inputs))]
+
+    def body(*i):
+        offsets, start = [], 0
+        for p in parts:
+            offsets.append(start)
+            start += p.shape[axis]
+        expr = None
+        for p, off in zip(parts, offsets):
+            idx = list(i)
+            idx[axis] = hl.clamp(i[axis] - off, 0, p.shape[axis] - 1)
+            expr = p.at(idx) if expr is None else hl.select(i[axis] >= off, p.at(idx), expr)
+        return activation(expr, ctx.op.fused_activation)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("SLICE")
+def lower_slice(ctx: OpContext) -> list[Value]:
+    """out[i] = in[i + begin]."""
+    x = ctx.value(0)
+    begin = [int(b) for b in ctx.const(1)]
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x.at([a + b for a, b in zip(i, begin)]))]
+
+
+def _strided_slice_starts(ctx: OpContext, shape) -> tuple[list[int], list[int]]:
+    """Per input axis, the first index read and the stride (TFLite's StartForAxis)."""
+    begin, end, strides = (list(map(int, ctx.const(k))) for k in (1, 2, 3))
+    begin_mask = int(ctx.option("beginMask", 0))
+    starts = []
+    for a, d in enumerate(shape):
+        s, st = begin[a], strides[a]
+        if begin_mask & (1 << a):
+            s = 0 if st > 0 else d - 1
+        elif s < 0:
+            s += d
+        s = max(0, min(s, d - 1)) if st < 0 else max(0, min(s, d))
+        starts.append(s)
+    return starts, strides
+
+
+@register("STRIDED_SLICE")
+def lower_strided_slice(ctx: OpContext) -> list[Value]:
+    """in[start + i * stride] per axis; shrink-axis dimensions are fixed at their start."""
+    x = ctx.value(0)
+    if int(ctx.option("ellipsisMask", 0)) or int(ctx.option("newAxisMask", 0)) or bool(ctx.option("offset", False)):
+        raise LoweringError("STRIDED_SLICE with ellipsis / new-axis masks or offset")
+    starts, strides = _strided_slice_starts(ctx, x.shape)
+    shrink = int(ctx.option("shrinkAxisMask", 0))
+
+    def body(*i):
+        src, j = [], 0
+        for a in range(x.rank):
+            if shrink & (1 << a):
+                src.append(hl.Expr(starts[a]))
+            else:
+                src.append(starts[a] + i[j] * strides[a])
+                j += 1
+        return x.at(src)
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+def _split(ctx: OpContext, x: Value, axis: int, sizes: list[int]) -> list[Value]:
+    outs, off = [], 0
+    for k, size in enumerate(sizes):
+        def body(*i, off=off):
+            idx = list(i)
+            idx[axis] = i[axis] + off
+            return x.at(idx)
+
+        outs.append(define(ctx.func_name(str(k)), ctx.out_shape(k), body))
+        off += size
+    return outs
+
+
+@register("SPLIT")
+def lower_split(ctx: OpContext) -> list[Value]:
+    """Equal parts along the axis (input 0 is the axis, input 1 the tensor)."""
+    x = ctx.value(1)
+    axis = int(np.asarray(ctx.const(0)).reshape(-1)[0]) % x.rank
+    return _split(ctx, x, axis, [o.shape[axis] for o in ctx.op.outputs])
+
+
+@register("SPLIT_V")
+def lower_split_v(ctx: OpContext) -> list[Value]:
+    """Parts of the given sizes along the axis (inputs: tensor, sizes, axis)."""
+    x = ctx.value(0)
+    axis = int(np.asarray(ctx.const(2)).reshape(-1)[0]) % x.rank
+    return _split(ctx, x, axis, [o.shape[axis] for o in ctx.op.outputs])
+
+
+@register("PACK")
+def lower_pack(ctx: OpContext) -> list[Value]:
+    """Stack along a new axis: the new index picks the input."""
+    out = ctx.out_shape()
+    axis = int(ctx.option("axis", 0)) % len(out)
+    parts = [ctx.value(k) for k in range(len(ctx.op.inputs))]
+
+    def body(*i):
+        idx = list(i[:axis]) + list(i[axis + 1:])
+        expr = parts[-1].at(idx)
+        for k in range(len(parts) - 2, -1, -1):
+            expr = hl.select(i[axis] == k, parts[k].at(idx), expr)
+        return expr
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("UNPACK")
+def lower_unpack(ctx: OpContext) -> list[Value]:
+    """One output per index along the axis, which disappears."""
+    x = ctx.value(0)
+    axis = int(ctx.option("axis", 0)) % x.rank
+    return [define(ctx.func_name(str(k)), ctx.out_shape(k),
+                   lambda *i, k=k: x.at(list(i[:axis]) + [hl.Expr(k)] + list(i[axis:])))
+            for k in range(len(ctx.op.outputs))]
+
+
+def _pad_value(ctx: OpContext) -> hl.Expr:
+    t = ctx.out_type()
+    if ctx.op.name == "PADV2" and ctx.has_input(2):
+        return hl.cast(t, float(np.asarray(ctx.const(2)).reshape(-1)[0]))
+    return hl.cast(t, 0)
+
+
+@register("PAD", "PADV2")
+def lower_pad(ctx: OpContext) -> list[Value]:
+    """in[i - before] inside the original extent, the pad value outside."""
+    x = ctx.value(0)
+    before = [int(p[0]) for p in np.asarray(ctx.const(1)).reshape(-1, 2)]
+    fill = _pad_value(ctx)
+
+    def body(*i):
+        src = [a - b for a, b in zip(i, before)]
+        inside = hl.Expr(True)
+        for s, d in zip(src, x.shape):
+            inside = inside & (s >= 0) & (s < d)
+        return hl.select(inside, x.at([hl.clamp(s, 0, d - 1) for s, d in zip(src, x.shape)]), fill)
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("MIRROR_PAD")
+def lower_mirror_pad(ctx: OpContext) -> list[Value]:
+    """Reflect (edge excluded) or symmetric (edge included) padding."""
+    x = ctx.value(0)
+    before = [int(p[0]) for p in np.asarray(ctx.const(1)).reshape(-1, 2)]
+    symmetric = int(ctx.option("mode", 0)) == 1
+    shift = 1 if symmetric else 0
+
+    def reflect(s: hl.Expr, d: int) -> hl.Expr:
+        low = hl.select(s < 0, -s - shift, s)
+        # The clamp changes nothing for valid paddings; it lets bounds inference see the range.
+        return hl.clamp(hl.select(low >= d, 2 * d - 2 - low + shift, low), 0, d - 1)
+
+    return [define(ctx.func_name(), ctx.out_shape(),
+                   lambda *i: x.at([reflect(a - b, d) for a, b, d in zip(i, before, x.shape)]))]
+
+
+@register("TILE")
+def lower_tile(ctx: OpContext) -> list[Value]:
+    """out[i] = in[i mod shape]."""
+    x = ctx.value(0)
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x.at([a % d for a, d in zip(i, x.shape)]))]
+
+
+@register("BROADCAST_TO")
+def lower_broadcast_to(ctx: OpContext) -> list[Value]:
+    """NumPy broadcasting to the output shape."""
+    x, out = ctx.value(0), ctx.out_shape()
+    return [define(ctx.func_name(), out, lambda *i: read_broadcast(x, out, i))]
+
+
+@register("GATHER")
+def lower_gather(ctx: OpContext) -> list[Value]:
+    """out[outer, idx..., inner] = params[outer, indices[idx...], inner] (batch_dims 0)."""
+    params, indices = ctx.value(0), ctx.value(1)
+    if int(ctx.option("batchDims", 0)) != 0:
+        raise LoweringError("GATHER with batch_dims")
+    axis = int(ctx.option("axis", 0)) % params.rank
+    k = indices.rank
+
+    def body(*i):
+        pos = hl.clamp(hl.cast(hl.Int(32), indices.at(list(i[axis:axis + k]))), 0, params.shape[axis] - 1)
+        return params.at(list(i[:axis]) + [pos] + list(i[axis + k:]))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("GATHER_ND")
+def lower_gather_nd(ctx: OpContext) -> list[Value]:
+    """out[b..., inner...] = params[indices[b..., :], inner...]."""
+    params, indices = ctx.value(0), ctx.value(1)
+    depth = indices.shape[-1]
+    lead = indices.rank - 1
+
+    def body(*i):
+        coords = [hl.clamp(hl.cast(hl.Int(32), indices.at(list(i[:lead]) + [hl.Expr(d)])), 0, params.shape[d] - 1)
+                  for d in range(depth)]
+        return params.at(coords + list(i[lead:]))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+def _resize_scale(in_size: int, out_size: int, align_corners: bool) -> float:
+    if align_corners and out_size > 1:
+        return (in_size - 1) / (out_size - 1)
+    return in_size / out_size
+
+
+@register("RESIZE_BILINEAR")
+def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
+    """TFLite's reference interpolation, including its half-pixel and align-corners variants."""
+    x = ctx.value(0)
+    out = ctx.out_shape()
+    align, half = bool(ctx.option("alignCorners", False)), bool(ctx.option("halfPixelCenters", False))
+    _, h, w, _ = x.shape
+    scales = [hl.f32(np.float32(_resize_scale(i, o, align))) for i, o in ((h, out[1]), (w, out[2]))]
+
+    def source(i: hl.Expr, scale: hl.Expr, size: int):
+        pos = (hl.cast(hl.Float(32), i) + hl.f32(0.5)) * scale - hl.f32(0.5) if half else hl.cast(hl.Float(32), i) * scale
+        lo = hl.max(hl.cast(hl.Int(32), hl.floor(pos)), 0)
+        hi = hl.min(hl.cast(hl.Int(32), hl.ceil(pos)), size - 1)
+        return pos, lo, hi
+
+    def body(n, y, xx, c):
+        py, y0, y1 = source(y, scales[0], h)
+        px, x0, x1 = source(xx, scales[1], w)
+        dy, dx = py - hl.cast(hl.Float(32), y0), px - hl.cast(hl.Float(32), x0)
+        one = hl.f32(1)
+        return (x(n, y0, x0, c) * (one - dy) * (one - dx) + x(n, y1, x0, c) * dy * (one - dx)
+                + x(n, y0, x1, c) * (one - dy) * dx + x(n, y1, x1, c) * dy * dx)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("RESIZE_NEAREST_NEIGHBOR")
+def lower_resize_nearest(ctx: OpContext) -> list[Value]:
+    """TFLite's reference nearest-neighbour sampling."""
+    x = ctx.value(0)
+    out = ctx.out_shape()
+    align, half = bool(ctx.option("alignCorners", False)), bool(ctx.option("halfPixelCenters", False))
+    _, h, w, _ = x.shape
+    offset = hl.f32(0.5) if half else hl.f32(0)
+
+    def source(i: hl.Expr, in_size: int, out_size: int) -> hl.Expr:
+        scale = hl.f32(np.float32(_resize_scale(in_size, out_size, align)))
+        pos = (hl.cast(hl.Float(32), i) + offset) * scale
+        idx = hl.cast(hl.Int(32), round_half_away(pos) if align else hl.floor(pos))
+        idx = hl.min(idx, in_size - 1)
+        return hl.max(idx, 0) if half else idx
+
+    return [define(ctx.func_name(), out, lambda n, y, xx, c: x(n, source(y, h, out[1]), source(xx, w, out[2]), c))]
+
+
+@register("DEPTH_TO_SPACE")
+def lower_depth_to_space(ctx: OpContext) -> list[Value]:
+    """out[n, y, x, c] = in[n, y / b, x / b, ((y % b) * b + x % b) * C + c]."""
+    x = ctx.value(0)
+    bs = int(ctx.option("blockSize", 1))
+    cout = ctx.out_shape()[3]
+    return [define(ctx.func_name(), ctx.out_shape(),
+                   lambda n, y, xx, c: x(n, y / bs, xx / bs, ((y % bs) * bs + xx % bs) * cout + c))]
+
+
+@register("SPACE_TO_DEPTH")
+def lower_space_to_depth(ctx: OpContext) -> list[Value]:
+    """out[n, y, x, c] = in[n, y * b + (c / C) / b, x * b + (c / C) % b, c % C]."""
+    x = ctx.value(0)
+    bs = int(ctx.option("blockSize", 1))
+    cin = x.shape[3]
+    return [define(ctx.func_name(), ctx.out_shape(),
+                   lambda n, y, xx, c: x(n, y * bs + (c / cin) / bs, xx * bs + (c / cin) % bs, c % cin))]

@@ -1,0 +1,201 @@
+"""Convolutions, matrix products and pooling.
+
+Each sums in float32 like TFLite's reference kernels (accumulate, then add the bias, then the
+fused activation); the order of the sum may differ, so results agree to float32 rounding, not bit
+for bit. Padding follows TFLite's ComputePaddingHeightWidth.
+"""
+
+from __future__ import annotations
+
+import halide as hl
+
+from ..values import Value, define, flat_index, unflatten
+from .elementwise import activation
+from .registry import LoweringError, OpContext, register
+
+
+def same_padding(in_size: int, out_size: int, stride: int, dilation: int, kernel: int) -> int:
+    """TFLite's leading pad for SAME padding (the trailing side gets any odd extra)."""
+    effective = (kernel - 1) * dilation + 1
+    return max(0, ((out_size - 1) * stride + effective - in_size) // 2)
+
+
+def _padding(ctx: OpContext, in_hw, out_hw, strides, dilations, kernel) -> tuple[int, int]:
+    mode = ctx.option("padding", 0)
+    if mode == 1:  # VALID
+        return 0, 0
+    return tuple(same_padding(i, o, s, d, k) for i, o, s, d, k in zip(in_hw, out_hw, strides, dilations, kernel))
+
+
+def _zero_outside(x: Value, name: str) -> Value:
+    """`x` read with zeros outside its H and W extent (the conv's implicit padding)."""
+    n, h, w, c = x.shape
+
+    def body(b, y, xx, ch):
+        inside = (y >= 0) & (y < h) & (xx >= 0) & (xx < w)
+        return hl.select(inside, x(b, hl.clamp(y, 0, h - 1), hl.clamp(xx, 0, w - 1), ch), hl.f32(0))
+
+    f = hl.Func(name)
+    b, y, xx, ch = (hl.Var(v) for v in ("n", "y", "x", "c"))
+    f[ch, xx, y, b] = body(b, y, xx, ch)
+    return Value(f, (n, h, w, c), f.type())
+
+
+def _conv_geometry(ctx: OpContext, x: Value, kh: int, kw: int):
+    out = ctx.out_shape()
+    strides = (int(ctx.option("strideH", 1)), int(ctx.option("strideW", 1)))
+    dilations = (int(ctx.option("dilationHFactor", 1)), int(ctx.option("dilationWFactor", 1)))
+    pads = _padding(ctx, x.shape[1:3], out[1:3], strides, dilations, (kh, kw))
+    return out, strides, dilations, pads
+
+
+def _bias(ctx: OpContext, index: int):
+    if ctx.has_input(index):
+        bias = ctx.value(index)
+        return lambda oc: bias(oc)
+    return lambda oc: hl.f32(0)
+
+
+@register("CONV_2D")
+def lower_conv2d(ctx: OpContext) -> list[Value]:
+    """out[n,y,x,o] = act(bias[o] + sum_{ky,kx,i} in[n, y*s-p+ky*d, x*s-p+kx*d, g*Cin+i] * w[o,ky,kx,i])."""
+    x, w = ctx.value(0), ctx.value(1)
+    cout, kh, kw, cin = w.shape
+    out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
+    groups = x.shape[3] // cin
+    per_group = cout // groups
+    padded = _zero_outside(x, ctx.func_name("padded"))
+    ctx.materialize.append(padded.func)
+    r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
+    bias, act = _bias(ctx, 2), ctx.op.fused_activation
+
+    def body(n, y, xx, o):
+        channel = (o / per_group) * cin + r[2] if groups > 1 else r[2]
+        acc = hl.sum(padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * w(o, r[0], r[1], r[2]))
+        return activation(acc + bias(o), act)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("DEPTHWISE_CONV_2D")
+def lower_depthwise(ctx: OpContext) -> list[Value]:
+    """out[n,y,x,o] = act(bias[o] + sum_{ky,kx} in[n, y*s-p+ky*d, x*s-p+kx*d, o / mult] * w[0,ky,kx,o])."""
+    x, w = ctx.value(0), ctx.value(1)
+    _, kh, kw, cout = w.shape
+    mult = cout // x.shape[3]
+    out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
+    padded = _zero_outside(x, ctx.func_name("padded"))
+    ctx.materialize.append(padded.func)
+    r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
+    bias, act = _bias(ctx, 2), ctx.op.fused_activation
+
+    def body(n, y, xx, o):
+        channel = o / mult if mult > 1 else o
+        acc = hl.sum(padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * w(0, r[0], r[1], o))
+        return activation(acc + bias(o), act)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("TRANSPOSE_CONV")
+def lower_transpose_conv(ctx: OpContext) -> list[Value]:
+    """The gather form of TFLite's scatter: each output pixel sums the input pixels whose
+    stride-spaced kernel footprint covers it. Inputs: output shape, weights [O,kh,kw,I], input, bias."""
+    w, x = ctx.value(1), ctx.value(2)
+    cout, kh, kw, cin = w.shape
+    out = ctx.out_shape()
+    sh, sw = int(ctx.option("strideH", 1)), int(ctx.option("strideW", 1))
+    # TFLite computes the padding as if the output were the input of a forward conv.
+    ph, pw = _padding(ctx, out[1:3], x.shape[1:3], (sh, sw), (1, 1), (kh, kw))
+    _, h, wd, _ = x.shape
+    r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
+    bias, act = _bias(ctx, 3), ctx.op.fused_activation
+
+    def body(n, y, xx, o):
+        ty, tx = y + ph - r[0], xx + pw - r[1]
+        iy, ix = ty / sh, tx / sw  # Halide division rounds down, so negatives stay out of range
+        valid = (ty >= 0) & (tx >= 0) & (ty % sh == 0) & (tx % sw == 0) & (iy < h) & (ix < wd)
+        term = x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, wd - 1), r[2]) * w(o, r[0], r[1], r[2])
+        return activation(hl.sum(hl.select(valid, term, hl.f32(0))) + bias(o), act)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("FULLY_CONNECTED")
+def lower_fully_connected(ctx: OpContext) -> list[Value]:
+    """out[b,u] = act(bias[u] + sum_k in_flat[b, k] * w[u, k]); the input is read as [batch, in]."""
+    if int(ctx.option("weightsFormat", 0)) != 0:
+        raise LoweringError("FULLY_CONNECTED with shuffled weights")
+    x, w = ctx.value(0), ctx.value(1)
+    units, depth = w.shape
+    out = ctx.out_shape()
+    r = hl.RDom([(0, depth)], ctx.func_name("r"))
+    bias, act = _bias(ctx, 2), ctx.op.fused_activation
+
+    def body(*i):
+        row = flat_index(out[:-1], i[:-1]) if len(out) > 1 else hl.Expr(0)
+        src = unflatten(x.shape, row * depth + r[0])
+        return activation(hl.sum(x.at(src) * w(i[-1], r[0])) + bias(i[-1]), act)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("BATCH_MATMUL")
+def lower_batch_matmul(ctx: OpContext) -> list[Value]:
+    """out[..., m, n] = sum_k A[..., m, k] * B[..., k, n], with adj_x / adj_y and batch broadcasting."""
+    a, b = ctx.value(0), ctx.value(1)
+    adj_x, adj_y = bool(ctx.option("adjX", False)), bool(ctx.option("adjY", False))
+    out = ctx.out_shape()
+    depth = a.shape[-2] if adj_x else a.shape[-1]
+    r = hl.RDom([(0, depth)], ctx.func_name("r"))
+
+    def operand(v: Value, batch, row, col):
+        lead = len(out) - 2 - (v.rank - 2)
+        idx = [hl.Expr(0) if v.shape[k] == 1 else batch[lead + k] for k in range(v.rank - 2)]
+        return v.at(idx + [row, col])
+
+    def body(*i):
+        batch, m, n = i[:-2], i[-2], i[-1]
+        lhs = operand(a, batch, r[0], m) if adj_x else operand(a, batch, m, r[0])
+        rhs = operand(b, batch, n, r[0]) if adj_y else operand(b, batch, r[0], n)
+        return hl.sum(lhs * rhs)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+def _pool(ctx: OpContext, kind: str) -> list[Value]:
+    x = ctx.value(0)
+    out = ctx.out_shape()
+    fh, fw = int(ctx.option("filterHeight", 1)), int(ctx.option("filterWidth", 1))
+    sh, sw = int(ctx.option("strideH", 1)), int(ctx.option("strideW", 1))
+    ph, pw = _padding(ctx, x.shape[1:3], out[1:3], (sh, sw), (1, 1), (fh, fw))
+    _, h, w, _ = x.shape
+    r = hl.RDom([(0, fh), (0, fw)], ctx.func_name("r"))
+    act = ctx.op.fused_activation
+
+    def body(n, y, xx, c):
+        iy, ix = y * sh - ph + r[0], xx * sw - pw + r[1]
+        inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+        v = x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, w - 1), c)
+        if kind == "max":
+            return activation(hl.maximum(hl.select(inside, v, hl.f32(float("-inf")))), act)
+        total = hl.sum(hl.select(inside, v, hl.f32(0)))
+        # TFLite averages over the window clipped to the input (padding does not count).
+        y0, x0 = y * sh - ph, xx * sw - pw
+        rows = hl.min(y0 + fh, h) - hl.max(y0, 0)
+        cols = hl.min(x0 + fw, w) - hl.max(x0, 0)
+        return activation(total / hl.cast(hl.Float(32), rows * cols), act)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("AVERAGE_POOL_2D")
+def lower_average_pool(ctx: OpContext) -> list[Value]:
+    """Mean over the in-bounds part of each window."""
+    return _pool(ctx, "average")
+
+
+@register("MAX_POOL_2D")
+def lower_max_pool(ctx: OpContext) -> list[Value]:
+    """Max over the in-bounds part of each window."""
+    return _pool(ctx, "max")

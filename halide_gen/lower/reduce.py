@@ -1,0 +1,141 @@
+"""Reductions and normalisations: MEAN, SUM, REDUCE_*, SOFTMAX, LOG_SOFTMAX, L2_NORMALIZATION, ARG_*.
+
+Softmax and log-softmax subtract the row maximum first (numerically stable, as TFLite does).
+"""
+
+from __future__ import annotations
+
+import halide as hl
+import numpy as np
+
+from ..values import Value, define, dim_vars
+from .registry import LoweringError, OpContext, register
+
+
+def _axes(ctx: OpContext, index: int, rank: int) -> list[int]:
+    axes = sorted({int(a) % rank for a in np.atleast_1d(ctx.const(index))})
+    return axes
+
+
+def _reduction(ctx: OpContext, x: Value, axes: list[int], name: str):
+    """An RDom over `axes` and a function mapping an output index to the input index."""
+    r = hl.RDom([(0, x.shape[a]) for a in axes], name)
+    out_rank = len(ctx.out_shape())
+    keep = out_rank == x.rank
+
+    def source(i):
+        idx, k, j = [], 0, 0
+        for a in range(x.rank):
+            if a in axes:
+                idx.append(r[k])
+                k += 1
+                if keep:
+                    j += 1
+            else:
+                idx.append(i[j])
+                j += 1
+        return idx
+
+    return r, source
+
+
+REDUCERS = {
+    "SUM": hl.sum,
+    "MEAN": hl.sum,
+    "REDUCE_MAX": hl.maximum,
+    "REDUCE_MIN": hl.minimum,
+    "REDUCE_PROD": hl.product,
+}
+
+
+@register(*REDUCERS)
+def lower_reduce(ctx: OpContext) -> list[Value]:
+    """Reduce over the constant axes (negative allowed), keep_dims or not; MEAN divides the sum."""
+    x = ctx.value(0)
+    axes = _axes(ctx, 1, x.rank)
+    r, source = _reduction(ctx, x, axes, ctx.func_name("r"))
+    reducer = REDUCERS[ctx.op.name]
+    count = int(np.prod([x.shape[a] for a in axes]))
+
+    def body(*i):
+        total = reducer(x.at(source(i)))
+        if ctx.op.name == "MEAN":
+            return total / hl.cast(total.type(), count) if total.type().is_float() else total / count
+        return total
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+def _last_axis_stats(ctx: OpContext, x: Value, shifted) -> tuple[Value, Value]:
+    """Row max and row sum of exp(shifted(v, max)) over the last axis."""
+    depth = x.shape[-1]
+    r = hl.RDom([(0, depth)], ctx.func_name("r"))
+    rows = x.shape[:-1] + (1,)
+    row_max = define(ctx.func_name("max"), rows, lambda *i: hl.maximum(x.at(list(i[:-1]) + [r[0]])))
+    row_sum = define(ctx.func_name("sum"), rows, lambda *i: hl.sum(hl.exp(shifted(x.at(list(i[:-1]) + [r[0]]),
+                                                                                   row_max(*i)))))
+    ctx.materialize.extend([row_max.func, row_sum.func])
+    return row_max, row_sum
+
+
+@register("SOFTMAX")
+def lower_softmax(ctx: OpContext) -> list[Value]:
+    """exp(beta * (x - max)) / sum over the last axis."""
+    x = ctx.value(0)
+    beta = hl.f32(float(ctx.option("beta", 1.0)))
+    row_max, row_sum = _last_axis_stats(ctx, x, lambda v, m: (v - m) * beta)
+
+    def body(*i):
+        row = list(i[:-1]) + [hl.Expr(0)]
+        return hl.exp((x(*i) - row_max.at(row)) * beta) / row_sum.at(row)
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("LOG_SOFTMAX")
+def lower_log_softmax(ctx: OpContext) -> list[Value]:
+    """x - max - log(sum exp(x - max)) over the last axis."""
+    x = ctx.value(0)
+    row_max, row_sum = _last_axis_stats(ctx, x, lambda v, m: v - m)
+
+    def body(*i):
+        row = list(i[:-1]) + [hl.Expr(0)]
+        return x(*i) - row_max.at(row) - hl.log(row_sum.at(row))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("L2_NORMALIZATION")
+def lower_l2_normalization(ctx: OpContext) -> list[Value]:
+    """x / max(sqrt(sum x^2), 1e-6) over the last axis (TFLite's epsilon)."""
+    x = ctx.value(0)
+    r = hl.RDom([(0, x.shape[-1])], ctx.func_name("r"))
+    rows = x.shape[:-1] + (1,)
+    norm = define(ctx.func_name("norm"), rows, lambda *i: hl.max(
+        hl.sqrt(hl.sum(x.at(list(i[:-1]) + [r[0]]) * x.at(list(i[:-1]) + [r[0]]))), hl.f32(1e-6)))
+    ctx.materialize.append(norm.func)
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x(*i) / norm.at(list(i[:-1]) + [hl.Expr(0)]))]
+
+
+@register("ARG_MAX", "ARG_MIN")
+def lower_arg(ctx: OpContext) -> list[Value]:
+    """Index of the first maximum (minimum) along the constant axis."""
+    x = ctx.value(0)
+    axis = int(np.asarray(ctx.const(1)).reshape(-1)[0]) % x.rank
+    if ctx.op.outputs[0].type_name not in ("INT32", "INT64"):
+        raise LoweringError(f"{ctx.op.name} to {ctx.op.outputs[0].type_name}")
+    r = hl.RDom([(0, x.shape[axis])], ctx.func_name("r"))
+    better = (lambda a, b: a > b) if ctx.op.name == "ARG_MAX" else (lambda a, b: a < b)
+    out, target = ctx.out_shape(), ctx.out_type()
+    idx = dim_vars(len(out))
+    at = list(reversed(idx))
+    # A (value, index) tuple reduction; a strict comparison keeps the first index on ties.
+    best = hl.Func(ctx.func_name("best"))
+    best[at] = hl.Tuple([x.at(idx[:axis] + [hl.Expr(0)] + idx[axis:]), hl.i32(0)])
+    candidate = x.at(idx[:axis] + [r[0]] + idx[axis:])
+    take = better(candidate, best[at][0])
+    best[at] = hl.Tuple([hl.select(take, candidate, best[at][0]), hl.select(take, r[0], best[at][1])])
+    ctx.materialize.append(best)
+    result = hl.Func(ctx.func_name())
+    result[at] = hl.cast(target, best[at][1])
+    return [Value(result, out, target)]

@@ -1,0 +1,98 @@
+"""The registry of lowerings: one Halide definition per TFLite builtin, keyed by op name.
+
+A lowering takes the op's context (its input Values, compile-time constants, output shapes and
+types) and returns one Value per output. Registration happens at import of the lowering modules;
+`fusion.mapping.OPS` and this registry are checked against each other by a test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import halide as hl
+import numpy as np
+
+from tflite_tools.ir import Operator, Tensor
+
+from ..values import Value, halide_type
+
+
+class LoweringError(NotImplementedError):
+    """An op (or an option of it) this code generator does not handle; the block is not claimed."""
+
+
+@dataclass
+class OpContext:
+    """What a lowering sees of one op."""
+
+    op: Operator
+    name: str  # a unique prefix for the Funcs this op defines
+    # Creates (on first use) the Value of input `i`: a block input becomes a kernel argument,
+    # an in-block tensor is its producer's Func.
+    value_of: Callable[[Tensor], Value]
+    materialize: list[hl.Func] = field(default_factory=list)  # Funcs a schedule must not inline
+
+    def value(self, i: int) -> Value:
+        """Input `i` as a Value (a runtime tensor: data, weights, bias)."""
+        t = self.op.inputs[i] if i < len(self.op.inputs) else None
+        if t is None:
+            raise LoweringError(f"{self.op.name}: input {i} is missing")
+        return self.value_of(t)
+
+    def has_input(self, i: int) -> bool:
+        """True when input `i` is present (not an omitted optional input)."""
+        return i < len(self.op.inputs) and self.op.inputs[i] is not None
+
+    def const(self, i: int) -> np.ndarray:
+        """Input `i` as a compile-time constant (axes, shapes, permutations, paddings)."""
+        t = self.op.inputs[i] if i < len(self.op.inputs) else None
+        if t is None or t.data is None:
+            raise LoweringError(f"{self.op.name}: input {i} must be a constant")
+        return np.asarray(t.data)
+
+    def out_shape(self, k: int = 0) -> tuple[int, ...]:
+        """TFLite shape of output `k`."""
+        return tuple(self.op.outputs[k].shape)
+
+    def out_type(self, k: int = 0) -> hl.Type:
+        """Halide storage type of output `k`."""
+        return halide_type(self.op.outputs[k].type_name)
+
+    def option(self, field_name: str, default=None):
+        """A field of the op's options object (the schema's camelCase name)."""
+        return getattr(self.op.options, field_name, default) if self.op.options is not None else default
+
+    def func_name(self, suffix: str = "") -> str:
+        """A Func name unique to this op."""
+        return f"{self.name}_{suffix}" if suffix else self.name
+
+
+Lowering = Callable[[OpContext], list[Value]]
+LOWERINGS: dict[str, Lowering] = {}
+
+
+def register(*names: str) -> Callable[[Lowering], Lowering]:
+    """Registers a lowering for one or more TFLite builtins."""
+
+    def add(fn: Lowering) -> Lowering:
+        for name in names:
+            if name in LOWERINGS:
+                raise ValueError(f"two lowerings for {name}")
+            LOWERINGS[name] = fn
+        return fn
+
+    return add
+
+
+def lower(ctx: OpContext) -> list[Value]:
+    """Lowers one op, or raises LoweringError naming what is unsupported."""
+    fn = LOWERINGS.get(ctx.op.name)
+    if fn is None:
+        raise LoweringError(f"no Halide lowering for {ctx.op.name}")
+    for t in (*ctx.op.inputs, *ctx.op.outputs):
+        if t is not None and t.quantization is not None and t.quantization.scale is not None and ctx.op.name not in (
+            "QUANTIZE", "DEQUANTIZE"
+        ) and t.type_name in ("INT8", "UINT8", "INT16"):
+            raise LoweringError(f"{ctx.op.name}: quantized {t.type_name} kernels are not generated yet")
+    return fn(ctx)

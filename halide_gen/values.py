@@ -1,0 +1,118 @@
+"""Tensors as Halide Funcs, indexed in TFLite's axis order.
+
+TFLite tensors are row-major with the last axis innermost; Halide lists the innermost dimension
+first. A TFLite `[N, H, W, C]` tensor is therefore the Halide function `f(c, x, y, n)`. Lowerings
+are written in TFLite's terms — `value(n, h, w, c)` — and this module does the reversal, so no
+lowering ever thinks about Halide's dimension order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import halide as hl
+import numpy as np
+
+# Halide dimension names, innermost first: NHWC's C is "c", W is "x", H is "y", N is "n".
+DIM_NAMES = ("c", "x", "y", "n", "d4", "d5", "d6", "d7")
+
+Index = Sequence[hl.Expr]
+
+
+def dim_vars(rank: int) -> list[hl.Var]:
+    """Vars for a tensor of `rank`, in TFLite axis order (the last one is "c")."""
+    return [hl.Var(DIM_NAMES[rank - 1 - axis]) for axis in range(rank)]
+
+
+@dataclass
+class Value:
+    """A tensor during lowering: a Func, its TFLite shape and its element type."""
+
+    func: hl.Func
+    shape: tuple[int, ...]
+    type: hl.Type
+
+    @property
+    def rank(self) -> int:
+        """Number of TFLite axes."""
+        return len(self.shape)
+
+    def __call__(self, *index: hl.Expr) -> hl.Expr:
+        """The element at a TFLite-order index."""
+        if len(index) != self.rank:
+            raise ValueError(f"{self.func.name()}: {len(index)} indices for a rank-{self.rank} tensor")
+        return hl.Expr(self.func[list(reversed(index))] if index else self.func[()])
+
+    def at(self, index: Index) -> hl.Expr:
+        """The element at a TFLite-order index given as a sequence."""
+        return self(*index)
+
+
+def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr]) -> Value:
+    """A new Func of `shape` whose element at TFLite index (i0, ..., ik) is body(i0, ..., ik)."""
+    shape = tuple(int(d) for d in shape)
+    f = hl.Func(name)
+    idx = dim_vars(len(shape))
+    expr = body(*idx)
+    if idx:
+        f[list(reversed(idx))] = expr
+    else:
+        f[()] = expr
+    return Value(f, shape, f.type())
+
+
+def broadcast_index(shape: Sequence[int], out_shape: Sequence[int], index: Index) -> list[hl.Expr]:
+    """NumPy / TFLite broadcasting: the index into `shape` for an output index of `out_shape`.
+
+    Shapes align on the right; a size-1 axis is read at 0.
+    """
+    offset = len(out_shape) - len(shape)
+    if offset < 0:
+        raise ValueError(f"cannot broadcast {list(shape)} to {list(out_shape)}")
+    return [hl.Expr(0) if d == 1 and out_shape[offset + a] != 1 else index[offset + a] for a, d in enumerate(shape)]
+
+
+def read_broadcast(value: Value, out_shape: Sequence[int], index: Index) -> hl.Expr:
+    """`value` read at an output index, broadcasting as TFLite does."""
+    return value.at(broadcast_index(value.shape, out_shape, index))
+
+
+def flat_index(shape: Sequence[int], index: Index) -> hl.Expr:
+    """The row-major linear offset of a TFLite-order index."""
+    flat: hl.Expr = hl.Expr(0)
+    for d, i in zip(shape, index):
+        flat = flat * int(d) + i
+    return flat
+
+
+def unflatten(shape: Sequence[int], flat: hl.Expr) -> list[hl.Expr]:
+    """The TFLite-order index of a row-major linear offset (div/mod arithmetic)."""
+    index: list[hl.Expr] = []
+    for d in reversed(shape):
+        index.append(flat % int(d))
+        flat = flat / int(d)
+    return list(reversed(index))
+
+
+# BOOL tensors are stored as one byte per element (as TFLite does): uint8 0 / 1 in buffers.
+_HALIDE_TYPES = {
+    "FLOAT32": hl.Float(32), "FLOAT16": hl.Float(16), "INT8": hl.Int(8), "UINT8": hl.UInt(8),
+    "INT16": hl.Int(16), "INT32": hl.Int(32), "INT64": hl.Int(64), "BOOL": hl.UInt(8),
+}
+
+
+def halide_type(type_name: str) -> hl.Type:
+    """The Halide storage type for a TFLite type name (BOOL is uint8)."""
+    try:
+        return _HALIDE_TYPES[type_name]
+    except KeyError:
+        raise NotImplementedError(f"no Halide type for TFLite {type_name}") from None
+
+
+def as_buffer(array: np.ndarray, type_name: str) -> hl.Buffer:
+    """A Halide buffer viewing a numpy array in TFLite order (bools as uint8 storage)."""
+    arr = np.require(array, requirements="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
+    if type_name == "BOOL":
+        arr = arr.astype(np.uint8)
+    return hl.Buffer(arr)

@@ -1,0 +1,62 @@
+"""Running a model's ops as one Halide block next to LiteRT's reference kernels."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+import tflite_tools
+from halide_gen.block import build_block
+from halide_gen.jit import JitKernel
+from tflite_tools import runtime
+from tflite_tools.ir import Model
+
+# Float tolerance, relative to the output's scale: max |halide - ref| <= FLOAT_RTOL * max |ref|.
+# Halide sums and evaluates transcendentals in a different order / with different polynomials than
+# the reference kernels, so bit equality is not expected; 1e-5 is ~80 ulps of the largest output,
+# far below any real lowering mistake (a wrong index or option shows up as O(1) errors).
+FLOAT_RTOL = 1e-5
+
+
+def reference(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Outputs from LiteRT's reference kernels (the builtin kernels for the few ops, such as CEIL,
+    that the reference resolver does not register)."""
+    data = tflite_tools.serialize(model)
+    try:
+        interp = runtime.make_interpreter(data, resolver="reference")
+    except ValueError as exc:
+        if "Didn't find op" not in str(exc):
+            raise
+        interp = runtime.make_interpreter(data, resolver="builtin")
+    return runtime.run(interp, list(inputs))
+
+
+def halide(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Outputs of all the model's ops lowered as one Halide block (JIT)."""
+    sg = model.main
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs))
+    return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
+
+
+def compare(model: Model, make_inputs: Callable[[np.random.Generator], list[np.ndarray]] | None = None,
+            rtol: float = FLOAT_RTOL, seeds: Sequence[int] = (0,)) -> float:
+    """Runs both and asserts agreement; returns the worst relative error seen."""
+    worst = 0.0
+    for seed in seeds:
+        if make_inputs is None:
+            interp = runtime.make_interpreter(tflite_tools.serialize(model), resolver="builtin")
+            inputs = runtime.random_inputs(interp, seed)
+        else:
+            inputs = make_inputs(np.random.default_rng(seed))
+        for ref, got in zip(reference(model, inputs), halide(model, inputs)):
+            assert ref.shape == got.shape, (ref.shape, got.shape)
+            if ref.dtype.kind == "f":
+                scale = max(float(np.abs(ref).max()), 1e-30)
+                err = float(np.abs(ref.astype(np.float64) - got).max()) / scale
+                assert err <= rtol, f"relative error {err:.3g} > {rtol}"
+                worst = max(worst, err)
+            else:
+                assert ref.dtype == got.dtype, (ref.dtype, got.dtype)
+                assert np.array_equal(ref, got), "integer / bool outputs differ"
+    return worst
