@@ -112,7 +112,8 @@ def halide_type(type_name: str) -> hl.Type:
 
 def as_buffer(array: np.ndarray, type_name: str) -> hl.Buffer:
     """A Halide buffer viewing a numpy array in TFLite order (bools as uint8 storage)."""
-    arr = np.require(array, requirements="C")  # unlike ascontiguousarray, keeps 0-d arrays 0-d
+    # np.require keeps 0-d arrays 0-d (ascontiguousarray does not); Halide wants writable memory.
+    arr = np.require(array, requirements=["C", "W"])
     if type_name == "BOOL":
         arr = arr.astype(np.uint8)
     return hl.Buffer(arr)

@@ -51,13 +51,20 @@ def make_interpreter(
     resolver: str = "xnnpack",
     num_threads: int = 1,
     delegates: Sequence[Any] | None = None,
+    preserve_all_tensors: bool = False,
 ) -> Any:
-    """An allocated LiteRT interpreter for a model given as bytes or a path."""
+    """An allocated LiteRT interpreter for a model given as bytes or a path.
+
+    `preserve_all_tensors` keeps intermediate tensors readable after `invoke` (for comparing
+    blocks of a model one by one).
+    """
     kwargs: dict[str, Any] = dict(
         experimental_op_resolver_type=RESOLVERS[resolver],
         num_threads=num_threads,
         experimental_delegates=list(delegates or []),
     )
+    if preserve_all_tensors:
+        kwargs["experimental_preserve_all_tensors"] = True
     if isinstance(model, (bytes, bytearray)):
         interp = Interpreter(model_content=bytes(model), **kwargs)
     else:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import halide as hl
 
+from fusion.mapping import MtM, op_mapping
+
 from ..block import BlockKernel
 
 # Lanes per vector for float32 on the x86 host (AVX2 baseline) and on NEON (128-bit).
@@ -24,9 +26,20 @@ def _vectorize(f: hl.Func, extent: int, lanes: int) -> None:
 
 
 def schedule_basic(kernel: BlockKernel, lanes: int = HOST_LANES, parallel: bool = True) -> None:
-    """Applies the fallback schedule in place."""
+    """Applies the fallback schedule in place.
+
+    Many-to-Many results inside the block are computed at the root too: inlined, a convolution
+    feeding a depthwise convolution would be recomputed for every tap.
+    """
+    outputs = {id(v.func) for _, v in kernel.outputs}
     for f in kernel.materialize:
         f.compute_root()
+    for op, values in zip(kernel.ops, kernel.op_values):
+        if op_mapping(op) == MtM:
+            for v in values:
+                if id(v.func) not in outputs:
+                    v.func.compute_root()
+                    _vectorize(v.func, v.shape[-1] if v.shape else 0, lanes)
     for tensor, value in kernel.outputs:
         f = value.func
         shape = tensor.shape
