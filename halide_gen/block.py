@@ -5,6 +5,7 @@ a schedule says so), and the block's outputs are the pipeline's outputs.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -15,6 +16,9 @@ from tflite_tools.ir import Operator, Tensor
 
 from .lower import LoweringError, OpContext, lower
 from .values import Value, halide_type
+
+
+_BUILDS = itertools.count()
 
 
 def _ident(text: str) -> str:
@@ -33,7 +37,12 @@ class BlockKernel:
     outputs: list[tuple[Tensor, Value]]
     values: dict[int, Value] = field(default_factory=dict)  # id(tensor) -> Value, every tensor
     op_values: list[list[Value]] = field(default_factory=list)  # per op, its output Values
-    materialize: list[hl.Func] = field(default_factory=list)  # Funcs that must not be inlined
+    materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
+    sources: set[int] = field(default_factory=set)  # id() of the Funcs the output Funcs copy
+
+    def is_output(self, f: hl.Func) -> bool:
+        """True for an output Func or the Func it copies (both are computed at the output)."""
+        return id(f) in self.sources or any(f is v.func for _, v in self.outputs)
 
     def output_funcs(self) -> list[hl.Func]:
         """The pipeline's output Funcs, in block-output order."""
@@ -79,16 +88,16 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
 
-    seen: set[int] = set()
-    for t in outputs:
+    for k, t in enumerate(outputs):
         v = kernel.values.get(id(t))
         if v is None or id(t) in params:
             raise LoweringError(f"block output {t.name!r} is not computed by the block")
-        if id(v.func) in seen:  # two outputs of one Func: give the second its own
-            copy = hl.Func(f"{v.func.name()}_out")
-            vars_ = [hl.Var(n) for n in v.func.args()] if v.func.args() else []
-            copy[vars_] = v.func[vars_]
-            v = Value(copy, v.shape, v.type)
-        seen.add(id(v.func))
-        kernel.outputs.append((t, v))
+        # Each output gets its own Func named after the kernel: Halide names a multitarget
+        # library's entry point after the first output, and two outputs may share a Func. The
+        # build counter keeps the name unique in this process (Halide would append "$n" itself).
+        wrapper = hl.Func(f"{kernel.name}_{next(_BUILDS)}" if k == 0 else f"{kernel.name}_out{k}")
+        vars_ = [hl.Var(a.name()) for a in v.func.args()]
+        wrapper[vars_] = v.func[vars_]
+        kernel.sources.add(id(v.func))
+        kernel.outputs.append((t, Value(wrapper, v.shape, v.type)))
     return kernel

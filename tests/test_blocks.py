@@ -1,4 +1,5 @@
-"""Every block of real converter output (fused, or a single op a kernel could claim), lowered to Halide and checked against LiteRT.
+"""Every block of real converter output (fused, or a single op a kernel could claim), lowered to
+Halide and checked against LiteRT.
 
 The model is rewritten and planned; LiteRT's reference kernels run the rewritten model with all
 intermediate tensors kept; each fused block's Halide kernel is fed the block's inputs from that run

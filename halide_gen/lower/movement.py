@@ -39,12 +39,16 @@ def lower_transpose(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
+def _joined(ctx: OpContext) -> tuple[tuple[int, ...], int, list[Value]]:
+    """Output shape, the (non-negative) axis option, and every input of a joining op."""
+    out = ctx.out_shape()
+    return out, int(ctx.option("axis", 0)) % len(out), [ctx.value(k) for k in range(len(ctx.op.inputs))]
+
+
 @register("CONCATENATION")
 def lower_concatenation(ctx: OpContext) -> list[Value]:
     """A select chain over the inputs' ranges along the axis."""
-    out = ctx.out_shape()
-    axis = int(ctx.option("axis", 0)) % len(out)
-    parts = [ctx.value(k) for k in range(len(ctx.op.inputs))]
+    out, axis, parts = _joined(ctx)
 
     def body(*i):
         offsets, start = [], 0
@@ -139,9 +143,7 @@ def lower_split_v(ctx: OpContext) -> list[Value]:
 @register("PACK")
 def lower_pack(ctx: OpContext) -> list[Value]:
     """Stack along a new axis: the new index picks the input."""
-    out = ctx.out_shape()
-    axis = int(ctx.option("axis", 0)) % len(out)
-    parts = [ctx.value(k) for k in range(len(ctx.op.inputs))]
+    out, axis, parts = _joined(ctx)
 
     def body(*i):
         idx = list(i[:axis]) + list(i[axis + 1:])

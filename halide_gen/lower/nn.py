@@ -65,7 +65,7 @@ def lower_conv2d(ctx: OpContext) -> list[Value]:
     groups = x.shape[3] // cin
     per_group = cout // groups
     padded = _zero_outside(x, ctx.func_name("padded"))
-    ctx.materialize.append(padded.func)
+    ctx.materialize.append(padded)
     r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
     bias, act = _bias(ctx, 2), ctx.op.fused_activation
 
@@ -85,7 +85,7 @@ def lower_depthwise(ctx: OpContext) -> list[Value]:
     mult = cout // x.shape[3]
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
     padded = _zero_outside(x, ctx.func_name("padded"))
-    ctx.materialize.append(padded.func)
+    ctx.materialize.append(padded)
     r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
     bias, act = _bias(ctx, 2), ctx.op.fused_activation
 

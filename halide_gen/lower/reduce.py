@@ -74,7 +74,7 @@ def _last_axis_stats(ctx: OpContext, x: Value, shifted) -> tuple[Value, Value]:
     row_max = define(ctx.func_name("max"), rows, lambda *i: hl.maximum(x.at(list(i[:-1]) + [r[0]])))
     row_sum = define(ctx.func_name("sum"), rows, lambda *i: hl.sum(hl.exp(shifted(x.at(list(i[:-1]) + [r[0]]),
                                                                                    row_max(*i)))))
-    ctx.materialize.extend([row_max.func, row_sum.func])
+    ctx.materialize.extend([row_max, row_sum])
     return row_max, row_sum
 
 
@@ -113,7 +113,7 @@ def lower_l2_normalization(ctx: OpContext) -> list[Value]:
     rows = x.shape[:-1] + (1,)
     norm = define(ctx.func_name("norm"), rows, lambda *i: hl.max(
         hl.sqrt(hl.sum(x.at(list(i[:-1]) + [r[0]]) * x.at(list(i[:-1]) + [r[0]]))), hl.f32(1e-6)))
-    ctx.materialize.append(norm.func)
+    ctx.materialize.append(norm)
     return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x(*i) / norm.at(list(i[:-1]) + [hl.Expr(0)]))]
 
 
@@ -135,7 +135,7 @@ def lower_arg(ctx: OpContext) -> list[Value]:
     candidate = x.at(idx[:axis] + [r[0]] + idx[axis:])
     take = better(candidate, best[at][0])
     best[at] = hl.Tuple([hl.select(take, candidate, best[at][0]), hl.select(take, r[0], best[at][1])])
-    ctx.materialize.append(best)
+    ctx.materialize.append(Value(best, out, hl.Int(32)))
     result = hl.Func(ctx.func_name())
     result[at] = hl.cast(target, best[at][1])
     return [Value(result, out, target)]

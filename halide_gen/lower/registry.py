@@ -31,7 +31,7 @@ class OpContext:
     # Creates (on first use) the Value of input `i`: a block input becomes a kernel argument,
     # an in-block tensor is its producer's Func.
     value_of: Callable[[Tensor], Value]
-    materialize: list[hl.Func] = field(default_factory=list)  # Funcs a schedule must not inline
+    materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
 
     def value(self, i: int) -> Value:
         """Input `i` as a Value (a runtime tensor: data, weights, bias)."""

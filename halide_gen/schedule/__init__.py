@@ -1,5 +1,27 @@
-"""Schedules: where each Func of a block kernel is computed, and how its loops run."""
+"""Schedules: where each Func of a block kernel is computed, and how its loops run.
+
+`schedule_for` picks the schedule family for a target: CPU (x86 or ARM NEON, by vector width) or
+GPU (OpenCL / Vulkan).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from .basic import schedule_basic
+from .gpu import schedule_gpu
 
-__all__ = ["schedule_basic"]
+if TYPE_CHECKING:  # pragma: no cover
+    from ..aot import TargetSpec
+    from ..block import BlockKernel
+
+
+def schedule_for(kernel: "BlockKernel", spec: "TargetSpec") -> None:
+    """Applies the schedule family of `spec` to `kernel` in place."""
+    if spec.family == "gpu":
+        schedule_gpu(kernel)
+    else:
+        schedule_basic(kernel, lanes=spec.lanes)
+
+
+__all__ = ["schedule_basic", "schedule_for", "schedule_gpu"]

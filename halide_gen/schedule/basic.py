@@ -31,13 +31,12 @@ def schedule_basic(kernel: BlockKernel, lanes: int = HOST_LANES, parallel: bool 
     Many-to-Many results inside the block are computed at the root too: inlined, a convolution
     feeding a depthwise convolution would be recomputed for every tap.
     """
-    outputs = {id(v.func) for _, v in kernel.outputs}
-    for f in kernel.materialize:
-        f.compute_root()
+    for v in kernel.materialize:
+        v.func.compute_root()
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM:
             for v in values:
-                if id(v.func) not in outputs:
+                if not kernel.is_output(v.func):
                     v.func.compute_root()
                     _vectorize(v.func, v.shape[-1] if v.shape else 0, lanes)
     for tensor, value in kernel.outputs:

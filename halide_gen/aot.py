@@ -1,0 +1,215 @@
+"""Ahead-of-time compilation of block kernels, per target, through an on-disk compile cache.
+
+Targets (the names the CLI takes):
+
+    host                  x86-64 Linux, multitarget: AVX-512, AVX2, and a plain x86-64 baseline
+                          (Halide picks the best one the running CPU supports)
+    arm64-linux           AArch64 Linux (NEON)
+    arm64-android         AArch64 Android (NEON)
+    arm64-android-opencl  Android, kernels on the GPU through OpenCL (Adreno, Mali)
+    arm64-android-vulkan  Android, kernels on the GPU through Vulkan
+    host-opencl           x86-64 Linux with OpenCL (tested here on PoCL)
+    host-vulkan           x86-64 Linux with Vulkan (tested here on Mesa lavapipe)
+
+Kernels are compiled without the Halide runtime (`no_runtime`); `compile_runtime` emits it once
+per target for a bundle. Each kernel's function is named after its block signature, so identical
+blocks share one kernel and one cache entry. Halide's argv / metadata entry points
+(`<name>_argv`, `<name>_metadata`) come with every kernel.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import halide as hl
+
+from tflite_tools.ir import Operator, Tensor
+
+from .block import BlockKernel, build_block
+from .schedule import schedule_for
+
+# Bump when lowering or scheduling changes what a signature compiles to: old cache entries die.
+CODEGEN_VERSION = 1
+
+_X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
+_X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
+_X86_BASE = "x86-64-linux"
+_VULKAN = "vulkan-vk_int8-vk_int16-vk_v13"  # 8/16-bit storage for BOOL and int8 tensors
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A named compilation target: Halide target strings (several = multitarget, baseline last)."""
+
+    name: str
+    halide: tuple[str, ...]
+    family: str  # "x86", "arm" or "gpu": which schedule family applies
+    lanes: int  # float32 lanes per vector for CPU schedules
+
+    def targets(self) -> list[hl.Target]:
+        """The Halide targets, each without its own copy of the runtime."""
+        return [hl.Target(t).with_feature(hl.TargetFeature.NoRuntime) for t in self.halide]
+
+    @property
+    def gpu_api(self) -> str | None:
+        """"opencl" or "vulkan" for GPU targets."""
+        for api in ("opencl", "vulkan"):
+            if api in self.halide[0]:
+                return api
+        return None
+
+
+TARGETS: dict[str, TargetSpec] = {
+    "host": TargetSpec("host", (_X86_AVX512, _X86_AVX2, _X86_BASE), "x86", 8),
+    "arm64-linux": TargetSpec("arm64-linux", ("arm-64-linux",), "arm", 4),
+    "arm64-android": TargetSpec("arm64-android", ("arm-64-android",), "arm", 4),
+    "arm64-android-opencl": TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu", 4),
+    "arm64-android-vulkan": TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu", 4),
+    "host-opencl": TargetSpec("host-opencl", (f"{_X86_AVX2}-opencl",), "gpu", 8),
+    "host-vulkan": TargetSpec("host-vulkan", (f"{_X86_AVX2}-{_VULKAN}",), "gpu", 8),
+}
+
+
+def target_spec(name: str) -> TargetSpec:
+    """The spec for a target name; raises ValueError listing the known names."""
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+
+
+@dataclass
+class KernelArtifact:
+    """A compiled kernel in the cache."""
+
+    function: str  # the C entry point
+    library: Path  # static library (.a) with the kernel (all sub-targets for multitarget)
+    header: Path
+    arguments: list[dict]  # per kernel argument: name, type, shape (TFLite order)
+    outputs: list[dict]
+    extra: list[Path] = field(default_factory=list)  # .s / .stmt when asked for
+    cached: bool = False
+
+
+def kernel_name(signature: str) -> str:
+    """The C function name of a block signature's kernel."""
+    return f"dnnf_{signature}"
+
+
+def cache_key(signature: str, spec: TargetSpec, emit_asm: bool) -> str:
+    """What a compiled kernel depends on: the block, the target, the generator and Halide."""
+    text = json.dumps([signature, spec.halide, CODEGEN_VERSION, hl.__version__ if hasattr(hl, "__version__") else "",
+                       emit_asm])
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def default_kernel_cache() -> Path:
+    """$DNNFUSION_CACHE_DIR/kernels (see fusion.cost.default_cache_dir)."""
+    from fusion.cost import default_cache_dir
+
+    return default_cache_dir() / "kernels"
+
+
+def _describe(t: Tensor) -> dict:
+    return {"name": t.name, "type": t.type_name, "shape": list(t.shape)}
+
+
+def compile_kernel(
+    ops: Sequence[Operator],
+    outputs: Sequence[Tensor],
+    signature: str,
+    target: str,
+    cache_dir: Path | None = None,
+    emit_asm: bool = False,
+    schedule: Callable[[BlockKernel, TargetSpec], None] | None = None,
+) -> KernelArtifact:
+    """Compiles a block for `target`, or returns the cached kernel for the same signature.
+
+    The cache entry is written to a temporary folder and renamed into place, so an interrupted
+    compile never leaves a half-written kernel behind.
+    """
+    spec = target_spec(target)
+    root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
+    entry = root / f"{spec.name}-{cache_key(signature, spec, emit_asm)}"
+    if (entry / "kernel.json").exists():
+        return _load(entry, cached=True)
+    kernel = build_block(kernel_name(signature), ops, outputs)
+    fn = kernel.outputs[0][1].func.name()  # Halide names a multitarget library after it
+    (schedule or schedule_for)(kernel, spec)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    try:
+        args = [param for _, param in kernel.arguments]
+        pipeline = kernel.pipeline()
+        targets = spec.targets()
+        if len(targets) > 1:
+            pipeline.compile_to_multitarget_static_library(str(tmp / fn), args, targets)
+        else:
+            pipeline.compile_to({hl.OutputFileType.static_library: str(tmp / f"{fn}.a"),
+                                 hl.OutputFileType.c_header: str(tmp / f"{fn}.h")}, args, fn, targets[0])
+        extra = []
+        if emit_asm:
+            for k, t in enumerate(targets):
+                suffix = f"_{k}" if len(targets) > 1 else ""
+                pipeline.compile_to({hl.OutputFileType.assembly: str(tmp / f"{fn}{suffix}.s"),
+                                     hl.OutputFileType.stmt: str(tmp / f"{fn}{suffix}.stmt")}, args, fn, t)
+                extra += [f"{fn}{suffix}.s", f"{fn}{suffix}.stmt"]
+        meta = {
+            "function": fn,
+            "library": f"{fn}.a",
+            "header": f"{fn}.h",
+            "target": spec.name,
+            "halide_targets": list(spec.halide),
+            "arguments": [_describe(t) for t, _ in kernel.arguments],
+            "outputs": [_describe(t) for t, _ in kernel.outputs],
+            "extra": extra,
+        }
+        (tmp / "kernel.json").write_text(json.dumps(meta, indent=1))
+        try:
+            os.replace(tmp, entry)
+        except OSError:  # another process compiled the same kernel first: keep theirs
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return _load(entry, cached=False)
+
+
+def _load(entry: Path, cached: bool) -> KernelArtifact:
+    meta = json.loads((entry / "kernel.json").read_text())
+    return KernelArtifact(
+        function=meta["function"],
+        library=entry / meta["library"],
+        header=entry / meta["header"],
+        arguments=meta["arguments"],
+        outputs=meta["outputs"],
+        extra=[entry / name for name in meta["extra"]],
+        cached=cached,
+    )
+
+
+def compile_runtime(target: str, cache_dir: Path | None = None) -> Path:
+    """The Halide runtime for `target` as one object file (shared by every kernel of a bundle)."""
+    spec = target_spec(target)
+    root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
+    key = hashlib.sha256(json.dumps([spec.halide, CODEGEN_VERSION]).encode()).hexdigest()[:16]
+    path = root / f"runtime-{spec.name}-{key}.o"
+    if not path.exists():
+        root.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-runtime-", suffix=".o")
+        os.close(fd)
+        try:
+            # The baseline (last) target's runtime serves a multitarget library's every variant.
+            hl.compile_standalone_runtime(tmp, hl.Target(spec.halide[-1]))
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return path

@@ -1,0 +1,134 @@
+"""A standalone C++ runner for one AOT kernel: the way tests run generated code outside Python —
+natively, under qemu-aarch64, or on a GPU through OpenCL / Vulkan.
+
+The runner reads each kernel argument from a raw file (TFLite row-major bytes, which is Halide's
+dense layout with the innermost dimension first), calls the kernel through Halide's argv entry
+point, copies outputs back from the device if there is one, and writes each output raw.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import halide as hl
+import numpy as np
+
+from .aot import KernelArtifact, compile_runtime
+
+INCLUDE = Path(hl.__file__).parent / "include"
+
+_TYPES = {
+    "FLOAT32": ("halide_type_float", 32, np.float32), "FLOAT16": ("halide_type_float", 16, np.float16),
+    "INT8": ("halide_type_int", 8, np.int8), "UINT8": ("halide_type_uint", 8, np.uint8),
+    "INT16": ("halide_type_int", 16, np.int16), "INT32": ("halide_type_int", 32, np.int32),
+    "INT64": ("halide_type_int", 64, np.int64), "BOOL": ("halide_type_uint", 8, np.uint8),
+}
+
+# Cross compilers by target family.
+COMPILERS = {"host": "g++", "arm64": "aarch64-linux-gnu-g++"}
+
+
+def _buffer(var: str, desc: dict) -> str:
+    code, bits, _ = _TYPES[desc["type"]]
+    sizes = ", ".join(str(d) for d in reversed(desc["shape"]))
+    return f"  Halide::Runtime::Buffer<void> {var}(halide_type_t({code}, {bits}), std::vector<int>{{{sizes}}});"
+
+
+def runner_source(artifact: KernelArtifact) -> str:
+    """C++ source of a runner for `artifact`: `runner IN... OUT...` (paths to raw files)."""
+    n_in, n_out = len(artifact.arguments), len(artifact.outputs)
+    lines = [
+        "#include <cstdio>",
+        "#include <vector>",
+        '#include "HalideBuffer.h"',
+        f'#include "{artifact.header.name}"',
+        "",
+        "static bool read_raw(const char *path, Halide::Runtime::Buffer<void> &b) {",
+        '  FILE *f = std::fopen(path, "rb");',
+        "  if (!f) return false;",
+        "  size_t n = std::fread(b.data(), 1, b.size_in_bytes(), f);",
+        "  std::fclose(f);",
+        "  return n == b.size_in_bytes();",
+        "}",
+        "",
+        "static bool write_raw(const char *path, Halide::Runtime::Buffer<void> &b) {",
+        '  FILE *f = std::fopen(path, "wb");',
+        "  if (!f) return false;",
+        "  size_t n = std::fwrite(b.data(), 1, b.size_in_bytes(), f);",
+        "  std::fclose(f);",
+        "  return n == b.size_in_bytes();",
+        "}",
+        "",
+        "int main(int argc, char **argv) {",
+        f"  if (argc != {1 + n_in + n_out}) {{ std::fprintf(stderr, \"usage: runner IN*{n_in} OUT*{n_out}\\n\"); return 2; }}",
+    ]
+    for k, desc in enumerate(artifact.arguments):
+        lines.append(_buffer(f"in{k}", desc))
+        lines.append(f'  if (!read_raw(argv[{1 + k}], in{k})) {{ std::fprintf(stderr, "cannot read input {k}\\n"); return 2; }}')
+        lines.append(f"  in{k}.set_host_dirty();")
+    for k, desc in enumerate(artifact.outputs):
+        lines.append(_buffer(f"out{k}", desc))
+    buffers = [f"in{k}.raw_buffer()" for k in range(n_in)] + [f"out{k}.raw_buffer()" for k in range(n_out)]
+    lines.append(f"  void *args[] = {{{', '.join(buffers)}}};")
+    lines.append(f"  int err = {artifact.function}_argv(args);")
+    lines.append('  if (err) { std::fprintf(stderr, "kernel failed: %d\\n", err); return 1; }')
+    for k in range(n_out):
+        lines.append(f"  out{k}.copy_to_host();")
+        lines.append(f'  if (!write_raw(argv[{1 + n_in + k}], out{k})) return 2;')
+    lines += ["  return 0;", "}", ""]
+    return "\n".join(lines)
+
+
+@dataclass
+class Runner:
+    """A built runner executable and how to launch it."""
+
+    path: Path
+    artifact: KernelArtifact
+    launcher: list[str]  # e.g. ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"] or []
+
+    def __call__(self, inputs: Sequence[np.ndarray], env: dict[str, str] | None = None) -> list[np.ndarray]:
+        """Runs on arrays (one per kernel argument) and returns the outputs."""
+        with tempfile.TemporaryDirectory() as tmp:
+            ins, outs = [], []
+            for k, (desc, arr) in enumerate(zip(self.artifact.arguments, inputs)):
+                p = Path(tmp) / f"in{k}.bin"
+                p.write_bytes(np.ascontiguousarray(np.asarray(arr).astype(_TYPES[desc["type"]][2])).tobytes())
+                ins.append(str(p))
+            outs = [str(Path(tmp) / f"out{k}.bin") for k in range(len(self.artifact.outputs))]
+            proc = subprocess.run([*self.launcher, str(self.path), *ins, *outs], capture_output=True, text=True,
+                                  env={**os.environ, **(env or {})}, timeout=600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"runner failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
+            results = []
+            for desc, p in zip(self.artifact.outputs, outs):
+                arr = np.frombuffer(Path(p).read_bytes(), _TYPES[desc["type"]][2]).reshape(desc["shape"])
+                results.append(arr.astype(np.bool_) if desc["type"] == "BOOL" else arr.copy())
+            return results
+
+
+def build_runner(artifact: KernelArtifact, target: str, out_dir: Path) -> Runner:
+    """Compiles and links a runner for an AOT kernel (g++ for x86, aarch64-linux-gnu-g++ for ARM)."""
+    arm = target.startswith("arm64")
+    compiler = COMPILERS["arm64" if arm else "host"]
+    if shutil.which(compiler) is None:
+        raise FileNotFoundError(f"{compiler} not found (apt-get install {'g++-aarch64-linux-gnu' if arm else 'g++'})")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = out_dir / f"{artifact.function}_runner.cpp"
+    source.write_text(runner_source(artifact))
+    exe = out_dir / f"{artifact.function}_runner"
+    runtime = compile_runtime(target, artifact.library.parent.parent)
+    cmd = [compiler, "-std=c++17", "-O1", f"-I{INCLUDE}", f"-I{artifact.header.parent}", str(source),
+           str(artifact.library), str(runtime), "-o", str(exe), "-lpthread", "-ldl"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the runner failed: {proc.stderr.strip()[-2000:]}")
+    launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"] if arm else []
+    return Runner(exe, artifact, launcher)

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# System packages the tests use from Debian: the ARM64 cross compiler and qemu (generated code runs
+# under emulation), PoCL (OpenCL on the CPU) and Mesa lavapipe (Vulkan on the CPU).
+# Installs only what is missing; needs root (or sudo).
+set -euo pipefail
+packages=(g++ g++-aarch64-linux-gnu qemu-user pocl-opencl-icd ocl-icd-libopencl1 mesa-vulkan-drivers libvulkan1)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null

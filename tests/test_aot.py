@@ -1,0 +1,142 @@
+"""AOT kernels outside Python: x86 host (native), ARM64 (qemu-aarch64), OpenCL (PoCL), Vulkan
+(Mesa lavapipe). Each representative block is compiled for the target, run by a standalone C++
+runner, and compared with LiteRT's reference kernels (tolerance: opcheck.FLOAT_RTOL).
+
+The tools come from Debian packages that .ci/run installs (g++-aarch64-linux-gnu, qemu-user,
+pocl-opencl-icd, mesa-vulkan-drivers). Without CI=true a missing tool skips its target; in CI it
+fails, so a broken install step cannot hide.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tflite_tools
+from fusion.ecg import build_ecg
+from fusion.plan import plan_fusion
+from halide_gen.aot import TARGETS, compile_kernel, compile_runtime, target_spec
+from halide_gen.harness import build_runner
+from tflite_tools import runtime
+from opcheck import FLOAT_RTOL
+
+# Representative blocks: (model, which block by its ops) — one per block kind.
+BLOCKS = {
+    "elementwise chain": ("swish_chain", ("MUL", "ADD", "LOGISTIC", "MUL")),
+    "depthwise + residual": ("depthwise_residual", ("DEPTHWISE_CONV_2D", "ADD")),
+    "fully connected": ("fc_softmax", ("FULLY_CONNECTED",)),
+    "softmax": ("fc_softmax", ("SOFTMAX",)),
+    "data movement": ("reshape_transpose", ("RESHAPE", "TRANSPOSE")),
+    "conv + relu6": ("conv_relu6", ("CONV_2D",)),
+}
+
+LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+POCL_ICD = Path("/etc/OpenCL/vendors/pocl.icd")
+
+
+def require(ok: bool, what: str) -> None:
+    if not ok:
+        if os.environ.get("CI"):
+            pytest.fail(f"{what} is missing in CI: .ci/run should install it")
+        pytest.skip(f"{what} not installed")
+
+
+def target_ready(target: str) -> dict[str, str]:
+    """Checks the tools a target needs; returns the environment its runner needs."""
+    if target.startswith("arm64"):
+        require(shutil.which("aarch64-linux-gnu-g++") is not None, "aarch64-linux-gnu-g++")
+        require(shutil.which("qemu-aarch64") is not None, "qemu-aarch64")
+    if target == "host-opencl":
+        require(POCL_ICD.exists(), "PoCL (pocl-opencl-icd)")
+        return {"OCL_ICD_VENDORS": str(POCL_ICD.parent)}
+    if target == "host-vulkan":
+        require(LAVAPIPE_ICD.exists(), "lavapipe (mesa-vulkan-drivers)")
+        return {"VK_ICD_FILENAMES": str(LAVAPIPE_ICD)}
+    return {}
+
+
+def run_block(kind: str, target: str, model_path, tmp_path) -> float:
+    stem, ops = BLOCKS[kind]
+    env = target_ready(target)
+    model = tflite_tools.load(model_path(stem))
+    plan = plan_fusion(build_ecg(model.main))
+    (block,) = [b for b in plan.blocks if tuple(plan.ecg.nodes[i].name for i in b.ops) == ops]
+    artifact = compile_kernel([plan.ecg.nodes[i].op for i in block.ops], block.outputs, block.signature, target,
+                              cache_dir=tmp_path / "cache")
+    runner = build_runner(artifact, target, tmp_path / "build")
+    # LiteRT computes every tensor of the model; the block's inputs and outputs are read from it.
+    index = {id(t): k for k, t in enumerate(model.main.tensors)}
+    interp = runtime.make_interpreter(model_path(stem), resolver="reference", preserve_all_tensors=True)
+    runtime.run(interp, runtime.random_inputs(interp, 11))
+    by_name = {t.name: t for t in model.main.tensors}
+    args = [np.asarray(by_name[d["name"]].data) if by_name[d["name"]].is_constant
+            else interp.get_tensor(index[id(by_name[d["name"]])]) for d in artifact.arguments]
+    expected = [interp.get_tensor(index[id(t)]) for t in block.outputs]
+    got = runner(args, env=env)
+    worst = 0.0
+    for ref, out in zip(expected, got):
+        err = float(np.abs(ref.astype(np.float64) - out).max()) / max(float(np.abs(ref).max()), 1e-30)
+        worst = max(worst, err)
+    assert worst <= FLOAT_RTOL, f"{kind} on {target}: relative error {worst:.3g}"
+    return worst
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_host(kind, model_path, tmp_path):
+    run_block(kind, "host", model_path, tmp_path)
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_arm64_under_qemu(kind, model_path, tmp_path):
+    run_block(kind, "arm64-linux", model_path, tmp_path)
+
+
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_opencl_on_pocl(kind, model_path, tmp_path):
+    run_block(kind, "host-opencl", model_path, tmp_path)
+
+
+# Known failure, kept visible: with Halide 21's Vulkan runtime on Mesa lavapipe, buffers whose byte
+# size is not a multiple of 64 lose their last partial 64-byte block in host<->device copies (a
+# [200] float output comes back with its last 8 values unwritten; a 16x32 one is exact), and index
+# arithmetic of some data-movement kernels asks for 64-bit integers. Until that is fixed or worked
+# around in the runtime, no Vulkan kernel is claimed by the delegate.
+@pytest.mark.xfail(reason="Halide 21 Vulkan runtime on lavapipe: partial 64-byte blocks lost in copies",
+                   strict=True)
+@pytest.mark.parametrize("kind", sorted(BLOCKS))
+def test_vulkan_on_lavapipe(kind, model_path, tmp_path):
+    run_block(kind, "host-vulkan", model_path, tmp_path)
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_every_target_compiles(target, model_path, tmp_path):
+    model = tflite_tools.load(model_path("swish_chain"))
+    plan = plan_fusion(build_ecg(model.main))
+    (block,) = plan.blocks
+    art = compile_kernel([plan.ecg.nodes[i].op for i in block.ops], block.outputs, block.signature, target,
+                         cache_dir=tmp_path, emit_asm=True)
+    assert art.library.stat().st_size > 0 and art.header.read_text().count(f"int {art.function}_argv(") == 1
+    assert any(p.suffix == ".s" for p in art.extra) and any(p.suffix == ".stmt" for p in art.extra)
+    assert compile_runtime(target, tmp_path).stat().st_size > 0
+    if len(target_spec(target).halide) > 1:  # the host library carries every sub-target
+        assert len([p for p in art.extra if p.suffix == ".s"]) == len(target_spec(target).halide)
+
+
+def test_compile_cache_hits(model_path, tmp_path):
+    model = tflite_tools.load(model_path("swish_chain"))
+    plan = plan_fusion(build_ecg(model.main))
+    (block,) = plan.blocks
+    ops = [plan.ecg.nodes[i].op for i in block.ops]
+    first = compile_kernel(ops, block.outputs, block.signature, "arm64-linux", cache_dir=tmp_path)
+    again = compile_kernel(ops, block.outputs, block.signature, "arm64-linux", cache_dir=tmp_path)
+    assert not first.cached and again.cached and again.library == first.library
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")] == []
+
+
+def test_unknown_target_is_named():
+    with pytest.raises(ValueError, match="unknown target 'riscv'"):
+        target_spec("riscv")
