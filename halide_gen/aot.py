@@ -36,7 +36,7 @@ from .block import BlockKernel, build_block
 from .schedule import schedule_for
 
 # Bump when lowering or scheduling changes what a signature compiles to: old cache entries die.
-CODEGEN_VERSION = 1
+CODEGEN_VERSION = 2
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
 _X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
@@ -51,7 +51,6 @@ class TargetSpec:
     name: str
     halide: tuple[str, ...]
     family: str  # "x86", "arm" or "gpu": which schedule family applies
-    lanes: int  # float32 lanes per vector for CPU schedules
 
     def targets(self) -> list[hl.Target]:
         """The Halide targets, each without its own copy of the runtime."""
@@ -67,13 +66,13 @@ class TargetSpec:
 
 
 TARGETS: dict[str, TargetSpec] = {
-    "host": TargetSpec("host", (_X86_AVX512, _X86_AVX2, _X86_BASE), "x86", 8),
-    "arm64-linux": TargetSpec("arm64-linux", ("arm-64-linux",), "arm", 4),
-    "arm64-android": TargetSpec("arm64-android", ("arm-64-android",), "arm", 4),
-    "arm64-android-opencl": TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu", 4),
-    "arm64-android-vulkan": TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu", 4),
-    "host-opencl": TargetSpec("host-opencl", (f"{_X86_AVX2}-opencl",), "gpu", 8),
-    "host-vulkan": TargetSpec("host-vulkan", (f"{_X86_AVX2}-{_VULKAN}",), "gpu", 8),
+    "host": TargetSpec("host", (_X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
+    "arm64-linux": TargetSpec("arm64-linux", ("arm-64-linux",), "arm"),
+    "arm64-android": TargetSpec("arm64-android", ("arm-64-android",), "arm"),
+    "arm64-android-opencl": TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu"),
+    "arm64-android-vulkan": TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu"),
+    "host-opencl": TargetSpec("host-opencl", (f"{_X86_AVX2}-opencl",), "gpu"),
+    "host-vulkan": TargetSpec("host-vulkan", (f"{_X86_AVX2}-{_VULKAN}",), "gpu"),
 }
 
 
@@ -92,7 +91,7 @@ class KernelArtifact:
     function: str  # the C entry point
     library: Path  # static library (.a) with the kernel (all sub-targets for multitarget)
     header: Path
-    arguments: list[dict]  # per kernel argument: name, type, shape (TFLite order)
+    arguments: list[dict]  # per kernel argument: name, type, shape (TFLite order, packed), pack
     outputs: list[dict]
     extra: list[Path] = field(default_factory=list)  # .s / .stmt when asked for
     cached: bool = False
@@ -146,7 +145,7 @@ def compile_kernel(
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     try:
-        args = [param for _, param in kernel.arguments]
+        args = [arg.param for arg in kernel.arguments]
         pipeline = kernel.pipeline()
         targets = spec.targets()
         if len(targets) > 1:
@@ -167,7 +166,7 @@ def compile_kernel(
             "header": f"{fn}.h",
             "target": spec.name,
             "halide_targets": list(spec.halide),
-            "arguments": [_describe(t) for t, _ in kernel.arguments],
+            "arguments": [{**_describe(a.tensor), "shape": list(a.shape), "pack": a.pack} for a in kernel.arguments],
             "outputs": [_describe(t) for t, _ in kernel.outputs],
             "extra": extra,
         }

@@ -11,10 +11,12 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import halide as hl
+import numpy as np
 
 from tflite_tools.ir import Operator, Tensor
 
 from .lower import LoweringError, OpContext, lower
+from .pack import PACKERS, pack
 from .values import Value, halide_type
 
 
@@ -28,16 +30,47 @@ def _ident(text: str) -> str:
 
 
 @dataclass
+class Argument:
+    """A kernel input: the tensor it comes from, its Halide parameter, and how a constant is
+    packed before it is passed (halide_gen.pack; None = as TFLite stores it)."""
+
+    tensor: Tensor
+    param: hl.ImageParam
+    pack: str | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape the kernel sees (TFLite order), after packing."""
+        return PACKERS[self.pack].shape(tuple(self.tensor.shape)) if self.pack else tuple(self.tensor.shape)
+
+    def data_from(self, value: np.ndarray) -> np.ndarray:
+        """The array to pass for this argument, given the tensor's TFLite data."""
+        return pack(self.pack, value)
+
+
+@dataclass
+class Accumulator:
+    """A reduction's accumulator Func and the op output Value that reads it (for schedules)."""
+
+    op_index: int
+    acc: hl.Func
+    value: Value
+    kind: str  # "conv", "depthwise", "matmul"
+    rdom: hl.RDom
+
+
+@dataclass
 class BlockKernel:
     """A block lowered to Halide, before scheduling."""
 
     name: str
     ops: list[Operator]
-    arguments: list[tuple[Tensor, hl.ImageParam]]  # kernel inputs in order of first use
+    arguments: list[Argument]  # kernel inputs in order of first use
     outputs: list[tuple[Tensor, Value]]
     values: dict[int, Value] = field(default_factory=dict)  # id(tensor) -> Value, every tensor
     op_values: list[list[Value]] = field(default_factory=list)  # per op, its output Values
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
+    accumulators: list[Accumulator] = field(default_factory=list)
     sources: set[int] = field(default_factory=set)  # id() of the Funcs the output Funcs copy
 
     def is_output(self, f: hl.Func) -> bool:
@@ -60,21 +93,24 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
     """
     kernel = BlockKernel(_ident(name), list(ops), [], [])
     produced = {id(t) for op in ops for t in op.outputs}
-    params: dict[int, Value] = {}
+    params: dict[tuple[int, str | None], Value] = {}
 
-    def value_of(t: Tensor) -> Value:
-        if id(t) in kernel.values:
+    def value_of(t: Tensor, packing: str | None = None) -> Value:
+        if packing is None and id(t) in kernel.values:
             return kernel.values[id(t)]
         if id(t) in produced:
             raise LoweringError(f"{t.name!r} is read before the op that writes it")
         if t.is_dynamic:
             raise LoweringError(f"dynamic shape on {t.name!r}")
-        param = hl.ImageParam(halide_type(t.type_name), len(t.shape), f"{kernel.name}_in{len(params)}")
-        kernel.arguments.append((t, param))
-        value = Value(hl.Func(param), tuple(t.shape), param.type())
-        params[id(t)] = value
-        kernel.values[id(t)] = value
-        return value
+        key = (id(t), packing)
+        if key not in params:
+            arg = Argument(t, hl.ImageParam(halide_type(t.type_name), len(t.shape), f"{kernel.name}_in{len(params)}"),
+                           packing)
+            kernel.arguments.append(arg)
+            params[key] = Value(hl.Func(arg.param), arg.shape, arg.param.type())
+            if packing is None:
+                kernel.values[id(t)] = params[key]
+        return params[key]
 
     for k, op in enumerate(ops):
         ctx = OpContext(op, f"{kernel.name}_op{k}_{op.name.lower()}", value_of)
@@ -87,10 +123,11 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
             kernel.values[id(t)] = v
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
+        kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r) for acc, kind, r in ctx.accumulators)
 
     for k, t in enumerate(outputs):
         v = kernel.values.get(id(t))
-        if v is None or id(t) in params:
+        if v is None or id(t) not in produced:
             raise LoweringError(f"block output {t.name!r} is not computed by the block")
         # Each output gets its own Func named after the kernel: Halide names a multitarget
         # library's entry point after the first output, and two outputs may share a Func. The

@@ -8,45 +8,53 @@ import halide as hl
 import numpy as np
 
 from .block import BlockKernel
-from .schedule import schedule_basic
+from .schedule import schedule_cpu
 from .values import as_buffer
 
 
 class JitKernel:
     """A compiled block kernel that runs on numpy arrays (TFLite axis order in and out)."""
 
-    def __init__(self, kernel: BlockKernel, target: hl.Target | None = None, schedule=schedule_basic):
+    def __init__(self, kernel: BlockKernel, target: hl.Target | None = None, schedule=schedule_cpu):
         self.kernel = kernel
         schedule(kernel)
         self.pipeline = kernel.pipeline()
         self.target = target or hl.get_jit_target_from_environment()
         self.pipeline.compile_jit(self.target)
 
-    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        """Runs with one array per kernel argument (in `kernel.arguments` order)."""
+    def bind(self, inputs: Sequence[np.ndarray]) -> None:
+        """Binds one array per kernel argument (in `kernel.arguments` order) and allocates outputs."""
         if len(inputs) != len(self.kernel.arguments):
             raise ValueError(f"{self.kernel.name}: {len(inputs)} inputs for {len(self.kernel.arguments)} arguments")
-        keep = []
-        for (tensor, param), array in zip(self.kernel.arguments, inputs):
-            buf = as_buffer(np.asarray(array), tensor.type_name)
-            keep.append(buf)
-            param.set(buf)
-        outs = []
-        for tensor, value in self.kernel.outputs:
-            outs.append(hl.Buffer(value.type, list(reversed(tensor.shape))))
-        self.pipeline.realize(outs)
+        self._inputs = []
+        for arg, array in zip(self.kernel.arguments, inputs):
+            buf = as_buffer(np.asarray(array), arg.tensor.type_name)
+            self._inputs.append(buf)  # the parameter does not keep the buffer alive
+            arg.param.set(buf)
+        self._outputs = [hl.Buffer(value.type, list(reversed(tensor.shape))) for tensor, value in self.kernel.outputs]
+
+    def run(self) -> None:
+        """Runs on the bound buffers (what a timing loop calls)."""
+        self.pipeline.realize(self._outputs)
+
+    def results(self) -> list[np.ndarray]:
+        """Copies of the outputs of the last run, in TFLite order."""
         results = []
-        for (tensor, _), buf in zip(self.kernel.outputs, outs):
+        for (tensor, _), buf in zip(self.kernel.outputs, self._outputs):
             arr = np.asarray(buf).copy().reshape(tensor.shape)
             results.append(arr.astype(np.bool_) if tensor.type_name == "BOOL" else arr)
         return results
 
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Runs with one array per kernel argument and returns the outputs."""
+        self.bind(inputs)
+        self.run()
+        return self.results()
+
     def inputs_from(self, feeds: dict[int, np.ndarray]) -> list[np.ndarray]:
-        """Argument arrays from a map of id(tensor) -> array; constants supply their own data."""
+        """Argument arrays from a map of id(tensor) -> array; constants supply their own (packed)
+        data."""
         arrays = []
-        for tensor, _ in self.kernel.arguments:
-            if tensor.is_constant:
-                arrays.append(np.asarray(tensor.data))
-            else:
-                arrays.append(feeds[id(tensor)])
+        for arg in self.kernel.arguments:
+            arrays.append(arg.data_from(arg.tensor.data if arg.tensor.is_constant else feeds[id(arg.tensor)]))
         return arrays

@@ -21,6 +21,7 @@ from fusion.ecg import build_ecg
 from fusion.plan import plan_fusion
 from halide_gen.aot import TARGETS, compile_kernel, compile_runtime, target_spec
 from halide_gen.harness import build_runner
+from halide_gen.pack import pack
 from tflite_tools import runtime
 from opcheck import FLOAT_RTOL
 
@@ -73,7 +74,7 @@ def run_block(kind: str, target: str, model_path, tmp_path) -> float:
     interp = runtime.make_interpreter(model_path(stem), resolver="reference", preserve_all_tensors=True)
     runtime.run(interp, runtime.random_inputs(interp, 11))
     by_name = {t.name: t for t in model.main.tensors}
-    args = [np.asarray(by_name[d["name"]].data) if by_name[d["name"]].is_constant
+    args = [pack(d["pack"], by_name[d["name"]].data) if by_name[d["name"]].is_constant
             else interp.get_tensor(index[id(by_name[d["name"]])]) for d in artifact.arguments]
     expected = [interp.get_tensor(index[id(t)]) for t in block.outputs]
     got = runner(args, env=env)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import halide as hl
 
-from ..values import Value, define, flat_index, unflatten
+from ..values import Value, define, dim_vars, flat_index, unflatten
 from .elementwise import activation
 from .registry import LoweringError, OpContext, register
 
@@ -33,7 +33,8 @@ def _zero_outside(x: Value, name: str) -> Value:
 
     def body(b, y, xx, ch):
         inside = (y >= 0) & (y < h) & (xx >= 0) & (xx < w)
-        return hl.select(inside, x(b, hl.clamp(y, 0, h - 1), hl.clamp(xx, 0, w - 1), ch), hl.f32(0))
+        # The channel clamp lets a schedule round channel loops up past the last channel.
+        return hl.select(inside, x(b, hl.clamp(y, 0, h - 1), hl.clamp(xx, 0, w - 1), hl.clamp(ch, 0, c - 1)), hl.f32(0))
 
     f = hl.Func(name)
     b, y, xx, ch = (hl.Var(v) for v in ("n", "y", "x", "c"))
@@ -50,38 +51,66 @@ def _conv_geometry(ctx: OpContext, x: Value, kh: int, kw: int):
 
 
 def _bias(ctx: OpContext, index: int):
-    if ctx.has_input(index):
-        bias = ctx.value(index)
-        return lambda oc: bias(oc)
-    return lambda oc: hl.f32(0)
+    """The bias as a function of the output channel (packed: padded with zeros), or 0."""
+    if not ctx.has_input(index):
+        return lambda oc: hl.f32(0)
+    bias = ctx.packed(index, "pad_channels") or ctx.value(index)
+    return lambda oc: bias(oc)
+
+
+def _accumulate(ctx: OpContext, out_shape, init, update, kind: str, r: hl.RDom) -> hl.Func:
+    """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
+
+    Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its
+    consumer and order the reduction loops outside the tile.
+    """
+    acc = hl.Func(ctx.func_name("acc"))
+    idx = dim_vars(len(out_shape))
+    at = list(reversed(idx))
+    acc[at] = init(*idx)
+    acc[at] = acc[at] + update(*idx)
+    ctx.accumulators.append((acc, kind, r))
+    return acc
+
+
+def _read(acc: hl.Func, idx) -> hl.Expr:
+    return hl.Expr(acc[list(reversed(idx))])
 
 
 @register("CONV_2D")
 def lower_conv2d(ctx: OpContext) -> list[Value]:
     """out[n,y,x,o] = act(bias[o] + sum_{ky,kx,i} in[n, y*s-p+ky*d, x*s-p+kx*d, g*Cin+i] * w[o,ky,kx,i])."""
-    x, w = ctx.value(0), ctx.value(1)
-    cout, kh, kw, cin = w.shape
+    x = ctx.value(0)
+    cout, kh, kw, cin = ctx.op.inputs[1].shape
+    packed = ctx.packed(1, "ohwi_to_hwio")
+    w = packed or ctx.value(1)
+    weight = (lambda o, ky, kx, i: packed(ky, kx, i, o)) if packed else (lambda o, ky, kx, i: w(o, ky, kx, i))
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
     groups = x.shape[3] // cin
     per_group = cout // groups
-    padded = _zero_outside(x, ctx.func_name("padded"))
-    ctx.materialize.append(padded)
+    pointwise = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0)
+    if pointwise:
+        src = x
+    else:
+        src = _zero_outside(x, ctx.func_name("padded"))
+        ctx.materialize.append(src)
     r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
     bias, act = _bias(ctx, 2), ctx.op.fused_activation
 
-    def body(n, y, xx, o):
+    def update(n, y, xx, o):
         channel = (o / per_group) * cin + r[2] if groups > 1 else r[2]
-        acc = hl.sum(padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * w(o, r[0], r[1], r[2]))
-        return activation(acc + bias(o), act)
+        return src(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * weight(o, r[0], r[1], r[2])
 
-    return [define(ctx.func_name(), out, body)]
+    acc = _accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "conv", r)
+    return [define(ctx.func_name(), out, lambda *i: activation(_read(acc, i), act))]
 
 
 @register("DEPTHWISE_CONV_2D")
 def lower_depthwise(ctx: OpContext) -> list[Value]:
     """out[n,y,x,o] = act(bias[o] + sum_{ky,kx} in[n, y*s-p+ky*d, x*s-p+kx*d, o / mult] * w[0,ky,kx,o])."""
-    x, w = ctx.value(0), ctx.value(1)
-    _, kh, kw, cout = w.shape
+    x = ctx.value(0)
+    _, kh, kw, cout = ctx.op.inputs[1].shape
+    w = ctx.packed(1, "pad_channels") or ctx.value(1)
     mult = cout // x.shape[3]
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
     padded = _zero_outside(x, ctx.func_name("padded"))
@@ -89,12 +118,12 @@ def lower_depthwise(ctx: OpContext) -> list[Value]:
     r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
     bias, act = _bias(ctx, 2), ctx.op.fused_activation
 
-    def body(n, y, xx, o):
+    def update(n, y, xx, o):
         channel = o / mult if mult > 1 else o
-        acc = hl.sum(padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * w(0, r[0], r[1], o))
-        return activation(acc + bias(o), act)
+        return padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * w(0, r[0], r[1], o)
 
-    return [define(ctx.func_name(), out, body)]
+    acc = _accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "depthwise", r)
+    return [define(ctx.func_name(), out, lambda *i: activation(_read(acc, i), act))]
 
 
 @register("TRANSPOSE_CONV")
@@ -126,18 +155,22 @@ def lower_fully_connected(ctx: OpContext) -> list[Value]:
     """out[b,u] = act(bias[u] + sum_k in_flat[b, k] * w[u, k]); the input is read as [batch, in]."""
     if int(ctx.option("weightsFormat", 0)) != 0:
         raise LoweringError("FULLY_CONNECTED with shuffled weights")
-    x, w = ctx.value(0), ctx.value(1)
-    units, depth = w.shape
+    x = ctx.value(0)
+    units, depth = ctx.op.inputs[1].shape
+    packed = ctx.packed(1, "oi_to_io")
+    w = packed or ctx.value(1)
+    weight = (lambda u, k: packed(k, u)) if packed else (lambda u, k: w(u, k))
     out = ctx.out_shape()
     r = hl.RDom([(0, depth)], ctx.func_name("r"))
     bias, act = _bias(ctx, 2), ctx.op.fused_activation
 
-    def body(*i):
+    def update(*i):
         row = flat_index(out[:-1], i[:-1]) if len(out) > 1 else hl.Expr(0)
-        src = unflatten(x.shape, row * depth + r[0])
-        return activation(hl.sum(x.at(src) * w(i[-1], r[0])) + bias(i[-1]), act)
+        src = unflatten(x.shape, row * depth + r[0]) if x.rank != 2 or x.shape[1] != depth else [row, r[0]]
+        return x.at(src) * weight(i[-1], r[0])
 
-    return [define(ctx.func_name(), out, body)]
+    acc = _accumulate(ctx, out, lambda *i: bias(i[-1]), update, "matmul", r)
+    return [define(ctx.func_name(), out, lambda *i: activation(_read(acc, i), act))]
 
 
 @register("BATCH_MATMUL")
@@ -154,13 +187,14 @@ def lower_batch_matmul(ctx: OpContext) -> list[Value]:
         idx = [hl.Expr(0) if v.shape[k] == 1 else batch[lead + k] for k in range(v.rank - 2)]
         return v.at(idx + [row, col])
 
-    def body(*i):
+    def update(*i):
         batch, m, n = i[:-2], i[-2], i[-1]
         lhs = operand(a, batch, r[0], m) if adj_x else operand(a, batch, m, r[0])
         rhs = operand(b, batch, n, r[0]) if adj_y else operand(b, batch, r[0], n)
-        return hl.sum(lhs * rhs)
+        return lhs * rhs
 
-    return [define(ctx.func_name(), out, body)]
+    acc = _accumulate(ctx, out, lambda *i: hl.f32(0), update, "matmul", r)
+    return [define(ctx.func_name(), out, lambda *i: _read(acc, i))]
 
 
 def _pool(ctx: OpContext, kind: str) -> list[Value]:

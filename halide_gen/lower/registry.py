@@ -13,7 +13,7 @@ from typing import Callable
 import halide as hl
 import numpy as np
 
-from tflite_tools.ir import Operator, Tensor
+from tflite_tools.ir import Operator
 
 from ..values import Value, halide_type
 
@@ -28,10 +28,11 @@ class OpContext:
 
     op: Operator
     name: str  # a unique prefix for the Funcs this op defines
-    # Creates (on first use) the Value of input `i`: a block input becomes a kernel argument,
-    # an in-block tensor is its producer's Func.
-    value_of: Callable[[Tensor], Value]
+    # Creates (on first use) the Value of a tensor: a block input becomes a kernel argument (packed
+    # when a packer is named), an in-block tensor is its producer's Func.
+    value_of: Callable[..., Value]
     materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
+    accumulators: list[tuple[hl.Func, str, hl.RDom]] = field(default_factory=list)  # (Func, kind, RDom)
 
     def value(self, i: int) -> Value:
         """Input `i` as a Value (a runtime tensor: data, weights, bias)."""
@@ -39,6 +40,14 @@ class OpContext:
         if t is None:
             raise LoweringError(f"{self.op.name}: input {i} is missing")
         return self.value_of(t)
+
+    def packed(self, i: int, packer: str) -> Value | None:
+        """Constant input `i` as a kernel argument packed by `packer` (halide_gen.pack), or None
+        when the input is not a constant (the lowering then reads it as TFLite lays it out)."""
+        t = self.op.inputs[i] if i < len(self.op.inputs) else None
+        if t is None or not t.is_constant:
+            return None
+        return self.value_of(t, packer)
 
     def has_input(self, i: int) -> bool:
         """True when input `i` is present (not an omitted optional input)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .basic import schedule_basic
+from .cpu import NEON, X86, CpuParams, schedule_cpu
 from .gpu import schedule_gpu
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,7 +21,7 @@ def schedule_for(kernel: "BlockKernel", spec: "TargetSpec") -> None:
     if spec.family == "gpu":
         schedule_gpu(kernel)
     else:
-        schedule_basic(kernel, lanes=spec.lanes)
+        schedule_cpu(kernel, X86 if spec.family == "x86" else NEON)
 
 
-__all__ = ["schedule_basic", "schedule_for", "schedule_gpu"]
+__all__ = ["NEON", "X86", "CpuParams", "schedule_cpu", "schedule_for", "schedule_gpu"]

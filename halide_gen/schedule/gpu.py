@@ -10,6 +10,7 @@ import halide as hl
 from fusion.mapping import MtM, op_mapping
 
 from ..block import BlockKernel
+from ..values import Value
 
 TILE = 16
 
@@ -22,17 +23,16 @@ def _tile(extent: int, preferred: int) -> int:
 def _gpu_tile(f: hl.Func, extents: list[int], stage=None) -> None:
     """gpu_tile over the innermost one or two dimensions.
 
-    ShiftInwards, not GuardWithIf: a partial last tile is shifted back inside the extent
-    (recomputing a few elements) instead of being guarded by an `if`. Mesa's lavapipe ran
-    GuardWithIf-tiled Vulkan kernels incorrectly on extents that are not a multiple of the tile
-    (tests/test_gpu.py); ShiftInwards is correct on both APIs.
+    Pure definitions use ShiftInwards: a partial last tile is shifted back inside the extent
+    (recomputing a few elements) rather than guarded by an `if` in every thread.
     """
     target = stage if stage is not None else f
     names = [a.name() for a in f.args()]
     if not names:
         target.gpu_single_thread()
         return
-    shift = hl.TailStrategy.ShiftInwards
+    # Update definitions cannot recompute elements (a += would run twice): guard those instead.
+    shift = hl.TailStrategy.GuardWithIf if stage is not None else hl.TailStrategy.ShiftInwards
     if len(names) == 1:
         x, xo, xi = hl.Var(names[0]), hl.Var(names[0] + "_o"), hl.Var(names[0] + "_i")
         target.gpu_tile(x, xo, xi, _tile(extents[0], TILE * TILE), shift)
@@ -44,7 +44,7 @@ def _gpu_tile(f: hl.Func, extents: list[int], stage=None) -> None:
 
 def schedule_gpu(kernel: BlockKernel) -> None:
     """Applies the GPU schedule in place."""
-    roots = list(kernel.materialize)
+    roots = list(kernel.materialize) + [Value(a.acc, a.value.shape, a.value.type) for a in kernel.accumulators]
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM:
             roots += [v for v in values if not kernel.is_output(v.func)]

@@ -1,0 +1,75 @@
+"""Per-block timing: each planned block's Halide kernel vs LiteRT + XNNPACK on the same nodes.
+
+    python bench/block_table.py [--threads 1] [--limit N] [MODEL ...]    # default: ../shared/models
+
+One thread by default (two-thread figures on a 2-core machine are noise). Prints a Markdown table
+per model: block, ops, Halide ms, XNNPACK ms, GFLOP/s of the Halide kernel, ratio (Halide / XNNPACK,
+< 1 means Halide is faster), and a total over the model's blocks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Prints the tables."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", type=Path)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=0, help="only the first N blocks of each model")
+    args = parser.parse_args(argv)
+    os.environ["HL_NUM_THREADS"] = str(args.threads)  # before Halide's JIT runtime starts
+
+    import tflite_tools
+    from fusion.ecg import build_ecg
+    from fusion.plan import plan_fusion
+    from fusion.rewrite import rewrite
+    from halide_gen.block import build_block
+    from halide_gen.jit import JitKernel
+    from halide_gen.lower import LoweringError
+    from halide_gen.profile import time_block
+    from tflite_tools.stats import flops
+
+    paths = args.models or sorted((REPO.parent / "shared" / "models").glob("*.tflite"))
+    for path in paths:
+        model = tflite_tools.load(path)
+        rewrite(model)
+        plan = plan_fusion(build_ecg(model.main))
+        print(f"\n### {path.stem}\n")
+        print("| block | ops | Halide ms | XNNPACK ms | Halide GFLOP/s | ratio |")
+        print("|---|---|---|---|---|---|")
+        total_h = total_x = 0.0
+        blocks = [b for b in plan.blocks if not b.opaque_reason]
+        for block in blocks[: args.limit or None]:
+            ops = [plan.ecg.nodes[i].op for i in block.ops]
+            names = " ".join(op.name + (f"+{op.fused_activation}" if op.fused_activation else "") for op in ops)
+            try:
+                start = time.perf_counter()
+                kernel = JitKernel(build_block(block.name, ops, block.outputs))
+                compile_s = time.perf_counter() - start
+                t = time_block(ops, block.inputs, block.outputs, kernel, threads=args.threads)
+            except (LoweringError, RuntimeError, ValueError) as exc:
+                print(f"| {block.name} | {names} | - | - | - | not generated: {str(exc).splitlines()[0][:60]} |")
+                continue
+            work = sum(flops(op) for op in ops)
+            gflops = f"{work / t.halide_s / 1e9:.1f}" if work else "-"
+            total_h += t.halide_s
+            total_x += t.litert_s
+            print(f"| {block.name} | {names} | {t.halide_s * 1e3:.3f} | {t.litert_s * 1e3:.3f} | {gflops} | "
+                  f"{t.ratio:.2f} |", flush=True)
+            del compile_s
+        if total_x:
+            print(f"| total | | {total_h * 1e3:.2f} | {total_x * 1e3:.2f} | | {total_h / total_x:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

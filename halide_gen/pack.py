@@ -1,0 +1,59 @@
+"""Weight packing: constant operands reordered once (at build time) into the layout kernels load.
+
+TFLite stores conv filters as [O, kh, kw, I] and fully-connected weights as [units, in]: the output
+channel is the outermost axis, so a vector of output channels is a strided gather. Packed, the
+output channel is innermost and padded to a multiple of CHANNEL_TILE with zeros, so every vector
+load is dense and a tile that runs past the last channel still reads memory that exists
+(../shared/design/schedules.md, lesson 7: "weights packed once at init, as XNNPACK does").
+
+A kernel argument records the packer's name; whoever feeds the kernel (the JIT, the test runners,
+the delegate bundle) applies the same function to the constant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+# Channels are padded to a multiple of this: every CPU template's channel tile divides it
+# (x86: 32 = 2 AVX-512 vectors; NEON: 16 = 4 vectors).
+CHANNEL_TILE = 32
+
+
+def padded(n: int, multiple: int | None = None) -> int:
+    """`n` rounded up to a multiple (of CHANNEL_TILE by default)."""
+    multiple = multiple or CHANNEL_TILE
+    return -(-n // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Packer:
+    """A named layout change of a constant: its new shape, and the numpy function doing it."""
+
+    name: str
+    shape: Callable[[tuple[int, ...]], tuple[int, ...]]
+    apply: Callable[[np.ndarray], np.ndarray]
+
+
+def _pad_last(a: np.ndarray) -> np.ndarray:
+    out = np.zeros(a.shape[:-1] + (padded(a.shape[-1]),), a.dtype)
+    out[..., : a.shape[-1]] = a
+    return out
+
+
+PACKERS: dict[str, Packer] = {
+    # CONV_2D filter [O, kh, kw, I] -> [kh, kw, I, O_padded]
+    "ohwi_to_hwio": Packer("ohwi_to_hwio", lambda s: (s[1], s[2], s[3], padded(s[0])),
+                           lambda a: _pad_last(np.transpose(a, (1, 2, 3, 0)))),
+    # FULLY_CONNECTED weights [units, in] -> [in, units_padded]
+    "oi_to_io": Packer("oi_to_io", lambda s: (s[1], padded(s[0])), lambda a: _pad_last(np.transpose(a, (1, 0)))),
+    # Per-channel vectors (biases, depthwise filters [1, kh, kw, C]): pad the channel axis
+    "pad_channels": Packer("pad_channels", lambda s: s[:-1] + (padded(s[-1]),), _pad_last),
+}
+
+
+def pack(name: str | None, data: np.ndarray) -> np.ndarray:
+    """`data` in the layout `name` asks for (unchanged when `name` is None)."""
+    return np.asarray(data) if name is None else np.ascontiguousarray(PACKERS[name].apply(np.asarray(data)))

@@ -1,0 +1,126 @@
+"""The host profiler: a block's Halide kernel timed against LiteRT + XNNPACK on the same nodes.
+
+The block's ops are cut out into a small `.tflite` (its inputs become graph inputs, its weights
+stay constants), LiteRT runs that with XNNPACK, Halide runs the block's JIT kernel, both on the same
+random inputs, in interleaved rounds; the figure is the median over rounds. As a `CostSource` it
+answers the planner's yellow cells with measured latencies (cache it with fusion.cost.CachedCost).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+import tflite_tools
+from fusion.ecg import ECG
+from tflite_tools import runtime
+from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
+
+from .block import build_block
+from .jit import JitKernel
+
+
+def cut_out(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Model:
+    """A model holding just `ops`: `inputs` become graph inputs, constants stay constants."""
+    tensors: list[Tensor] = []
+    seen: set[int] = set()
+    for op in ops:
+        for t in (*op.inputs, *op.outputs):
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                tensors.append(t)
+    graph = Subgraph(tensors=tensors, operators=list(ops), inputs=list(inputs), outputs=list(outputs))
+    sig = Signature("block", 0, {t.name: t for t in inputs}, {t.name: t for t in outputs})
+    return Model(subgraphs=[graph], signatures=[sig], description="dnnfusion block cut-out")
+
+
+def random_array(t: Tensor, rng: np.random.Generator) -> np.ndarray:
+    """Random data for a tensor: normal floats, small non-negative integers (indices), coin flips."""
+    dtype = t.numpy_dtype
+    if dtype is None:
+        raise ValueError(f"cannot make data for {t.type_name}")
+    if dtype.kind == "f":
+        return rng.standard_normal(t.shape).astype(dtype)
+    if dtype == np.bool_:
+        return rng.integers(0, 2, t.shape).astype(np.bool_)
+    return rng.integers(0, 8, t.shape).astype(dtype)
+
+
+@dataclass
+class Timing:
+    """Median seconds of each contender, and the per-round ratio halide / litert."""
+
+    halide_s: float
+    litert_s: float
+    ratio: float
+
+
+def _time(fn: Callable[[], None], min_seconds: float) -> float:
+    """Seconds per call of `fn`, repeating until `min_seconds` have passed (at least 3 calls)."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        fn()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if calls >= 3 and elapsed >= min_seconds:
+            return elapsed / calls
+
+
+def time_block(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor], kernel: JitKernel,
+               rounds: int = 7, min_seconds: float = 0.02, threads: int = 1, seed: int = 0) -> Timing:
+    """Times `kernel` against LiteRT + XNNPACK on the cut-out ops, in interleaved rounds."""
+    rng = np.random.default_rng(seed)
+    data = {id(t): random_array(t, rng) for t in inputs}
+    interp = runtime.make_interpreter(tflite_tools.serialize(cut_out(ops, inputs, outputs)), "xnnpack", threads)
+    for detail, t in zip(interp.get_input_details(), inputs):
+        interp.set_tensor(detail["index"], data[id(t)])
+    kernel.bind(kernel.inputs_from(data))
+    interp.invoke()
+    kernel.run()  # warm both: first calls allocate and page in
+    halide, litert, ratios = [], [], []
+    for _ in range(rounds):
+        h = _time(kernel.run, min_seconds)
+        lt = _time(interp.invoke, min_seconds)
+        halide.append(h)
+        litert.append(lt)
+        ratios.append(h / lt)
+    return Timing(statistics.median(halide), statistics.median(litert), statistics.median(ratios))
+
+
+class HostProfiler:
+    """A CostSource that times each asked-about block's Halide kernel on this machine."""
+
+    name = "host-profiler-v1"
+
+    def __init__(self, threads: int = 1, min_seconds: float = 0.01):
+        self.threads = threads
+        self.min_seconds = min_seconds
+        os.environ.setdefault("HL_NUM_THREADS", str(threads))
+
+    def latency(self, ecg: ECG, ops: frozenset[int]) -> float:
+        """Median seconds of the ops as one Halide kernel (plus nothing: launch cost is inside)."""
+        members = sorted(ops)
+        op_list = [ecg.nodes[i].op for i in members]
+        inputs = _block_inputs(ecg, members)
+        outputs = [t for i in members for t in ecg.nodes[i].op.outputs if not ecg.ir_removable(t, members)]
+        kernel = JitKernel(build_block("profile", op_list, outputs))
+        rng = np.random.default_rng(0)
+        kernel.bind(kernel.inputs_from({id(t): random_array(t, rng) for t in inputs}))
+        kernel.run()
+        return statistics.median(_time(kernel.run, self.min_seconds) for _ in range(3))
+
+
+def _block_inputs(ecg: ECG, members: Sequence[int]) -> list[Tensor]:
+    inside = set(members)
+    result, seen = [], set()
+    for i in members:
+        for t in ecg.nodes[i].op.inputs:
+            if t is not None and not t.is_constant and ecg.producer.get(id(t)) not in inside and id(t) not in seen:
+                seen.add(id(t))
+                result.append(t)
+    return result

@@ -1,0 +1,145 @@
+"""CPU schedule templates (x86 AVX2 / AVX-512 and ARM NEON), per block kind.
+
+What ../shared/design/schedules.md measured on this host and these templates follow:
+
+* Convolutions and matrix products: a register tile of CHANNEL_TILE output channels (innermost,
+  vectorized) x PIXELS pixels (unrolled); the accumulator is computed at that tile, with the
+  reduction loops outside it ("1x1 expand conv: 144 channels x 2 pixels, 18 accumulators ->
+  0.194 ms, XNNPACK 0.194"; "dense 3x3 conv: reduction ordered ky, kx, input channel").
+  16 channels x 8 pixels = 16 AVX2 / 8 AVX-512 / 32 NEON accumulators for float32.
+* Depthwise: 16 channels x 8 pixels with the taps unrolled, reading a materialised zero-padded
+  input ("inline boundary conditions in a tiled stencil made depthwise 3.4-5x slower").
+* Parallelism in coarse tasks over rows; the thread count is Halide's, set at run time.
+* Everything else is vectorized along TFLite's innermost axis.
+
+Weights arrive packed (halide_gen.pack) with the channel axis padded to CHANNEL_TILE, so a tile
+that runs past the last channel reads zeros that exist instead of guarding every vector.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import halide as hl
+
+from fusion.mapping import MtM, op_mapping
+
+from ..block import Accumulator, BlockKernel
+
+@dataclass(frozen=True)
+class CpuParams:
+    """Register-tile shape per target family (float32 lanes, channels x pixels per tile)."""
+
+    lanes: int
+    conv_channels: int
+    conv_pixels: int
+    dw_channels: int
+    dw_pixels: int
+
+
+# Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
+# 16x8 @8 lanes 0.256 ms, 32x4 @8 0.226, 48x2 @16 0.224, 32x4 @16 0.207 (ratio 1.06).
+X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=4, dw_channels=16, dw_pixels=8)
+# NEON: 4 lanes, 32 registers: 4 vectors x 6 pixels = 24 accumulators (schedules.md, lesson 1).
+NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=16, dw_pixels=4)
+
+
+def _vars(f: hl.Func) -> list[hl.Var]:
+    return [hl.Var(a.name()) for a in f.args()]
+
+
+def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
+    """The Func where the accumulator's op output is realized: the block output that copies it,
+    or the op's own Func (computed at the root) when later ops of the block read it."""
+    for _, v in kernel.outputs:
+        if id(acc.value.func) in kernel.sources and _copies(v.func, acc.value.func):
+            return v.func
+    acc.value.func.compute_root()
+    return acc.value.func
+
+
+def _copies(wrapper: hl.Func, source: hl.Func) -> bool:
+    # An output wrapper is defined as source(vars); compare the Func names it calls.
+    return source.name() in str(wrapper.value())
+
+
+def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, pixels: int,
+                   rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool) -> None:
+    v = _vars(home)
+    c = v[0]
+    co, ci = hl.Var(c.name() + "_o"), hl.Var(c.name() + "_i")
+    guard = hl.TailStrategy.GuardWithIf
+    if len(v) == 1:
+        home.split(c, co, ci, channels, guard).vectorize(ci, lanes)
+        acc.acc.compute_at(home, co).vectorize(_vars(acc.acc)[0], lanes, hl.TailStrategy.RoundUp)
+        return
+    x = v[1]
+    xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
+    home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
+    home.vectorize(ci, lanes).unroll(ci).unroll(xi)  # unroll(ci) unrolls the vectors left after vectorize
+    outer = v[2] if len(v) > 2 else xo
+    home.parallel(outer)
+
+    f = acc.acc
+    av = _vars(f)
+    f.compute_at(home, co)
+    # A fixed-size tile gives the accumulator constant strides, so LLVM keeps it in registers
+    # (a tail tile's smaller realized extent made the stride a runtime value: 3x slower).
+    f.bound_storage(av[0], channels).bound_storage(av[1], pixels)
+    channel_tail = hl.TailStrategy.RoundUp if round_up_channels else guard
+    f.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
+    update = f.update()
+    rvars = [acc.rdom[k] for k in range(acc.rdom.dimensions())]
+    order = rvars if rdom_order is None else [rvars[k] for k in rdom_order]
+    update.reorder([hl.VarOrRVar(av[0]), hl.VarOrRVar(av[1])] + [hl.VarOrRVar(r) for r in order]
+                   + [hl.VarOrRVar(a) for a in av[2:]])
+    update.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
+    if unroll_taps:
+        for r in order:
+            update.unroll(r)
+
+
+def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
+    """Applies the CPU templates in place; what no template covers is computed at the root
+    (Many-to-Many results) or inlined, and vectorized along the innermost axis."""
+    lanes = params.lanes
+    for v in kernel.materialize:
+        f = v.func
+        f.compute_root()
+        if v.shape and v.shape[-1] >= lanes and f.args():
+            f.vectorize(_vars(f)[0], lanes, hl.TailStrategy.GuardWithIf)
+        if len(f.args()) > 2:
+            f.parallel(_vars(f)[2])
+    tiled = set()
+    for acc in kernel.accumulators:
+        home = _home(kernel, acc)
+        tiled.add(id(home))
+        if acc.kind == "depthwise":
+            _register_tile(home, acc, lanes, params.dw_channels, params.dw_pixels, None, unroll_taps=True,
+                           round_up_channels=True)
+        elif acc.kind == "conv":
+            # RDom (ky, kx, ci): loops ci innermost, then kx, then ky.
+            _register_tile(home, acc, lanes, params.conv_channels, params.conv_pixels, [2, 1, 0], unroll_taps=False,
+                           round_up_channels=True)
+        else:
+            packed = any(a.pack for a in kernel.arguments if a.tensor in kernel.ops[acc.op_index].inputs)
+            _register_tile(home, acc, lanes, params.conv_channels, params.conv_pixels, None, unroll_taps=False,
+                           round_up_channels=packed)
+    for op, values in zip(kernel.ops, kernel.op_values):
+        if op_mapping(op) == MtM and not any(a.op_index == kernel.ops.index(op) for a in kernel.accumulators):
+            for v in values:
+                if not kernel.is_output(v.func):
+                    v.func.compute_root()
+                    if v.shape and v.shape[-1] >= lanes:
+                        v.func.vectorize(_vars(v.func)[0], lanes, hl.TailStrategy.GuardWithIf)
+    for tensor, v in kernel.outputs:
+        if id(v.func) in tiled or not tensor.shape:
+            continue
+        f = v.func
+        fv = _vars(f)
+        if tensor.shape[-1] >= lanes:
+            f.vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
+        if len(fv) > 2 and tensor.shape[-3] > 1:
+            f.parallel(fv[2])
+        elif len(fv) == 2 and tensor.shape[0] > 1:
+            f.parallel(fv[1])
