@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -140,7 +141,9 @@ def compile_kernel(
     if (entry / "kernel.json").exists():
         return _load(entry, cached=True)
     kernel = build_block(kernel_name(signature), ops, outputs)
-    fn = kernel.outputs[0][1].func.name()  # Halide names a multitarget library after it
+    # Halide names a multitarget library's entry point after the first output Func, and may have
+    # made that name unique in this process; the header says what the C function is called.
+    fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())
     (schedule or schedule_for)(kernel, spec)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
@@ -153,6 +156,11 @@ def compile_kernel(
         else:
             pipeline.compile_to({hl.OutputFileType.static_library: str(tmp / f"{fn}.a"),
                                  hl.OutputFileType.c_header: str(tmp / f"{fn}.h")}, args, fn, targets[0])
+        header = next(tmp.glob("*.h"))
+        match = re.search(r"int (\w+)_argv\(void \*\*args\);", header.read_text())
+        if match is None:
+            raise RuntimeError(f"{header}: no argv entry point")
+        function = match.group(1)
         extra = []
         if emit_asm:
             for k, t in enumerate(targets):
@@ -161,9 +169,9 @@ def compile_kernel(
                                      hl.OutputFileType.stmt: str(tmp / f"{fn}{suffix}.stmt")}, args, fn, t)
                 extra += [f"{fn}{suffix}.s", f"{fn}{suffix}.stmt"]
         meta = {
-            "function": fn,
-            "library": f"{fn}.a",
-            "header": f"{fn}.h",
+            "function": function,
+            "library": next(tmp.glob("*.a")).name,
+            "header": header.name,
             "target": spec.name,
             "halide_targets": list(spec.halide),
             "arguments": [{**_describe(a.tensor), "shape": list(a.shape), "pack": a.pack} for a in kernel.arguments],

@@ -72,10 +72,15 @@ class BlockKernel:
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
     accumulators: list[Accumulator] = field(default_factory=list)
     sources: set[int] = field(default_factory=set)  # id() of the Funcs the output Funcs copy
+    read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
 
     def is_output(self, f: hl.Func) -> bool:
-        """True for an output Func or the Func it copies (both are computed at the output)."""
+        """True for an output Func or the Func it copies."""
         return id(f) in self.sources or any(f is v.func for _, v in self.outputs)
+
+    def inline_into_output(self, f: hl.Func) -> bool:
+        """True when `f` can be computed inside its output's copy: an output no op of the block reads."""
+        return self.is_output(f) and id(f) not in self.read_in_block
 
     def output_funcs(self) -> list[hl.Func]:
         """The pipeline's output Funcs, in block-output order."""
@@ -97,6 +102,8 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
 
     def value_of(t: Tensor, packing: str | None = None) -> Value:
         if packing is None and id(t) in kernel.values:
+            if id(t) in produced:
+                kernel.read_in_block.add(id(kernel.values[id(t)].func))
             return kernel.values[id(t)]
         if id(t) in produced:
             raise LoweringError(f"{t.name!r} is read before the op that writes it")

@@ -39,7 +39,12 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     if not args.plan_only:
         raise ModelError("fuse: only --plan-only is available so far (code generation is not built yet)")
     trace = (lambda line: print(f"[rewrite] {line}", file=sys.stderr)) if args.verbose else None
-    summary = plan_model(load(args.model), fast_math=args.fast_math, trace=trace)
+    cost = None
+    if args.cost == "profile":
+        from halide_gen.profile import HostProfiler
+
+        cost = HostProfiler()
+    summary = plan_model(load(args.model), fast_math=args.fast_math, cost=cost, trace=trace)
     if args.dot:
         write_dot(to_dot(summary), args.dot)
     if args.json:
@@ -86,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--fast-math", action="store_true", help="also apply rewrites that change float rounding")
     fuse.add_argument("--explain", action="store_true", help="report how often each rewrite rule fired")
     fuse.add_argument("--verbose", action="store_true", help="trace each rewrite and the graph after each pass")
+    fuse.add_argument("--cost", choices=["roofline", "profile"], default="roofline",
+                      help="what answers yellow Table 3 cells: the static roofline, or Halide kernels timed here")
     fuse.set_defaults(run=cmd_fuse)
     return parser
 

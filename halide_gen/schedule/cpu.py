@@ -51,9 +51,10 @@ def _vars(f: hl.Func) -> list[hl.Var]:
 def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
     """The Func where the accumulator's op output is realized: the block output that copies it,
     or the op's own Func (computed at the root) when later ops of the block read it."""
-    for _, v in kernel.outputs:
-        if id(acc.value.func) in kernel.sources and _copies(v.func, acc.value.func):
-            return v.func
+    if kernel.inline_into_output(acc.value.func):
+        for _, v in kernel.outputs:
+            if _copies(v.func, acc.value.func):
+                return v.func
     acc.value.func.compute_root()
     return acc.value.func
 
@@ -77,12 +78,17 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
     home.vectorize(ci, lanes).unroll(ci).unroll(xi)  # unroll(ci) unrolls the vectors left after vectorize
-    outer = v[2] if len(v) > 2 else xo
-    home.parallel(outer)
+    if acc.kind == "matmul":
+        # Output-channel tiles outermost: a slice of the weights stays in cache while every row
+        # passes (schedules.md, FC 128x256->1024: "output tiles outermost").
+        home.reorder([hl.VarOrRVar(w) for w in (ci, xi, xo, co, *v[2:])])
+        home.parallel(co)
+    else:
+        home.parallel(v[2] if len(v) > 2 else xo)
 
     f = acc.acc
     av = _vars(f)
-    f.compute_at(home, co)
+    f.compute_at(home, xo if acc.kind == "matmul" else co)  # the innermost of the two tile loops
     # A fixed-size tile gives the accumulator constant strides, so LLVM keeps it in registers
     # (a tail tile's smaller realized extent made the stride a runtime value: 3x slower).
     f.bound_storage(av[0], channels).bound_storage(av[1], pixels)
@@ -99,6 +105,29 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
             update.unroll(r)
 
 
+def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, lanes: int) -> None:
+    """Computes the in-block producers of a reduction's inputs once, at the root.
+
+    Inlined, an elementwise producer (GELU before a fully-connected layer) would be recomputed for
+    every output channel, and a TRANSPOSE before a matrix product would turn its dense loads into
+    strided ones (bert: 8x and 6x slower than XNNPACK before this).
+    """
+    op = kernel.ops[acc.op_index]
+    for t in op.inputs:
+        v = kernel.values.get(id(t)) if t is not None else None
+        if v is None or id(v.func) not in kernel.read_in_block or any(v.func is a.value.func for a in kernel.accumulators):
+            continue
+        producer = next((o for o in kernel.ops[: acc.op_index] if any(u is t for u in o.outputs)), None)
+        if producer is None or op_mapping(producer) == MtM:
+            continue
+        v.func.compute_root()
+        fv = _vars(v.func)
+        if v.shape and v.shape[-1] >= lanes:
+            v.func.vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
+        if len(fv) > 1:
+            v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
+
+
 def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     """Applies the CPU templates in place; what no template covers is computed at the root
     (Many-to-Many results) or inlined, and vectorized along the innermost axis."""
@@ -112,6 +141,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             f.parallel(_vars(f)[2])
     tiled = set()
     for acc in kernel.accumulators:
+        _materialize_prologue(kernel, acc, lanes)
         home = _home(kernel, acc)
         tiled.add(id(home))
         if acc.kind == "depthwise":
@@ -128,7 +158,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM and not any(a.op_index == kernel.ops.index(op) for a in kernel.accumulators):
             for v in values:
-                if not kernel.is_output(v.func):
+                if not kernel.inline_into_output(v.func):
                     v.func.compute_root()
                     if v.shape and v.shape[-1] >= lanes:
                         v.func.vectorize(_vars(v.func)[0], lanes, hl.TailStrategy.GuardWithIf)

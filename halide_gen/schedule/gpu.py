@@ -47,14 +47,14 @@ def schedule_gpu(kernel: BlockKernel) -> None:
     roots = list(kernel.materialize) + [Value(a.acc, a.value.shape, a.value.type) for a in kernel.accumulators]
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM:
-            roots += [v for v in values if not kernel.is_output(v.func)]
+            roots += [v for v in values if not kernel.inline_into_output(v.func)]
     seen = set()
     for v in roots + [v for _, v in kernel.outputs]:
         f = v.func
         if id(f) in seen:
             continue
         seen.add(id(f))
-        if not kernel.is_output(f):
+        if not kernel.inline_into_output(f) and not any(f is o.func for _, o in kernel.outputs):
             f.compute_root()
         # A helper's realized region can exceed its nominal shape (a padded input), never fall
         # short of it, so tiles sized from the shape always fit.
