@@ -55,7 +55,7 @@ class Accumulator:
     op_index: int
     acc: hl.Func
     value: Value
-    kind: str  # "conv", "depthwise", "matmul"
+    kind: str  # "conv", "depthwise", "matmul", "reduce"
     rdom: hl.RDom
 
 
@@ -73,6 +73,7 @@ class BlockKernel:
     accumulators: list[Accumulator] = field(default_factory=list)
     sources: set[int] = field(default_factory=set)  # id() of the Funcs the output Funcs copy
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
+    copied_from: dict[int, hl.Func] = field(default_factory=dict)  # id(output Func) -> the Func it copies
 
     def is_output(self, f: hl.Func) -> bool:
         """True for an output Func or the Func it copies."""
@@ -113,6 +114,10 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
         if key not in params:
             arg = Argument(t, hl.ImageParam(halide_type(t.type_name), len(t.shape), f"{kernel.name}_in{len(params)}"),
                            packing)
+            # Shapes are static: telling Halide makes every loop bound a constant (unrollable,
+            # no runtime bounds arithmetic) and checks the buffers the caller passes.
+            for k, extent in enumerate(reversed(arg.shape)):
+                arg.param.dim(k).set_bounds(0, int(extent))
             kernel.arguments.append(arg)
             params[key] = Value(hl.Func(arg.param), arg.shape, arg.param.type())
             if packing is None:
@@ -142,6 +147,9 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
         wrapper = hl.Func(f"{kernel.name}_{next(_BUILDS)}" if k == 0 else f"{kernel.name}_out{k}")
         vars_ = [hl.Var(a.name()) for a in v.func.args()]
         wrapper[vars_] = v.func[vars_]
+        for var, extent in zip(vars_, reversed(v.shape)):
+            wrapper.bound(var, 0, int(extent))
         kernel.sources.add(id(v.func))
+        kernel.copied_from[id(wrapper)] = v.func
         kernel.outputs.append((t, Value(wrapper, v.shape, v.type)))
     return kernel

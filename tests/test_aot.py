@@ -101,16 +101,23 @@ def test_opencl_on_pocl(kind, model_path, tmp_path):
     run_block(kind, "host-opencl", model_path, tmp_path)
 
 
-# Known failure, kept visible: with Halide 21's Vulkan runtime on Mesa lavapipe, buffers whose byte
-# size is not a multiple of 64 lose their last partial 64-byte block in host<->device copies (a
-# [200] float output comes back with its last 8 values unwritten; a 16x32 one is exact), and index
-# arithmetic of some data-movement kernels asks for 64-bit integers. Until that is fixed or worked
-# around in the runtime, no Vulkan kernel is claimed by the delegate.
-@pytest.mark.xfail(reason="Halide 21 Vulkan runtime on lavapipe: partial 64-byte blocks lost in copies",
-                   strict=True)
+# Known upstream problem, kept visible: with Halide 21's Vulkan runtime on Mesa lavapipe, a buffer
+# whose byte size is not a multiple of 64 loses its last partial 64-byte block in host<->device
+# copies (a [200] float output comes back with its last 8 values unwritten; [16, 32] is exact).
+# Blocks whose every buffer is a multiple of 64 bytes must be right; the others are expected to
+# fail until that is fixed, and no Vulkan kernel is claimed by the delegate meanwhile.
 @pytest.mark.parametrize("kind", sorted(BLOCKS))
 def test_vulkan_on_lavapipe(kind, model_path, tmp_path):
-    run_block(kind, "host-vulkan", model_path, tmp_path)
+    stem, _ = BLOCKS[kind]
+    model = tflite_tools.load(model_path(stem))
+    sizes = [t.nbytes for t in model.main.tensors]
+    try:
+        run_block(kind, "host-vulkan", model_path, tmp_path)
+    except (AssertionError, RuntimeError) as exc:
+        if all(n % 64 == 0 for n in sizes):
+            raise
+        pytest.xfail(f"lavapipe partial-block copies (buffers of {sorted(set(n % 64 for n in sizes))} bytes mod 64): "
+                     f"{str(exc).splitlines()[0][:80]}")
 
 
 @pytest.mark.parametrize("target", sorted(TARGETS))

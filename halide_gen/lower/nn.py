@@ -11,7 +11,7 @@ import halide as hl
 
 from ..values import Value, define, dim_vars, flat_index, unflatten
 from .elementwise import activation
-from .registry import LoweringError, OpContext, register
+from .registry import LoweringError, OpContext, accumulate, read, register
 
 
 def same_padding(in_size: int, out_size: int, stride: int, dilation: int, kernel: int) -> int:
@@ -58,25 +58,6 @@ def _bias(ctx: OpContext, index: int):
     return lambda oc: bias(oc)
 
 
-def _accumulate(ctx: OpContext, out_shape, init, update, kind: str, r: hl.RDom) -> hl.Func:
-    """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
-
-    Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its
-    consumer and order the reduction loops outside the tile.
-    """
-    acc = hl.Func(ctx.func_name("acc"))
-    idx = dim_vars(len(out_shape))
-    at = list(reversed(idx))
-    acc[at] = init(*idx)
-    acc[at] = acc[at] + update(*idx)
-    ctx.accumulators.append((acc, kind, r))
-    return acc
-
-
-def _read(acc: hl.Func, idx) -> hl.Expr:
-    return hl.Expr(acc[list(reversed(idx))])
-
-
 @register("CONV_2D")
 def lower_conv2d(ctx: OpContext) -> list[Value]:
     """out[n,y,x,o] = act(bias[o] + sum_{ky,kx,i} in[n, y*s-p+ky*d, x*s-p+kx*d, g*Cin+i] * w[o,ky,kx,i])."""
@@ -101,8 +82,8 @@ def lower_conv2d(ctx: OpContext) -> list[Value]:
         channel = (o / per_group) * cin + r[2] if groups > 1 else r[2]
         return src(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * weight(o, r[0], r[1], r[2])
 
-    acc = _accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "conv", r)
-    return [define(ctx.func_name(), out, lambda *i: activation(_read(acc, i), act))]
+    acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "conv", r)
+    return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
 
 
 @register("DEPTHWISE_CONV_2D")
@@ -122,16 +103,19 @@ def lower_depthwise(ctx: OpContext) -> list[Value]:
         channel = o / mult if mult > 1 else o
         return padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * w(0, r[0], r[1], o)
 
-    acc = _accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "depthwise", r)
-    return [define(ctx.func_name(), out, lambda *i: activation(_read(acc, i), act))]
+    acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "depthwise", r)
+    return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
 
 
 @register("TRANSPOSE_CONV")
 def lower_transpose_conv(ctx: OpContext) -> list[Value]:
     """The gather form of TFLite's scatter: each output pixel sums the input pixels whose
     stride-spaced kernel footprint covers it. Inputs: output shape, weights [O,kh,kw,I], input, bias."""
-    w, x = ctx.value(1), ctx.value(2)
-    cout, kh, kw, cin = w.shape
+    x = ctx.value(2)
+    cout, kh, kw, cin = ctx.op.inputs[1].shape
+    packed = ctx.packed(1, "ohwi_to_hwio")
+    w = packed or ctx.value(1)
+    weight = (lambda o, ky, kx, i: packed(ky, kx, i, o)) if packed else (lambda o, ky, kx, i: w(o, ky, kx, i))
     out = ctx.out_shape()
     sh, sw = int(ctx.option("strideH", 1)), int(ctx.option("strideW", 1))
     # TFLite computes the padding as if the output were the input of a forward conv.
@@ -140,14 +124,15 @@ def lower_transpose_conv(ctx: OpContext) -> list[Value]:
     r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
     bias, act = _bias(ctx, 3), ctx.op.fused_activation
 
-    def body(n, y, xx, o):
+    def update(n, y, xx, o):
         ty, tx = y + ph - r[0], xx + pw - r[1]
         iy, ix = ty / sh, tx / sw  # Halide division rounds down, so negatives stay out of range
         valid = (ty >= 0) & (tx >= 0) & (ty % sh == 0) & (tx % sw == 0) & (iy < h) & (ix < wd)
-        term = x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, wd - 1), r[2]) * w(o, r[0], r[1], r[2])
-        return activation(hl.sum(hl.select(valid, term, hl.f32(0))) + bias(o), act)
+        term = x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, wd - 1), r[2]) * weight(o, r[0], r[1], r[2])
+        return hl.select(valid, term, hl.f32(0))
 
-    return [define(ctx.func_name(), out, body)]
+    acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "conv", r)
+    return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
 
 
 @register("FULLY_CONNECTED")
@@ -169,8 +154,8 @@ def lower_fully_connected(ctx: OpContext) -> list[Value]:
         src = unflatten(x.shape, row * depth + r[0]) if x.rank != 2 or x.shape[1] != depth else [row, r[0]]
         return x.at(src) * weight(i[-1], r[0])
 
-    acc = _accumulate(ctx, out, lambda *i: bias(i[-1]), update, "matmul", r)
-    return [define(ctx.func_name(), out, lambda *i: activation(_read(acc, i), act))]
+    acc = accumulate(ctx, out, lambda *i: bias(i[-1]), update, "matmul", r)
+    return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
 
 
 @register("BATCH_MATMUL")
@@ -193,8 +178,8 @@ def lower_batch_matmul(ctx: OpContext) -> list[Value]:
         rhs = operand(b, batch, n, r[0]) if adj_y else operand(b, batch, r[0], n)
         return lhs * rhs
 
-    acc = _accumulate(ctx, out, lambda *i: hl.f32(0), update, "matmul", r)
-    return [define(ctx.func_name(), out, lambda *i: _read(acc, i))]
+    acc = accumulate(ctx, out, lambda *i: hl.f32(0), update, "matmul", r)
+    return [define(ctx.func_name(), out, lambda *i: read(acc, i))]
 
 
 def _pool(ctx: OpContext, kind: str) -> list[Value]:

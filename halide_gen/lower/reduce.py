@@ -9,7 +9,7 @@ import halide as hl
 import numpy as np
 
 from ..values import Value, define, dim_vars
-from .registry import LoweringError, OpContext, register
+from .registry import LoweringError, OpContext, accumulate, read, register
 
 
 def _axes(ctx: OpContext, index: int, rank: int) -> list[int]:
@@ -93,6 +93,11 @@ def lower_reduce(ctx: OpContext) -> list[Value]:
         return [define(ctx.func_name(), out,
                        lambda *i: finish(total.at((list(i[:-1]) if keep else list(i)) + [hl.Expr(0)])))]
     r, source = _reduction(ctx, x, axes, ctx.func_name("r"))
+    if ctx.op.name in ("SUM", "MEAN") and x.rank - 1 not in axes and x.type.is_float():
+        # Over outer axes (global average pooling): an explicit accumulator a schedule vectorizes
+        # along the innermost, untouched axis.
+        acc = accumulate(ctx, out, lambda *i: hl.f32(0), lambda *i: x.at(source(i)), "reduce", r)
+        return [define(ctx.func_name(), out, lambda *i: finish(read(acc, i)))]
     return [define(ctx.func_name(), out, lambda *i: finish(reducer(x.at(source(i)))))]
 
 

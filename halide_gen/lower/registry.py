@@ -15,7 +15,7 @@ import numpy as np
 
 from tflite_tools.ir import Operator
 
-from ..values import Value, halide_type
+from ..values import Value, dim_vars, halide_type
 
 
 class LoweringError(NotImplementedError):
@@ -75,6 +75,26 @@ class OpContext:
     def func_name(self, suffix: str = "") -> str:
         """A Func name unique to this op."""
         return f"{self.name}_{suffix}" if suffix else self.name
+
+
+def accumulate(ctx: OpContext, out_shape, init, update, kind: str, r: hl.RDom) -> hl.Func:
+    """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
+
+    Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its
+    consumer and order the reduction loops outside the tile.
+    """
+    acc = hl.Func(ctx.func_name("acc"))
+    idx = dim_vars(len(out_shape))
+    at = list(reversed(idx))
+    acc[at] = init(*idx)
+    acc[at] = acc[at] + update(*idx)
+    ctx.accumulators.append((acc, kind, r))
+    return acc
+
+
+def read(acc: hl.Func, idx) -> hl.Expr:
+    """An accumulator's element at a TFLite-order index."""
+    return hl.Expr(acc[list(reversed(idx))])
 
 
 Lowering = Callable[[OpContext], list[Value]]

@@ -53,15 +53,10 @@ def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
     or the op's own Func (computed at the root) when later ops of the block read it."""
     if kernel.inline_into_output(acc.value.func):
         for _, v in kernel.outputs:
-            if _copies(v.func, acc.value.func):
+            if kernel.copied_from.get(id(v.func)) is acc.value.func:
                 return v.func
     acc.value.func.compute_root()
     return acc.value.func
-
-
-def _copies(wrapper: hl.Func, source: hl.Func) -> bool:
-    # An output wrapper is defined as source(vars); compare the Func names it calls.
-    return source.name() in str(wrapper.value())
 
 
 def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, pixels: int,
@@ -75,6 +70,9 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
         acc.acc.compute_at(home, co).vectorize(_vars(acc.acc)[0], lanes, hl.TailStrategy.RoundUp)
         return
     x = v[1]
+    # A row or pixel count smaller than the tile (a 1x1 squeeze-excite conv, a one-row GEMV) gets
+    # a tile of its own size instead of mostly-guarded lanes.
+    pixels = max(1, min(pixels, acc.value.shape[-2] if len(acc.value.shape) >= 2 else 1))
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
     home.vectorize(ci, lanes).unroll(ci).unroll(xi)  # unroll(ci) unrolls the vectors left after vectorize
@@ -142,6 +140,22 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     tiled = set()
     for acc in kernel.accumulators:
         _materialize_prologue(kernel, acc, lanes)
+        if acc.kind == "reduce":
+            # Sums over outer axes: the accumulator at the root, vectorized along the kept axis.
+            f = acc.acc
+            f.compute_root()
+            fv = _vars(f)
+            # Reduction loops outside the vector of channels, the innermost reduced axis innermost.
+            rvars = [acc.rdom[k] for k in reversed(range(acc.rdom.dimensions()))]
+            f.update().reorder([hl.VarOrRVar(fv[0])] + [hl.VarOrRVar(r) for r in rvars]
+                               + [hl.VarOrRVar(v) for v in fv[1:]])
+            channels = acc.value.shape[-1] if acc.value.shape else 1
+            if channels >= lanes:
+                f.vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
+                f.update().vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
+                if channels <= 8 * lanes:  # all channel vectors in one pass over the input
+                    f.update().unroll(fv[0])
+            continue
         home = _home(kernel, acc)
         tiled.add(id(home))
         if acc.kind == "depthwise":
