@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import halide as hl
 
-from ..values import Value, define, dim_vars, flat_index, unflatten
+from ..values import Value, define, flat_index, unflatten
 from .elementwise import activation
 from .registry import LoweringError, OpContext, accumulate, read, register
 
