@@ -2,7 +2,8 @@
 
     python bench/block_table.py [--threads 1] [--limit N] [MODEL ...]    # default: ../shared/models
 
-One thread by default (two-thread figures on a 2-core machine are noise). Prints a Markdown table
+One thread by default (two-thread figures on a 2-core machine are noise). With --autoschedulers each
+block also tries Halide's CPU autoschedulers and keeps the fastest source. Prints a Markdown table
 per model: block, ops, Halide ms, XNNPACK ms, GFLOP/s of the Halide kernel, ratio (Halide / XNNPACK,
 < 1 means Halide is faster), and a total over the model's blocks.
 """
@@ -12,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--limit", type=int, default=0, help="only the first N blocks of each model")
+    parser.add_argument("--autoschedulers", action="store_true",
+                        help="also time Halide's CPU autoschedulers per block and use the fastest source")
     args = parser.parse_args(argv)
     os.environ["HL_NUM_THREADS"] = str(args.threads)  # before Halide's JIT runtime starts
 
@@ -35,7 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     from halide_gen.block import build_block
     from halide_gen.jit import JitKernel
     from halide_gen.lower import LoweringError
-    from halide_gen.profile import time_block
+    from halide_gen.profile import choose_schedule, time_block
+    from halide_gen.schedule import schedule_cpu
+    from halide_gen.schedule.auto import schedule_auto
     from tflite_tools.stats import flops
 
     paths = args.models or sorted((REPO.parent / "shared" / "models").glob("*.tflite"))
@@ -44,17 +48,20 @@ def main(argv: list[str] | None = None) -> int:
         rewrite(model)
         plan = plan_fusion(build_ecg(model.main))
         print(f"\n### {path.stem}\n")
-        print("| block | ops | Halide ms | XNNPACK ms | Halide GFLOP/s | ratio |")
-        print("|---|---|---|---|---|---|")
+        extra = " schedule |" if args.autoschedulers else ""
+        print("| block | ops | Halide ms | XNNPACK ms | Halide GFLOP/s | ratio |" + extra)
+        print("|---|---|---|---|---|---|" + ("---|" if args.autoschedulers else ""))
         total_h = total_x = 0.0
         blocks = [b for b in plan.blocks if not b.opaque_reason]
         for block in blocks[: args.limit or None]:
             ops = [plan.ecg.nodes[i].op for i in block.ops]
             names = " ".join(op.name + (f"+{op.fused_activation}" if op.fused_activation else "") for op in ops)
             try:
-                start = time.perf_counter()
-                kernel = JitKernel(build_block(block.name, ops, block.outputs))
-                compile_s = time.perf_counter() - start
+                source = "template"
+                if args.autoschedulers:
+                    source = choose_schedule(ops, block.outputs, block.inputs).best
+                schedule = schedule_cpu if source == "template" else (lambda k, s=source: schedule_auto(k, s))
+                kernel = JitKernel(build_block(block.name, ops, block.outputs), schedule=schedule)
                 t = time_block(ops, block.inputs, block.outputs, kernel, threads=args.threads)
             except (LoweringError, RuntimeError, ValueError) as exc:
                 print(f"| {block.name} | {names} | - | - | - | not generated: {str(exc).splitlines()[0][:60]} |")
@@ -64,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             total_h += t.halide_s
             total_x += t.litert_s
             print(f"| {block.name} | {names} | {t.halide_s * 1e3:.3f} | {t.litert_s * 1e3:.3f} | {gflops} | "
-                  f"{t.ratio:.2f} |", flush=True)
-            del compile_s
+                  f"{t.ratio:.2f} |" + (f" {source} |" if args.autoschedulers else ""), flush=True)
         if total_x:
             print(f"| total | | {total_h * 1e3:.2f} | {total_x * 1e3:.2f} | | {total_h / total_x:.2f} |")
     return 0

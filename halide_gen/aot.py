@@ -27,14 +27,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import halide as hl
 
 from tflite_tools.ir import Operator, Tensor
 
-from .block import BlockKernel, build_block
+from .block import build_block
 from .schedule import schedule_for
+from .schedule.auto import schedule_auto
 
 # Bump when lowering or scheduling changes what a signature compiles to: old cache entries die.
 CODEGEN_VERSION = 2
@@ -103,10 +104,11 @@ def kernel_name(signature: str) -> str:
     return f"dnnf_{signature}"
 
 
-def cache_key(signature: str, spec: TargetSpec, emit_asm: bool) -> str:
-    """What a compiled kernel depends on: the block, the target, the generator and Halide."""
+def cache_key(signature: str, spec: TargetSpec, emit_asm: bool, schedule: str = "template") -> str:
+    """What a compiled kernel depends on: the block, the target, the schedule source, the
+    generator and Halide."""
     text = json.dumps([signature, spec.halide, CODEGEN_VERSION, hl.__version__ if hasattr(hl, "__version__") else "",
-                       emit_asm])
+                       emit_asm, schedule])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -128,23 +130,29 @@ def compile_kernel(
     target: str,
     cache_dir: Path | None = None,
     emit_asm: bool = False,
-    schedule: Callable[[BlockKernel, TargetSpec], None] | None = None,
+    schedule: str = "template",
 ) -> KernelArtifact:
     """Compiles a block for `target`, or returns the cached kernel for the same signature.
+
+    `schedule` is "template" (the hand-written families in halide_gen.schedule) or the name of
+    one of Halide's autoschedulers (halide_gen.profile.choose_schedule says which is faster).
 
     The cache entry is written to a temporary folder and renamed into place, so an interrupted
     compile never leaves a half-written kernel behind.
     """
     spec = target_spec(target)
     root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
-    entry = root / f"{spec.name}-{cache_key(signature, spec, emit_asm)}"
+    entry = root / f"{spec.name}-{cache_key(signature, spec, emit_asm, schedule)}"
     if (entry / "kernel.json").exists():
         return _load(entry, cached=True)
     kernel = build_block(kernel_name(signature), ops, outputs)
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
     fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())
-    (schedule or schedule_for)(kernel, spec)
+    if schedule == "template":
+        schedule_for(kernel, spec)
+    else:
+        schedule_auto(kernel, schedule, spec.targets()[0])
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
     try:

@@ -1,4 +1,5 @@
-"""The host profiler: a block's Halide kernel timed against LiteRT + XNNPACK on the same nodes.
+"""The host profiler: a block's Halide kernel timed against LiteRT + XNNPACK on the same nodes,
+and the choice between schedule sources (templates or autoschedulers) by timing them.
 
 The block's ops are cut out into a small `.tflite` (its inputs become graph inputs, its weights
 stay constants), LiteRT runs that with XNNPACK, Halide runs the block's JIT kernel, both on the same
@@ -23,6 +24,8 @@ from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
 
 from .block import build_block
 from .jit import JitKernel
+from .schedule import schedule_cpu
+from .schedule.auto import CPU_AUTOSCHEDULERS, schedule_auto
 
 
 def cut_out(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Model:
@@ -90,6 +93,31 @@ def time_block(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Seque
         litert.append(lt)
         ratios.append(h / lt)
     return Timing(statistics.median(halide), statistics.median(litert), statistics.median(ratios))
+
+
+@dataclass
+class ScheduleChoice:
+    """The fastest schedule source for a block, and every candidate's median seconds."""
+
+    best: str
+    seconds: dict[str, float]
+
+
+def choose_schedule(ops: Sequence[Operator], outputs: Sequence[Tensor], inputs: Sequence[Tensor],
+                    sources: Sequence[str] = ("template",) + CPU_AUTOSCHEDULERS, min_seconds: float = 0.01,
+                    seed: int = 0) -> ScheduleChoice:
+    """Times the block's kernel under each schedule source ("template" = the hand-written CPU
+    templates, or an autoscheduler's name) on this host and returns the fastest."""
+    rng = np.random.default_rng(seed)
+    data = {id(t): random_array(t, rng) for t in inputs}
+    seconds = {}
+    for source in sources:
+        schedule = schedule_cpu if source == "template" else (lambda k, s=source: schedule_auto(k, s))
+        kernel = JitKernel(build_block(f"choose_{source}", ops, outputs), schedule=schedule)
+        kernel.bind(kernel.inputs_from(data))
+        kernel.run()
+        seconds[source] = statistics.median(_time(kernel.run, min_seconds) for _ in range(3))
+    return ScheduleChoice(min(seconds, key=seconds.get), seconds)
 
 
 class HostProfiler:

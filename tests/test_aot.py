@@ -148,3 +148,13 @@ def test_compile_cache_hits(model_path, tmp_path):
 def test_unknown_target_is_named():
     with pytest.raises(ValueError, match="unknown target 'riscv'"):
         target_spec("riscv")
+
+
+def test_autoscheduled_kernel_is_cached_apart(model_path, tmp_path):
+    model = tflite_tools.load(model_path("swish_chain"))
+    plan = plan_fusion(build_ecg(model.main))
+    (block,) = plan.blocks
+    ops = [plan.ecg.nodes[i].op for i in block.ops]
+    template = compile_kernel(ops, block.outputs, block.signature, "host", cache_dir=tmp_path)
+    auto = compile_kernel(ops, block.outputs, block.signature, "host", cache_dir=tmp_path, schedule="Mullapudi2016")
+    assert template.library.parent != auto.library.parent and not auto.cached

@@ -1,0 +1,43 @@
+"""Schedule sources: the autoschedulers produce correct kernels, and the chooser keeps the fastest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tflite_tools
+from fusion.ecg import build_ecg
+from fusion.plan import plan_fusion
+from halide_gen.block import build_block
+from halide_gen.jit import JitKernel
+from halide_gen.profile import choose_schedule
+from halide_gen.schedule.auto import CPU_AUTOSCHEDULERS, schedule_auto
+from tflite_tools import runtime
+from opcheck import FLOAT_RTOL
+
+
+def first_block(model_path, stem):
+    model = tflite_tools.load(model_path(stem))
+    plan = plan_fusion(build_ecg(model.main))
+    block = plan.blocks[0]
+    return model, [plan.ecg.nodes[i].op for i in block.ops], block
+
+
+@pytest.mark.parametrize("autoscheduler", CPU_AUTOSCHEDULERS)
+@pytest.mark.parametrize("stem", ["swish_chain", "conv_relu6"])
+def test_autoscheduled_kernels_match_litert(model_path, stem, autoscheduler):
+    model, ops, block = first_block(model_path, stem)
+    kernel = JitKernel(build_block("auto", ops, block.outputs), schedule=lambda k: schedule_auto(k, autoscheduler))
+    interp = runtime.make_interpreter(model_path(stem), resolver="reference")
+    inputs = runtime.random_inputs(interp, 4)
+    (expected,) = runtime.run(interp, inputs)
+    (got,) = kernel(kernel.inputs_from({id(t): a for t, a in zip(model.main.inputs, inputs)}))
+    assert np.abs(expected - got).max() <= FLOAT_RTOL * np.abs(expected).max()
+
+
+def test_chooser_keeps_the_fastest(model_path):
+    _, ops, block = first_block(model_path, "swish_chain")
+    choice = choose_schedule(ops, block.outputs, block.inputs, sources=("template", "Mullapudi2016"),
+                             min_seconds=0.001)
+    assert set(choice.seconds) == {"template", "Mullapudi2016"}
+    assert choice.seconds[choice.best] == min(choice.seconds.values())
