@@ -76,7 +76,12 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
     x = v[1]
     # A row or pixel count smaller than the tile (a 1x1 squeeze-excite conv, a one-row GEMV) gets
     # a tile of its own size instead of mostly-guarded lanes.
+    requested = pixels
     pixels = max(1, min(pixels, acc.value.shape[-2] if len(acc.value.shape) >= 2 else 1))
+    if pixels < requested:
+        # Keep the accumulator count: fewer pixels, more channels (a one-row GEMV gets 8x the
+        # channels). With rounded-up channels the tile must divide the packed channel count.
+        channels = _widened(channels, channels * requested // pixels, acc.value.shape[-1], round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
     home.vectorize(ci, lanes).unroll(ci).unroll(xi)  # unroll(ci) unrolls the vectors left after vectorize
@@ -128,6 +133,20 @@ def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, lanes: int) -> 
             v.func.vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
         if len(fv) > 1:
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
+
+
+def _widened(base: int, want: int, extent: int, must_divide_padding: bool) -> int:
+    """The widest channel tile <= `want` (a multiple of `base`) that suits `extent` channels."""
+    from ..pack import padded
+
+    limit = padded(extent)
+    best = base
+    for size in range(base, want + 1, base):
+        if size > limit:
+            break
+        if not must_divide_padding or limit % size == 0:
+            best = size
+    return best
 
 
 def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
