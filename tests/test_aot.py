@@ -120,13 +120,18 @@ def test_vulkan_on_lavapipe(kind, model_path, tmp_path):
                      f"{str(exc).splitlines()[0][:80]}")
 
 
-@pytest.mark.parametrize("target", sorted(TARGETS))
-def test_every_target_compiles(target, model_path, tmp_path):
+def swish_block(model_path):
+    """The one block of the swish_chain test model: its ops and its plan entry."""
     model = tflite_tools.load(model_path("swish_chain"))
     plan = plan_fusion(build_ecg(model.main))
     (block,) = plan.blocks
-    art = compile_kernel([plan.ecg.nodes[i].op for i in block.ops], block.outputs, block.signature, target,
-                         cache_dir=tmp_path, emit_asm=True)
+    return [plan.ecg.nodes[i].op for i in block.ops], block
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_every_target_compiles(target, model_path, tmp_path):
+    ops, block = swish_block(model_path)
+    art = compile_kernel(ops, block.outputs, block.signature, target, cache_dir=tmp_path, emit_asm=True)
     assert art.library.stat().st_size > 0 and art.header.read_text().count(f"int {art.function}_argv(") == 1
     assert any(p.suffix == ".s" for p in art.extra) and any(p.suffix == ".stmt" for p in art.extra)
     assert compile_runtime(target, tmp_path).stat().st_size > 0
@@ -135,10 +140,7 @@ def test_every_target_compiles(target, model_path, tmp_path):
 
 
 def test_compile_cache_hits(model_path, tmp_path):
-    model = tflite_tools.load(model_path("swish_chain"))
-    plan = plan_fusion(build_ecg(model.main))
-    (block,) = plan.blocks
-    ops = [plan.ecg.nodes[i].op for i in block.ops]
+    ops, block = swish_block(model_path)
     first = compile_kernel(ops, block.outputs, block.signature, "arm64-linux", cache_dir=tmp_path)
     again = compile_kernel(ops, block.outputs, block.signature, "arm64-linux", cache_dir=tmp_path)
     assert not first.cached and again.cached and again.library == first.library
@@ -151,10 +153,7 @@ def test_unknown_target_is_named():
 
 
 def test_autoscheduled_kernel_is_cached_apart(model_path, tmp_path):
-    model = tflite_tools.load(model_path("swish_chain"))
-    plan = plan_fusion(build_ecg(model.main))
-    (block,) = plan.blocks
-    ops = [plan.ecg.nodes[i].op for i in block.ops]
+    ops, block = swish_block(model_path)
     template = compile_kernel(ops, block.outputs, block.signature, "host", cache_dir=tmp_path)
     auto = compile_kernel(ops, block.outputs, block.signature, "host", cache_dir=tmp_path, schedule="Mullapudi2016")
     assert template.library.parent != auto.library.parent and not auto.cached
