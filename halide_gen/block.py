@@ -71,6 +71,7 @@ class BlockKernel:
     op_values: list[list[Value]] = field(default_factory=list)  # per op, its output Values
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
     accumulators: list[Accumulator] = field(default_factory=list)
+    op_helpers: list[list[Value]] = field(default_factory=list)  # per op, the helpers it materialises
     sources: set[int] = field(default_factory=set)  # id() of the Funcs the output Funcs copy
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
     copied_from: dict[int, hl.Func] = field(default_factory=dict)  # id(output Func) -> the Func it copies
@@ -135,6 +136,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
             kernel.values[id(t)] = v
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
+        kernel.op_helpers.append(list(ctx.materialize))
         kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r) for acc, kind, r in ctx.accumulators)
 
     for k, t in enumerate(outputs):
