@@ -121,14 +121,18 @@ def lower_transpose_conv(ctx: OpContext) -> list[Value]:
     # TFLite computes the padding as if the output were the input of a forward conv.
     ph, pw = _padding(ctx, out[1:3], x.shape[1:3], (sh, sw), (1, 1), (kh, kw))
     _, h, wd, _ = x.shape
-    r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
+    # Only taps with ky = (y + pad) mod stride (+ multiples of the stride) reach output row y, so
+    # the reduction walks those alone: ceil(k / s) taps per axis instead of k (a 2x2 stride-2
+    # kernel: one tap instead of four, three of them empty).
+    r = hl.RDom([(0, -(-kh // sh)), (0, -(-kw // sw)), (0, cin)], ctx.func_name("r"))
     bias, act = _bias(ctx, 3), ctx.op.fused_activation
 
     def update(n, y, xx, o):
-        ty, tx = y + ph - r[0], xx + pw - r[1]
-        iy, ix = ty / sh, tx / sw  # Halide division rounds down, so negatives stay out of range
-        valid = (ty >= 0) & (tx >= 0) & (ty % sh == 0) & (tx % sw == 0) & (iy < h) & (ix < wd)
-        term = x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, wd - 1), r[2]) * weight(o, r[0], r[1], r[2])
+        ky, kx = (y + ph) % sh + r[0] * sh, (xx + pw) % sw + r[1] * sw
+        iy, ix = (y + ph - ky) / sh, (xx + pw - kx) / sw  # exact: the numerators are multiples
+        valid = (ky < kh) & (kx < kw) & (iy >= 0) & (ix >= 0) & (iy < h) & (ix < wd)
+        term = (x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, wd - 1), r[2])
+                * weight(o, hl.min(ky, kh - 1), hl.min(kx, kw - 1), r[2]))
         return hl.select(valid, term, hl.f32(0))
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "conv", r)
