@@ -2,17 +2,17 @@
 
 What ../shared/design/schedules.md measured on this host and these templates follow:
 
-* Convolutions and matrix products: a register tile of CHANNEL_TILE output channels (innermost,
-  vectorized) x PIXELS pixels (unrolled); the accumulator is computed at that tile, with the
-  reduction loops outside it ("1x1 expand conv: 144 channels x 2 pixels, 18 accumulators ->
-  0.194 ms, XNNPACK 0.194"; "dense 3x3 conv: reduction ordered ky, kx, input channel").
-  16 channels x 8 pixels = 16 AVX2 / 8 AVX-512 / 32 NEON accumulators for float32.
+* Convolutions and matrix products: a register tile of output channels (innermost, vectorized)
+  x pixels or rows (unrolled); the accumulator is computed at that tile, with the reduction loops
+  outside it ("1x1 expand conv: 144 channels x 2 pixels, 18 accumulators -> 0.194 ms, XNNPACK
+  0.194"; "dense 3x3 conv: reduction ordered ky, kx, input channel"). Tile shapes per target
+  family are in CpuParams, each with the measurement that chose it.
 * Depthwise: 16 channels x 8 pixels with the taps unrolled, reading a materialised zero-padded
   input ("inline boundary conditions in a tiled stencil made depthwise 3.4-5x slower").
 * Parallelism in coarse tasks over rows; the thread count is Halide's, set at run time.
 * Everything else is vectorized along TFLite's innermost axis.
 
-Weights arrive packed (halide_gen.pack) with the channel axis padded to CHANNEL_TILE, so a tile
+Weights arrive packed (halide_gen.pack) with the channel axis padded to pack.CHANNEL_TILE, so a tile
 that runs past the last channel reads zeros that exist instead of guarding every vector.
 """
 
@@ -25,6 +25,7 @@ import halide as hl
 from fusion.mapping import MtM, op_mapping
 
 from ..block import Accumulator, BlockKernel
+
 
 @dataclass(frozen=True)
 class CpuParams:
@@ -65,6 +66,8 @@ def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
 
 def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, pixels: int,
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool) -> None:
+    """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
+    its reduction loops (in `rdom_order`, innermost first) outside the tile."""
     v = _vars(home)
     c = v[0]
     co, ci = hl.Var(c.name() + "_o"), hl.Var(c.name() + "_i")
