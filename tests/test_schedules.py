@@ -41,3 +41,20 @@ def test_chooser_keeps_the_fastest(model_path):
                              min_seconds=0.001)
     assert set(choice.seconds) == {"template", "Mullapudi2016"}
     assert choice.seconds[choice.best] == min(choice.seconds.values())
+
+
+def test_host_profiler_answers_yellow_cells(model_path, tmp_path, monkeypatch, capsys):
+    # The transformer's plan has yellow cells (Reorganize/Shuffle into BATCH_MATMUL); with the
+    # profiler as cost source they are decided by timed kernels and the answers are cached.
+    import json
+
+    from tflite_tools import cli
+
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path))
+    assert cli.main(["fuse", "--plan-only", "--json", "--cost", "profile", str(model_path("transformer_encoder"))]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cost_queries"] > 0
+    cached = json.loads((tmp_path / "cost-host-profiler-v1.json").read_text())
+    assert cached and all(v > 0 for v in cached.values())
+    covered = sorted(i for b in data["blocks"] for i in b["ops"])
+    assert covered == list(range(data["ops_after_rewrite"]))
