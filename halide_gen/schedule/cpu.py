@@ -65,7 +65,8 @@ def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
 
 
 def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, pixels: int,
-                   rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool) -> None:
+                   rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
+                   parallel: bool = True) -> None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
     its reduction loops (in `rdom_order`, innermost first) outside the tile."""
     v = _vars(home)
@@ -92,8 +93,9 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
         # Output-channel tiles outermost: a slice of the weights stays in cache while every row
         # passes (schedules.md, FC 128x256->1024: "output tiles outermost").
         home.reorder([hl.VarOrRVar(w) for w in (ci, xi, xo, co, *v[2:])])
-        home.parallel(co)
-    else:
+        if parallel:
+            home.parallel(co)
+    elif parallel:
         home.parallel(v[2] if len(v) > 2 else xo)
 
     f = acc.acc
@@ -154,19 +156,78 @@ def _widened(base: int, want: int, extent: int, must_divide_padding: bool) -> in
     return best
 
 
+def _tile_for(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
+    if acc.kind == "depthwise":
+        _register_tile(home, acc, params.lanes, params.dw_channels, params.dw_pixels, None, unroll_taps=True,
+                       round_up_channels=True, parallel=parallel)
+    else:  # RDom (ky, kx, ci): loops ci innermost, then kx, then ky
+        _register_tile(home, acc, params.lanes, params.conv_channels, params.conv_pixels, [2, 1, 0],
+                       unroll_taps=False, round_up_channels=True, parallel=parallel)
+
+
+def _conv_chain(kernel: BlockKernel) -> list[Accumulator] | None:
+    """The accumulators of a block that chains convolutions (MobileNet's inverted residual:
+    pointwise -> depthwise -> pointwise), when its last one is computed inside the output."""
+    accs = kernel.accumulators
+    if len(accs) < 2 or any(a.kind not in ("conv", "depthwise") or len(a.value.shape) != 4 for a in accs):
+        return None
+    if not kernel.inline_into_output(accs[-1].value.func):
+        return None
+    return accs
+
+
+def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: CpuParams) -> set[int]:
+    """Streams a conv chain through row buffers: the output is cut into strips of rows (one
+    parallel task each); within a strip, every earlier convolution (and the zero-padded copy
+    the next one reads) is computed one row at a time into a sliding buffer that holds just the
+    rows still needed (schedules.md: "expand rows into a 4-row ring buffer; depthwise per 8-pixel
+    tile"). A strip recomputes its halo rows, so tasks stay independent.
+
+    Returns the ids of the Funcs it scheduled.
+    """
+    last = chain[-1]
+    home = _home(kernel, last)
+    _tile_for(last, home, params, parallel=False)
+    y = _vars(home)[2]
+    yo, yi = hl.Var("y_strip"), hl.Var("y_row")
+    rows = last.value.shape[1]
+    strip = max(4, -(-rows // 8))  # about 8 tasks (schedules.md, lesson 4)
+    home.split(y, yo, yi, strip, hl.TailStrategy.GuardWithIf).parallel(yo)
+    done = {id(home)}
+    for acc in chain[:-1]:
+        f = acc.value.func
+        f.store_at(home, yo).compute_at(home, yi)
+        _tile_for(acc, f, params, parallel=False)
+        done.add(id(f))
+    for acc in chain[1:]:
+        for helper in kernel.op_helpers[acc.op_index]:
+            g = helper.func
+            g.store_at(home, yo).compute_at(home, yi)
+            if helper.shape[-1] >= params.lanes:
+                g.vectorize(_vars(g)[0], params.lanes, hl.TailStrategy.GuardWithIf)
+            done.add(id(g))
+    return done
+
+
 def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     """Applies the CPU templates in place; what no template covers is computed at the root
     (Many-to-Many results) or inlined, and vectorized along the innermost axis."""
     lanes = params.lanes
+    chain = _conv_chain(kernel)
+    streamed = _schedule_conv_chain(kernel, chain, params) if chain else set()
     for v in kernel.materialize:
+        if id(v.func) in streamed:
+            continue
         f = v.func
         f.compute_root()
         if v.shape and v.shape[-1] >= lanes and f.args():
             f.vectorize(_vars(f)[0], lanes, hl.TailStrategy.GuardWithIf)
         if len(f.args()) > 2:
             f.parallel(_vars(f)[2])
-    tiled = set()
+    tiled = set(streamed)
     for acc in kernel.accumulators:
+        if chain:
+            break
         _materialize_prologue(kernel, acc, lanes)
         if acc.kind == "reduce":
             # Sums over outer axes: the accumulator at the root, vectorized along the kept axis.
@@ -186,13 +247,8 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             continue
         home = _home(kernel, acc)
         tiled.add(id(home))
-        if acc.kind == "depthwise":
-            _register_tile(home, acc, lanes, params.dw_channels, params.dw_pixels, None, unroll_taps=True,
-                           round_up_channels=True)
-        elif acc.kind == "conv":
-            # RDom (ky, kx, ci): loops ci innermost, then kx, then ky.
-            _register_tile(home, acc, lanes, params.conv_channels, params.conv_pixels, [2, 1, 0], unroll_taps=False,
-                           round_up_channels=True)
+        if acc.kind in ("depthwise", "conv"):
+            _tile_for(acc, home, params)
         else:
             packed = any(a.pack for a in kernel.arguments if a.tensor in kernel.ops[acc.op_index].inputs)
             _register_tile(home, acc, lanes, params.mm_channels, params.mm_rows, None, unroll_taps=False,
@@ -200,7 +256,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM and not any(a.op_index == kernel.ops.index(op) for a in kernel.accumulators):
             for v in values:
-                if not kernel.inline_into_output(v.func):
+                if not kernel.inline_into_output(v.func) and id(v.func) not in streamed:
                     v.func.compute_root()
                     if v.shape and v.shape[-1] >= lanes:
                         v.func.vectorize(_vars(v.func)[0], lanes, hl.TailStrategy.GuardWithIf)
