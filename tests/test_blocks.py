@@ -81,3 +81,30 @@ def test_every_block_kind_is_covered(model_path):
     expected = {"fully_connected + epilogue", "batch_matmul + epilogue", "reduction / normalisation",
                 "elementwise chain", "data movement", "depthwise_conv_2d + epilogue"}
     assert expected <= set(kinds), kinds
+
+
+def test_streamed_inverted_residual_matches_litert():
+    # Large enough (48x48x144 intermediates, > STREAM_BYTES) that the CPU schedule streams the
+    # expand conv and the depthwise input through sliding row buffers.
+    from halide_gen.schedule.cpu import _conv_chain
+    from opcheck import compare
+    from tflite_tools.builder import ModelBuilder
+
+    rng = np.random.default_rng(3)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
+
+    b = ModelBuilder()
+    x = b.input("x", [1, 48, 48, 24])
+    e = b.op("CONV_2D", [x, b.const("we", w(144, 1, 1, 24)), b.const("be", w(144))], [1, 48, 48, 144],
+             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
+    d = b.op("DEPTHWISE_CONV_2D", [e, b.const("wd", w(1, 3, 3, 144)), b.const("bd", w(144))], [1, 48, 48, 144],
+             padding="SAME", stride_h=1, stride_w=1, depth_multiplier=1, fused_activation_function="RELU6")
+    p = b.op("CONV_2D", [d, b.const("wp", w(24, 1, 1, 144)), b.const("bp", w(24))], [1, 48, 48, 24],
+             padding="SAME", stride_h=1, stride_w=1)
+    b.output(b.op("ADD", [p, x], [1, 48, 48, 24]))
+    model = b.build()
+    kernel = build_block("ir", model.main.operators, model.main.outputs)
+    assert _conv_chain(kernel) is not None
+    compare(model)
