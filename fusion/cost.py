@@ -97,12 +97,13 @@ class RooflineCost:
                 consumers = [c for t in node.op.outputs for c in ecg.consumers.get(id(t), []) if c in ops]
                 recompute = max((_reuse(ecg.nodes[c]) for c in consumers if ecg.nodes[c].mapping == MtM), default=1.0)
             flops += work * recompute
-        traffic = sum(t.nbytes for t in _external_inputs(ecg, ops)) + sum(t.nbytes for t in _external_outputs(ecg, ops))
+        traffic = sum(t.nbytes for t in external_inputs(ecg, ops)) + sum(t.nbytes for t in external_outputs(ecg, ops))
         m = self.machine
         return max(flops / m.flops_per_s, traffic / m.bytes_per_s) + m.kernel_overhead_s
 
 
-def _external_inputs(ecg: ECG, ops: Iterable[int]) -> list:
+def external_inputs(ecg: ECG, ops: Iterable[int]) -> list:
+    """Tensors `ops` read that nothing among them writes (constants included), in first-use order."""
     members = set(ops)
     seen, result = set(), []
     for i in sorted(members):
@@ -113,7 +114,8 @@ def _external_inputs(ecg: ECG, ops: Iterable[int]) -> list:
     return result
 
 
-def _external_outputs(ecg: ECG, ops: Iterable[int]) -> list:
+def external_outputs(ecg: ECG, ops: Iterable[int]) -> list:
+    """Tensors `ops` write that are still needed outside them (or are graph outputs)."""
     members = set(ops)
     return [t for i in sorted(members) for t in ecg.nodes[i].op.outputs if not ecg.ir_removable(t, members)]
 

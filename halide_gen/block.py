@@ -72,13 +72,12 @@ class BlockKernel:
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
     accumulators: list[Accumulator] = field(default_factory=list)
     op_helpers: list[list[Value]] = field(default_factory=list)  # per op, the helpers it materialises
-    sources: set[int] = field(default_factory=set)  # id() of the Funcs the output Funcs copy
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
     copied_from: dict[int, hl.Func] = field(default_factory=dict)  # id(output Func) -> the Func it copies
 
     def is_output(self, f: hl.Func) -> bool:
         """True for an output Func or the Func it copies."""
-        return id(f) in self.sources or any(f is v.func for _, v in self.outputs)
+        return any(f is src for src in self.copied_from.values()) or any(f is v.func for _, v in self.outputs)
 
     def inline_into_output(self, f: hl.Func) -> bool:
         """True when `f` can be computed inside its output's copy: an output no op of the block reads."""
@@ -151,7 +150,6 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
         wrapper[vars_] = v.func[vars_]
         for var, extent in zip(vars_, reversed(v.shape)):
             wrapper.bound(var, 0, int(extent))
-        kernel.sources.add(id(v.func))
         kernel.copied_from[id(wrapper)] = v.func
         kernel.outputs.append((t, Value(wrapper, v.shape, v.type)))
     return kernel

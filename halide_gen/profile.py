@@ -18,6 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 import tflite_tools
+from fusion.cost import external_inputs, external_outputs
 from fusion.ecg import ECG
 from tflite_tools import runtime
 from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
@@ -103,20 +104,24 @@ class ScheduleChoice:
     seconds: dict[str, float]
 
 
+def _kernel_seconds(kernel: JitKernel, inputs: Sequence[Tensor], min_seconds: float, seed: int = 0) -> float:
+    """Median seconds per run of a JIT kernel on random data for its (non-constant) inputs."""
+    rng = np.random.default_rng(seed)
+    kernel.bind(kernel.inputs_from({id(t): random_array(t, rng) for t in inputs}))
+    kernel.run()  # warm: the first call allocates
+    return statistics.median(_time(kernel.run, min_seconds) for _ in range(3))
+
+
 def choose_schedule(ops: Sequence[Operator], outputs: Sequence[Tensor], inputs: Sequence[Tensor],
                     sources: Sequence[str] = ("template",) + CPU_AUTOSCHEDULERS, min_seconds: float = 0.01,
                     seed: int = 0) -> ScheduleChoice:
     """Times the block's kernel under each schedule source ("template" = the hand-written CPU
     templates, or an autoscheduler's name) on this host and returns the fastest."""
-    rng = np.random.default_rng(seed)
-    data = {id(t): random_array(t, rng) for t in inputs}
     seconds = {}
     for source in sources:
         schedule = schedule_cpu if source == "template" else (lambda k, s=source: schedule_auto(k, s))
         kernel = JitKernel(build_block(f"choose_{source}", ops, outputs), schedule=schedule)
-        kernel.bind(kernel.inputs_from(data))
-        kernel.run()
-        seconds[source] = statistics.median(_time(kernel.run, min_seconds) for _ in range(3))
+        seconds[source] = _kernel_seconds(kernel, inputs, min_seconds, seed)
     return ScheduleChoice(min(seconds, key=seconds.get), seconds)
 
 
@@ -133,22 +138,6 @@ class HostProfiler:
     def latency(self, ecg: ECG, ops: frozenset[int]) -> float:
         """Median seconds of the ops as one Halide kernel (plus nothing: launch cost is inside)."""
         members = sorted(ops)
-        op_list = [ecg.nodes[i].op for i in members]
-        inputs = _block_inputs(ecg, members)
-        outputs = [t for i in members for t in ecg.nodes[i].op.outputs if not ecg.ir_removable(t, members)]
-        kernel = JitKernel(build_block("profile", op_list, outputs))
-        rng = np.random.default_rng(0)
-        kernel.bind(kernel.inputs_from({id(t): random_array(t, rng) for t in inputs}))
-        kernel.run()
-        return statistics.median(_time(kernel.run, self.min_seconds) for _ in range(3))
-
-
-def _block_inputs(ecg: ECG, members: Sequence[int]) -> list[Tensor]:
-    inside = set(members)
-    result, seen = [], set()
-    for i in members:
-        for t in ecg.nodes[i].op.inputs:
-            if t is not None and not t.is_constant and ecg.producer.get(id(t)) not in inside and id(t) not in seen:
-                seen.add(id(t))
-                result.append(t)
-    return result
+        kernel = JitKernel(build_block("profile", [ecg.nodes[i].op for i in members], external_outputs(ecg, members)))
+        inputs = [t for t in external_inputs(ecg, members) if not t.is_constant]
+        return _kernel_seconds(kernel, inputs, self.min_seconds)

@@ -26,6 +26,7 @@ import numpy as np
 from fusion.mapping import MtM, OtO, op_mapping
 
 from ..block import Accumulator, BlockKernel
+from ..pack import padded
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,12 @@ NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=16, dw_pi
 
 def _vars(f: hl.Func) -> list[hl.Var]:
     return [hl.Var(a.name()) for a in f.args()]
+
+
+def _vectorize_inner(f: hl.Func, shape, lanes: int) -> None:
+    """Vectorizes `f` along TFLite's innermost axis when that axis holds at least one vector."""
+    if shape and shape[-1] >= lanes and f.args():
+        f.vectorize(_vars(f)[0], lanes, hl.TailStrategy.GuardWithIf)
 
 
 def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
@@ -137,16 +144,13 @@ def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, lanes: int) -> 
             continue
         v.func.compute_root()
         fv = _vars(v.func)
-        if v.shape and v.shape[-1] >= lanes:
-            v.func.vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
+        _vectorize_inner(v.func, v.shape, lanes)
         if len(fv) > 1:
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
 
 
 def _widened(base: int, want: int, extent: int, must_divide_padding: bool) -> int:
     """The widest channel tile <= `want` (a multiple of `base`) that suits `extent` channels."""
-    from ..pack import padded
-
     limit = padded(extent)
     best = base
     for size in range(base, want + 1, base):
@@ -214,10 +218,25 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
         for helper in kernel.op_helpers[acc.op_index]:
             g = helper.func
             g.store_at(home, yo).compute_at(home, yi)
-            if helper.shape[-1] >= params.lanes:
-                g.vectorize(_vars(g)[0], params.lanes, hl.TailStrategy.GuardWithIf)
+            _vectorize_inner(g, helper.shape, params.lanes)
             done.add(id(g))
     return done
+
+
+def _schedule_outer_reduction(acc: Accumulator, lanes: int) -> None:
+    """Sums over outer axes (global average pooling): the accumulator at the root, vectorized along
+    the kept innermost axis, with the reduction loops outside the vector of channels."""
+    f = acc.acc
+    f.compute_root()
+    fv = _vars(f)
+    rvars = [acc.rdom[k] for k in reversed(range(acc.rdom.dimensions()))]  # innermost reduced axis first
+    f.update().reorder([hl.VarOrRVar(fv[0])] + [hl.VarOrRVar(r) for r in rvars] + [hl.VarOrRVar(v) for v in fv[1:]])
+    channels = acc.value.shape[-1] if acc.value.shape else 1
+    if channels >= lanes:
+        f.vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
+        f.update().vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
+        if channels <= 8 * lanes:  # all channel vectors in one pass over the input
+            f.update().unroll(fv[0])
 
 
 def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
@@ -231,8 +250,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             continue
         f = v.func
         f.compute_root()
-        if v.shape and v.shape[-1] >= lanes and f.args():
-            f.vectorize(_vars(f)[0], lanes, hl.TailStrategy.GuardWithIf)
+        _vectorize_inner(f, v.shape, lanes)
         if len(f.args()) > 2:
             f.parallel(_vars(f)[2])
     tiled = set(streamed)
@@ -241,20 +259,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             break
         _materialize_prologue(kernel, acc, lanes)
         if acc.kind == "reduce":
-            # Sums over outer axes: the accumulator at the root, vectorized along the kept axis.
-            f = acc.acc
-            f.compute_root()
-            fv = _vars(f)
-            # Reduction loops outside the vector of channels, the innermost reduced axis innermost.
-            rvars = [acc.rdom[k] for k in reversed(range(acc.rdom.dimensions()))]
-            f.update().reorder([hl.VarOrRVar(fv[0])] + [hl.VarOrRVar(r) for r in rvars]
-                               + [hl.VarOrRVar(v) for v in fv[1:]])
-            channels = acc.value.shape[-1] if acc.value.shape else 1
-            if channels >= lanes:
-                f.vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
-                f.update().vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
-                if channels <= 8 * lanes:  # all channel vectors in one pass over the input
-                    f.update().unroll(fv[0])
+            _schedule_outer_reduction(acc, lanes)
             continue
         home = _home(kernel, acc)
         tiled.add(id(home))
@@ -269,15 +274,13 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             for v in values:
                 if not kernel.inline_into_output(v.func) and id(v.func) not in streamed:
                     v.func.compute_root()
-                    if v.shape and v.shape[-1] >= lanes:
-                        v.func.vectorize(_vars(v.func)[0], lanes, hl.TailStrategy.GuardWithIf)
+                    _vectorize_inner(v.func, v.shape, lanes)
     for tensor, v in kernel.outputs:
         if id(v.func) in tiled or not tensor.shape:
             continue
         f = v.func
         fv = _vars(f)
-        if tensor.shape[-1] >= lanes:
-            f.vectorize(fv[0], lanes, hl.TailStrategy.GuardWithIf)
+        _vectorize_inner(f, tensor.shape, lanes)
         if len(fv) > 2 and tensor.shape[-3] > 1:
             f.parallel(fv[2])
         elif len(fv) == 2 and tensor.shape[0] > 1:
