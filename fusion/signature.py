@@ -17,7 +17,7 @@ from tflite_tools.ir import Tensor
 
 from .ecg import ECG
 
-SIGNATURE_VERSION = 1  # bump when the canonical form below changes
+SIGNATURE_VERSION = 2  # bump when the canonical form below changes
 
 
 def _options_text(options: Any) -> str:
@@ -41,7 +41,9 @@ def _tensor_text(t: Tensor) -> str:
 
 
 def canonical_form(ecg: ECG, ops: Iterable[int]) -> str:
-    """The text a block's signature hashes: each op with its operands named by position."""
+    """The text a block's signature hashes: each op with its operands named by position, then
+    which results leave the block."""
+    ops = sorted(ops)
     names: dict[int, str] = {}
     lines = [f"v{SIGNATURE_VERSION}"]
     counts = {"in": 0, "c": 0, "t": 0}
@@ -64,6 +66,12 @@ def canonical_form(ecg: ECG, ops: Iterable[int]) -> str:
             counts["t"] += 1
             outs.append(names[id(t)])
         lines.append(f"{op.name}/v{op.opcode.version}({ins})->{','.join(outs)} {_options_text(op.options)}")
+    # Which results leave the block decides the kernel's outputs: the same ops with another
+    # escaping tensor are another kernel.
+    members = set(ops)
+    escaping = [names[id(t)].split(":")[0] for i in sorted(members) for t in ecg.nodes[i].op.outputs
+                if not ecg.ir_removable(t, members)]
+    lines.append("out:" + ",".join(escaping))
     return "\n".join(lines)
 
 
