@@ -1,0 +1,167 @@
+#include "claim.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace dnnfusion {
+namespace {
+
+std::string SpecShapeText(int rank, const int32_t* dims) {
+  std::string text = "[";
+  for (int i = 0; i < rank; ++i) text += (i ? "," : "") + std::to_string(dims[i]);
+  return text + "]";
+}
+
+bool SameDims(const TfLiteIntArray* dims, int rank, const int32_t* expected) {
+  if (dims == nullptr || dims->size != rank) return false;
+  for (int i = 0; i < rank; ++i) {
+    if (dims->data[i] != expected[i]) return false;
+  }
+  return true;
+}
+
+bool SameList(const TfLiteIntArray* list, const int32_t* expected, int count) {
+  if (list == nullptr || list->size != count) return false;
+  return std::equal(expected, expected + count, list->data);
+}
+
+// Why the whole graph is not the one the bundle was built for, or "" when it is.
+std::string CheckGraph(TfLiteContext* context, const Bundle& bundle) {
+  if (context->GetModelMetadata != nullptr) {
+    const char* data = nullptr;
+    size_t bytes = 0;
+    if (context->GetModelMetadata(context, kFingerprintMetadata, &data, &bytes) != kTfLiteOk) {
+      return std::string("the model carries no dnnfusion fingerprint; run the model.fused.tflite that "
+                         "`tflite_tools fuse` wrote next to this library (built for ") + bundle.model + ")";
+    }
+    if (bytes != std::strlen(bundle.fingerprint) || std::memcmp(data, bundle.fingerprint, bytes) != 0) {
+      return std::string("this library was built for ") + bundle.model + " (fingerprint " +
+             std::string(bundle.fingerprint).substr(0, 12) + "), the model's fingerprint is " +
+             std::string(data, std::min<size_t>(bytes, 12));
+    }
+  }
+  TfLiteIntArray* plan = nullptr;
+  if (context->GetExecutionPlan(context, &plan) != kTfLiteOk || plan == nullptr) {
+    return "TFLite gave no execution plan";
+  }
+  // Kernels may add temporaries to the context before delegation: only fewer tensors than the
+  // model had means another graph.
+  if (context->tensors_size < static_cast<size_t>(bundle.n_tensors) || plan->size != bundle.n_graph_nodes) {
+    return "this subgraph has " + std::to_string(plan->size) + " nodes and " +
+           std::to_string(context->tensors_size) + " tensors; the bundle was built for " +
+           std::to_string(bundle.n_graph_nodes) + " and " + std::to_string(bundle.n_tensors) +
+           " (another subgraph, another model, or another delegate applied first)";
+  }
+  for (int i = 0; i < plan->size; ++i) {
+    TfLiteNode* node = nullptr;
+    TfLiteRegistration* reg = nullptr;
+    if (plan->data[i] != i || context->GetNodeAndRegistration(context, i, &node, &reg) != kTfLiteOk ||
+        reg->builtin_code != bundle.graph_codes[i]) {
+      return "node " + std::to_string(i) + " is not the operator the bundle was built for";
+    }
+  }
+  return "";
+}
+
+// Why tensor `index` differs from the bundle's spec, or "" when it matches.
+std::string CheckTensor(TfLiteContext* context, const Bundle& bundle, int index, bool constant) {
+  const TensorSpec* spec = FindTensorSpec(bundle, index);
+  if (spec == nullptr || index < 0 || static_cast<size_t>(index) >= context->tensors_size) {
+    return "tensor " + std::to_string(index) + " is not in the bundle";
+  }
+  const TfLiteTensor& t = context->tensors[index];
+  const std::string name = t.name ? t.name : std::to_string(index);
+  if (t.type != spec->type) {
+    return "tensor '" + name + "' has type " + std::to_string(t.type) + ", the kernel takes " + std::to_string(spec->type);
+  }
+  if (!SameDims(t.dims, spec->rank, spec->dims)) {
+    return "tensor '" + name + "' has shape " + ShapeText(t.dims) + ", the kernel was compiled for " +
+           SpecShapeText(spec->rank, spec->dims);
+  }
+  if (t.dims_signature != nullptr) {
+    for (int i = 0; i < t.dims_signature->size; ++i) {
+      if (t.dims_signature->data[i] < 0) return "tensor '" + name + "' has a dynamic dimension";
+    }
+  }
+  if (constant && ((t.allocation_type != kTfLiteMmapRo && t.allocation_type != kTfLitePersistentRo) ||
+                   t.data.raw == nullptr)) {
+    return "tensor '" + name + "' is not a constant in this graph";
+  }
+  return "";
+}
+
+// Why block `b` cannot run on this graph, or "" when it can.
+std::string CheckBlock(TfLiteContext* context, const Bundle& bundle, const BlockSpec& block) {
+  for (int k = 0; k < block.n_nodes; ++k) {
+    const NodeSpec& spec = bundle.nodes[block.first_node + k];
+    TfLiteNode* node = nullptr;
+    TfLiteRegistration* reg = nullptr;
+    if (context->GetNodeAndRegistration(context, spec.index, &node, &reg) != kTfLiteOk) {
+      return "node " + std::to_string(spec.index) + " does not exist";
+    }
+    if (reg->builtin_code != spec.builtin_code) {
+      return "node " + std::to_string(spec.index) + " is operator " + std::to_string(reg->builtin_code) +
+             ", the kernel was built for " + std::to_string(spec.builtin_code);
+    }
+    if (node->delegate != nullptr) return "node " + std::to_string(spec.index) + " is already delegated";
+    const int32_t* io = bundle.node_tensors + spec.first_io;
+    if (!SameList(node->inputs, io, spec.n_inputs) || !SameList(node->outputs, io + spec.n_inputs, spec.n_outputs)) {
+      return "node " + std::to_string(spec.index) + " reads or writes other tensors than the kernel";
+    }
+  }
+  for (int k = 0; k < block.n_args; ++k) {
+    const ArgSpec& arg = bundle.args[block.first_arg + k];
+    std::string why = CheckTensor(context, bundle, arg.tensor, arg.constant != 0);
+    if (!why.empty()) return why;
+  }
+  for (int k = 0; k < block.n_outputs; ++k) {
+    std::string why = CheckTensor(context, bundle, bundle.outputs[block.first_output + k], false);
+    if (!why.empty()) return why;
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string ShapeText(const TfLiteIntArray* dims) {
+  if (dims == nullptr) return "[?]";
+  return SpecShapeText(dims->size, dims->data);
+}
+
+const TensorSpec* FindTensorSpec(const Bundle& bundle, int index) {
+  const TensorSpec* end = bundle.tensors + bundle.n_tensor_specs;
+  const TensorSpec* it =
+      std::lower_bound(bundle.tensors, end, index, [](const TensorSpec& s, int i) { return s.index < i; });
+  return it != end && it->index == index ? it : nullptr;
+}
+
+Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& options) {
+  Claim claim;
+  std::string why = CheckGraph(context, bundle);
+  if (!why.empty()) {
+    claim.declined.push_back({-1, why});
+    return claim;
+  }
+  claim.graph_matches = true;
+  for (int b = 0; b < bundle.n_blocks; ++b) {
+    const BlockSpec& block = bundle.blocks[b];
+    why = CheckBlock(context, bundle, block);
+    if (!why.empty()) {
+      claim.declined.push_back({b, why});
+      continue;
+    }
+    const bool listed = options.blocks.empty() ||
+                        std::find(options.blocks.begin(), options.blocks.end(), block.name) != options.blocks.end();
+    if (!listed || options.claim == ClaimPolicy::kNone ||
+        (options.claim == ClaimPolicy::kProfitable && !block.profitable)) {
+      ++claim.skipped;
+      continue;
+    }
+    claim.blocks.push_back(b);
+    for (int k = 0; k < block.n_nodes; ++k) claim.nodes.push_back(bundle.nodes[block.first_node + k].index);
+  }
+  std::sort(claim.nodes.begin(), claim.nodes.end());
+  return claim;
+}
+
+}  // namespace dnnfusion

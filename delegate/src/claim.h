@@ -1,0 +1,38 @@
+// Claiming: which of the bundle's blocks this graph can run. Every check compares the bundle
+// table with what TFLite hands the delegate; anything that differs declines the block (or the
+// whole bundle) with a reason, and those nodes stay with TFLite.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "dnnfusion/bundle.h"
+#include "dnnfusion/tflite_abi.h"
+#include "options.h"
+
+namespace dnnfusion {
+
+struct Decline {
+  int block;  // index into bundle().blocks, or -1 for the whole bundle
+  std::string reason;
+};
+
+struct Claim {
+  bool graph_matches = false;   // the subgraph is the one the bundle was built for
+  std::vector<int> blocks;      // claimed block indices, in bundle (execution) order
+  std::vector<int> nodes;       // their node indices, ascending
+  std::vector<Decline> declined;
+  int skipped = 0;  // matching blocks left to TFLite by the claim policy or block list
+};
+
+// Checks the bundle against the graph in `context` and decides what to claim under the options'
+// policy (and block list).
+Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& options);
+
+// The shape of tensor `t` as text, e.g. "[1,8,8,3]".
+std::string ShapeText(const TfLiteIntArray* dims);
+
+// The spec of tensor `index` in the bundle, or nullptr.
+const TensorSpec* FindTensorSpec(const Bundle& bundle, int index);
+
+}  // namespace dnnfusion

@@ -1,0 +1,18 @@
+// What one delegate instance (one tflite_plugin_create_delegate call) holds: its options and the
+// bundle, read-only after creation, so interpreters may share the delegate.
+#pragma once
+
+#include <mutex>
+
+#include "dnnfusion/bundle.h"
+#include "options.h"
+
+namespace dnnfusion {
+
+struct DelegateState {
+  Options options;
+  const Bundle* bundle = nullptr;
+  std::mutex report_mutex;  // serialises appends to options.report
+};
+
+}  // namespace dnnfusion

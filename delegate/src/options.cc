@@ -1,0 +1,78 @@
+#include "options.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+namespace dnnfusion {
+namespace {
+
+bool ParseInt(const char* text, int lo, int hi, int* out) {
+  if (text == nullptr || *text == '\0') return false;
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text, &end, 10);
+  if (errno != 0 || *end != '\0' || value < lo || value > hi) return false;
+  *out = static_cast<int>(value);
+  return true;
+}
+
+}  // namespace
+
+const char* ClaimPolicyName(ClaimPolicy policy) {
+  switch (policy) {
+    case ClaimPolicy::kProfitable: return "profitable";
+    case ClaimPolicy::kAll: return "all";
+    case ClaimPolicy::kNone: return "none";
+  }
+  return "?";
+}
+
+bool ParseOptions(const char* const* keys, const char* const* values, size_t count, Options* out,
+                  std::string* error) {
+  for (size_t i = 0; i < count; ++i) {
+    const std::string key = keys[i] ? keys[i] : "";
+    const char* value = values[i] ? values[i] : "";
+    if (key == "num_threads") {
+      // -1 is what benchmark_model and tflite-runtime pass for "let the runtime decide".
+      if (!ParseInt(value, -1, 256, &out->num_threads)) {
+        *error = "num_threads: expected an integer from -1 to 256, got '" + std::string(value) + "'";
+        return false;
+      }
+      if (out->num_threads < 0) out->num_threads = 0;
+    } else if (key == "log_level") {
+      if (!ParseLogLevel(value, &out->log_level)) {
+        *error = "log_level: expected silent, error, warning, info or verbose, got '" + std::string(value) + "'";
+        return false;
+      }
+    } else if (key == "claim") {
+      if (std::strcmp(value, "profitable") == 0) {
+        out->claim = ClaimPolicy::kProfitable;
+      } else if (std::strcmp(value, "all") == 0) {
+        out->claim = ClaimPolicy::kAll;
+      } else if (std::strcmp(value, "none") == 0) {
+        out->claim = ClaimPolicy::kNone;
+      } else {
+        *error = "claim: expected profitable, all or none, got '" + std::string(value) + "'";
+        return false;
+      }
+    } else if (key == "report") {
+      out->report = value;
+    } else if (key == "blocks") {
+      out->blocks.clear();
+      std::string list = value;
+      for (size_t start = 0; start <= list.size();) {
+        size_t end = list.find(',', start);
+        if (end == std::string::npos) end = list.size();
+        if (end > start) out->blocks.push_back(list.substr(start, end - start));
+        start = end + 1;
+      }
+    } else {
+      *error = "unknown option '" + key + "' (known: num_threads, log_level, claim, blocks, report)";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace dnnfusion

@@ -1,0 +1,34 @@
+// Delegate options: what `load_delegate(path, options={...})` and benchmark_model's
+// `--external_delegate_options=key:value;key:value` pass to tflite_plugin_create_delegate.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "log.h"
+
+namespace dnnfusion {
+
+enum class ClaimPolicy {
+  kProfitable,  // only blocks measured (or estimated) faster than TFLite on the same nodes
+  kAll,         // every block the bundle has a kernel for
+  kNone,        // nothing: load the library, report what would match, run stock TFLite
+};
+
+struct Options {
+  int num_threads = 0;  // Halide's thread pool size; 0 = the interpreter's recommendation
+  LogLevel log_level = LogLevel::kWarning;
+  ClaimPolicy claim = ClaimPolicy::kProfitable;
+  std::string report;   // when set, each Prepare writes its claims and declines here as JSON
+  std::vector<std::string> blocks;  // when set, claim only these blocks (by name): for bisecting
+};
+
+// Parses key/value pairs into `out`. Unknown keys and bad values fail with a message that names
+// the key and lists what is accepted.
+bool ParseOptions(const char* const* keys, const char* const* values, size_t count, Options* out,
+                  std::string* error);
+
+const char* ClaimPolicyName(ClaimPolicy policy);
+
+}  // namespace dnnfusion

@@ -1,0 +1,52 @@
+#include "pack.h"
+
+#include <cstring>
+
+namespace dnnfusion {
+namespace {
+
+size_t Product(const int32_t* dims, int rank) {
+  size_t n = 1;
+  for (int i = 0; i < rank; ++i) n *= static_cast<size_t>(dims[i]);
+  return n;
+}
+
+// [rows, cols] -> [cols, rows_padded]: a transpose that makes the outermost axis innermost.
+void TransposeInto(const uint8_t* src, size_t rows, size_t cols, uint8_t* dst, size_t padded_rows, size_t bytes) {
+  for (size_t r = 0; r < rows; ++r) {
+    for (size_t c = 0; c < cols; ++c) {
+      std::memcpy(dst + (c * padded_rows + r) * bytes, src + (r * cols + c) * bytes, bytes);
+    }
+  }
+}
+
+}  // namespace
+
+bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_rank, void* dst,
+                  const int32_t* dst_dims, int dst_rank, size_t bytes) {
+  const auto* in = static_cast<const uint8_t*>(src);
+  auto* out = static_cast<uint8_t*>(dst);
+  std::memset(out, 0, Product(dst_dims, dst_rank) * bytes);
+  switch (pack) {
+    case Pack::kOhwiToHwio:  // [O, kh, kw, I] -> [kh, kw, I, O_padded]
+      if (src_rank != 4 || dst_rank != 4 || dst_dims[3] < src_dims[0]) return false;
+      TransposeInto(in, src_dims[0], Product(src_dims + 1, 3), out, dst_dims[3], bytes);
+      return true;
+    case Pack::kOiToIo:  // [units, in] -> [in, units_padded]
+      if (src_rank != 2 || dst_rank != 2 || dst_dims[1] < src_dims[0]) return false;
+      TransposeInto(in, src_dims[0], src_dims[1], out, dst_dims[1], bytes);
+      return true;
+    case Pack::kPadChannels: {  // [..., C] -> [..., C_padded]
+      if (src_rank != dst_rank || src_rank == 0 || dst_dims[dst_rank - 1] < src_dims[src_rank - 1]) return false;
+      const size_t c = src_dims[src_rank - 1], cp = dst_dims[dst_rank - 1];
+      const size_t rows = Product(src_dims, src_rank - 1);
+      for (size_t r = 0; r < rows; ++r) std::memcpy(out + r * cp * bytes, in + r * c * bytes, c * bytes);
+      return true;
+    }
+    case Pack::kNone:
+      break;
+  }
+  return false;
+}
+
+}  // namespace dnnfusion

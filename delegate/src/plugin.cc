@@ -1,0 +1,121 @@
+// The external-delegate plugin: the two symbols this library exports (everything else is
+// hidden by exports.map), the delegate's Prepare that claims blocks, and the registration of
+// the kernel that runs a partition.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "claim.h"
+#include "delegate_state.h"
+#include "dnnfusion/bundle.h"
+#include "dnnfusion/tflite_abi.h"
+#include "halide_hooks.h"
+#include "log.h"
+#include "options.h"
+#include "partition.h"
+#include "report.h"
+
+namespace dnnfusion {
+namespace {
+
+DelegateState* StateOf(TfLiteDelegate* delegate) { return static_cast<DelegateState*>(delegate->data_); }
+
+void* PartitionInit(TfLiteContext* /*context*/, const char* buffer, size_t /*length*/) {
+  const auto* params = reinterpret_cast<const TfLiteDelegateParams*>(buffer);
+  return new (std::nothrow) Partition(*StateOf(params->delegate), *params);
+}
+
+void PartitionFree(TfLiteContext* /*context*/, void* buffer) { delete static_cast<Partition*>(buffer); }
+
+TfLiteStatus PartitionPrepare(TfLiteContext* context, TfLiteNode* node) {
+  if (node->user_data == nullptr) {
+    context->ReportError(context, "dnnfusion: out of memory creating a partition");
+    return kTfLiteError;
+  }
+  return static_cast<Partition*>(node->user_data)->Prepare(context);
+}
+
+TfLiteStatus PartitionInvoke(TfLiteContext* context, TfLiteNode* node) {
+  return static_cast<Partition*>(node->user_data)->Invoke(context);
+}
+
+TfLiteRegistration PartitionRegistration() {
+  TfLiteRegistration reg;
+  // Zero every byte, padding and fields newer than we know included: the registration is passed
+  // by value and the interpreter reads fields such as inplace_operator.
+  std::memset(&reg, 0, sizeof(reg));
+  reg.init = PartitionInit;
+  reg.free = PartitionFree;
+  reg.prepare = PartitionPrepare;
+  reg.invoke = PartitionInvoke;
+  reg.builtin_code = 32;  // BuiltinOperator_CUSTOM: what every delegate kernel reports
+  reg.custom_name = "DnnFusion";
+  reg.version = 1;
+  return reg;
+}
+
+TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
+  DelegateState& state = *StateOf(delegate);
+  const Claim claim = ClaimBlocks(context, *state.bundle, state.options);
+  LogClaim(*state.bundle, claim, state.options.claim);
+  if (!state.options.report.empty()) AppendReport(state, claim);
+  if (claim.nodes.empty()) return kTfLiteOk;
+  TfLiteIntArray* nodes = static_cast<TfLiteIntArray*>(std::malloc(sizeof(int) * (1 + claim.nodes.size())));
+  if (nodes == nullptr) return kTfLiteOk;  // decline everything rather than fail the interpreter
+  nodes->size = static_cast<int>(claim.nodes.size());
+  std::copy(claim.nodes.begin(), claim.nodes.end(), nodes->data);
+  const TfLiteStatus status =
+      context->ReplaceNodeSubsetsWithDelegateKernels(context, PartitionRegistration(), nodes, delegate);
+  std::free(nodes);
+  return status;
+}
+
+}  // namespace
+}  // namespace dnnfusion
+
+extern "C" {
+
+__attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_delegate(
+    char** options_keys, char** options_values, size_t num_options, void (*report_error)(const char*)) {
+  using namespace dnnfusion;
+  auto* state = new (std::nothrow) DelegateState();
+  auto* delegate = static_cast<TfLiteDelegate*>(std::calloc(1, sizeof(TfLiteDelegate)));
+  std::string error;
+  if (state == nullptr || delegate == nullptr) {
+    error = "out of memory";
+  } else if (!ParseOptions(options_keys, options_values, num_options, &state->options, &error)) {
+    error = "bad delegate option: " + error;
+  }
+  if (!error.empty()) {
+    const std::string message = "dnnfusion: " + error;
+    // benchmark_model's external_delegate.cc may pass no reporter: fall back to stderr.
+    if (report_error != nullptr) {
+      report_error(message.c_str());
+    } else {
+      std::fprintf(stderr, "%s\n", message.c_str());
+    }
+    delete state;
+    std::free(delegate);
+    return nullptr;
+  }
+  SetLogLevel(state->options.log_level);
+  InstallHalideHooks();
+  state->bundle = &bundle();
+  delegate->data_ = state;
+  delegate->Prepare = DelegatePrepare;
+  delegate->flags = kTfLiteDelegateFlagsNone;
+  Log(LogLevel::kInfo, "loaded the kernel bundle for %s (%s, %d blocks), claim:%s", state->bundle->model,
+      state->bundle->target, state->bundle->n_blocks, ClaimPolicyName(state->options.claim));
+  return delegate;
+}
+
+__attribute__((visibility("default"))) void tflite_plugin_destroy_delegate(TfLiteDelegate* delegate) {
+  if (delegate == nullptr) return;
+  delete static_cast<dnnfusion::DelegateState*>(delegate->data_);
+  std::free(delegate);
+}
+
+}  // extern "C"

@@ -1,0 +1,290 @@
+// The delegate runtime driven by a fake TFLite host: a hand-built context with a three-node
+// graph (t0 -> n0 -> t1 -> n1 -> t2 -> n2 -> t3), a hand-written bundle of three one-node
+// blocks whose "kernels" add a constant, and a profiler that records events. It checks what the
+// Python end-to-end tests cannot see: one profiler event per block, the arena for tensors
+// internal to a partition, idempotent prepare, a failing kernel reported (not aborting), option
+// parsing with a NULL error reporter, and the memory planner.
+//
+// Built and run by tests/test_delegate_runtime.py; exits non-zero on the first failed check.
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "HalideRuntime.h"
+#include "dnnfusion/bundle.h"
+#include "dnnfusion/tflite_abi.h"
+#include "memory_plan.h"
+
+extern "C" TfLiteDelegate* tflite_plugin_create_delegate(char**, char**, size_t, void (*)(const char*));
+extern "C" void tflite_plugin_destroy_delegate(TfLiteDelegate*);
+
+static int g_failures = 0;
+#define CHECK(cond)                                                     \
+  do {                                                                  \
+    if (!(cond)) {                                                      \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++g_failures;                                                     \
+    }                                                                   \
+  } while (0)
+
+// ---- the bundle: three blocks, each "t_out = t_in + k" over 4 floats ---------------------------
+
+static std::vector<const void*> g_seen_hosts;  // every host pointer a kernel saw, in order
+static bool g_fail_next = false;
+
+static int AddKernel(void** args, float k) {
+  auto* in = static_cast<halide_buffer_t*>(args[0]);
+  auto* out = static_cast<halide_buffer_t*>(args[1]);
+  if (g_fail_next) {
+    halide_error(nullptr, "simulated kernel failure");
+    return -3;
+  }
+  if (in->dimensions != 2 || in->dim[0].extent != 4 || in->dim[1].extent != 1) return -1;
+  g_seen_hosts.push_back(in->host);
+  g_seen_hosts.push_back(out->host);
+  for (int i = 0; i < 4; ++i) reinterpret_cast<float*>(out->host)[i] = reinterpret_cast<float*>(in->host)[i] + k;
+  return 0;
+}
+static int Add1(void** args) { return AddKernel(args, 1.0f); }
+static int Add10(void** args) { return AddKernel(args, 10.0f); }
+static int Add100(void** args) { return AddKernel(args, 100.0f); }
+
+namespace dnnfusion {
+namespace {
+const int32_t kCodes[] = {0, 0, 0};
+const TensorSpec kTensorSpecs[] = {
+    {0, kTfLiteFloat32, 2, {1, 4}}, {1, kTfLiteFloat32, 2, {1, 4}},
+    {2, kTfLiteFloat32, 2, {1, 4}}, {3, kTfLiteFloat32, 2, {1, 4}}};
+const NodeSpec kNodes[] = {{0, 0, 0, 1, 1}, {1, 0, 2, 1, 1}, {2, 0, 4, 1, 1}};
+const int32_t kNodeTensors[] = {0, 1, 1, 2, 2, 3};
+const ArgSpec kArgs[] = {{0, 0, Pack::kNone, 2, {1, 4}}, {1, 0, Pack::kNone, 2, {1, 4}},
+                         {2, 0, Pack::kNone, 2, {1, 4}}};
+const int32_t kOutputs[] = {1, 2, 3};
+const BlockSpec kBlocks[] = {{"first", "s0", Add1, 1, 0, 1, 0, 1, 0, 1},
+                             {"second", "s1", Add10, 1, 1, 1, 1, 1, 1, 1},
+                             {"third", "s2", Add100, 0, 2, 1, 2, 1, 2, 1}};
+}  // namespace
+
+const Bundle& bundle() {
+  static const Bundle b = {"fake.tflite", "host", "f1ngerprint", 32, 4, 3, kCodes, kTensorSpecs, 4,
+                           kNodes, kNodeTensors, kArgs, kOutputs, kBlocks, 3};
+  return b;
+}
+}  // namespace dnnfusion
+
+// ---- the fake host ----------------------------------------------------------------------------
+
+struct Profiler : tflite::Profiler {
+  std::vector<std::string> begun;
+  int ended = 0;
+  uint32_t BeginEvent(const char* tag, EventType type, int64_t, int64_t) override {
+    CHECK(type == EventType::DELEGATE_OPERATOR_INVOKE_EVENT);
+    begun.push_back(tag);
+    return static_cast<uint32_t>(begun.size());
+  }
+  void EndEvent(uint32_t, int64_t, int64_t) override { ++ended; }
+  void EndEvent(uint32_t) override { ++ended; }
+};
+
+TfLiteIntArray* IntArray(std::vector<int> values) {
+  auto* a = static_cast<TfLiteIntArray*>(std::malloc(sizeof(int) * (1 + values.size())));
+  a->size = static_cast<int>(values.size());
+  for (size_t i = 0; i < values.size(); ++i) a->data[i] = values[i];
+  return a;
+}
+
+struct Host {
+  TfLiteContext context{};
+  TfLiteTensor tensors[4]{};
+  float data[4][4] = {{1, 2, 3, 4}, {}, {}, {}};
+  TfLiteNode nodes[3]{};
+  TfLiteRegistration regs[3]{};
+  TfLiteIntArray* plan = IntArray({0, 1, 2});
+  TfLiteIntArray* dims = IntArray({1, 4});
+  std::string fingerprint = "f1ngerprint";
+  // What the delegate asked for.
+  TfLiteRegistration kernel{};
+  std::vector<int> replaced;
+  std::string last_error;
+  Profiler profiler;
+};
+static Host* g_host = nullptr;
+
+static TfLiteStatus GetExecutionPlan(TfLiteContext*, TfLiteIntArray** plan) {
+  *plan = g_host->plan;
+  return kTfLiteOk;
+}
+static TfLiteStatus GetNodeAndRegistration(TfLiteContext*, int i, TfLiteNode** node, TfLiteRegistration** reg) {
+  if (i < 0 || i > 2) return kTfLiteError;
+  *node = &g_host->nodes[i];
+  *reg = &g_host->regs[i];
+  return kTfLiteOk;
+}
+static TfLiteStatus Replace(TfLiteContext*, TfLiteRegistration reg, const TfLiteIntArray* nodes, TfLiteDelegate*) {
+  g_host->kernel = reg;
+  g_host->replaced.assign(nodes->data, nodes->data + nodes->size);
+  return kTfLiteOk;
+}
+static TfLiteStatus GetModelMetadata(const TfLiteContext*, const char* name, const char** ptr, size_t* bytes) {
+  if (std::strcmp(name, dnnfusion::kFingerprintMetadata) != 0) return kTfLiteError;
+  *ptr = g_host->fingerprint.data();
+  *bytes = g_host->fingerprint.size();
+  return kTfLiteOk;
+}
+static void ReportError(TfLiteContext*, const char* format, ...) {
+  char text[1024];
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(text, sizeof(text), format, args);
+  va_end(args);
+  g_host->last_error = text;
+}
+
+static void SetUp(Host& h) {
+  g_host = &h;
+  for (int t = 0; t < 4; ++t) {
+    h.tensors[t].type = kTfLiteFloat32;
+    h.tensors[t].dims = h.dims;
+    h.tensors[t].bytes = 16;
+    h.tensors[t].allocation_type = kTfLiteArenaRw;
+    h.tensors[t].name = "t";
+  }
+  // Tensors 0 and 3 are partition edges (TFLite gives them memory); the others stay NULL, as
+  // TFLite leaves tensors internal to a delegated partition.
+  h.tensors[0].data.raw = reinterpret_cast<char*>(h.data[0]);
+  h.tensors[3].data.raw = reinterpret_cast<char*>(h.data[3]);
+  const int io[3][2] = {{0, 1}, {1, 2}, {2, 3}};
+  for (int n = 0; n < 3; ++n) {
+    h.nodes[n].inputs = IntArray({io[n][0]});
+    h.nodes[n].outputs = IntArray({io[n][1]});
+    h.regs[n].builtin_code = 0;
+  }
+  h.context.tensors_size = 4;
+  h.context.tensors = h.tensors;
+  h.context.GetExecutionPlan = GetExecutionPlan;
+  h.context.GetNodeAndRegistration = GetNodeAndRegistration;
+  h.context.ReplaceNodeSubsetsWithDelegateKernels = Replace;
+  h.context.GetModelMetadata = GetModelMetadata;
+  h.context.ReportError = ReportError;
+  h.context.recommended_num_threads = 1;
+  h.context.profiler = &h.profiler;
+}
+
+static TfLiteDelegate* Create(std::vector<std::pair<const char*, const char*>> options,
+                              void (*report)(const char*) = nullptr) {
+  std::vector<char*> keys, values;
+  for (auto& kv : options) {
+    keys.push_back(const_cast<char*>(kv.first));
+    values.push_back(const_cast<char*>(kv.second));
+  }
+  return tflite_plugin_create_delegate(keys.data(), values.data(), options.size(), report);
+}
+
+static std::string g_reported;
+static void Reporter(const char* message) { g_reported = message; }
+
+int main() {
+  // Options: bad ones are refused with a message, through the reporter or, without one, stderr.
+  CHECK(Create({{"num_threads", "x"}}, Reporter) == nullptr);
+  CHECK(g_reported.find("num_threads") != std::string::npos);
+  CHECK(Create({{"colour", "blue"}}) == nullptr);  // NULL report_error: no crash
+  CHECK(Create({{"log_level", "loud"}}, Reporter) == nullptr && g_reported.find("log_level") != std::string::npos);
+
+  // claim:all takes the three blocks as one partition; the middle tensors live in its arena.
+  {
+    Host h;
+    SetUp(h);
+    TfLiteDelegate* d = Create({{"claim", "all"}, {"num_threads", "2"}, {"log_level", "silent"}});
+    CHECK(d != nullptr && d->opaque_delegate_builder == nullptr);
+    CHECK(d->Prepare(&h.context, d) == kTfLiteOk);
+    CHECK((h.replaced == std::vector<int>{0, 1, 2}));
+    CHECK(h.kernel.custom_name != nullptr && std::strcmp(h.kernel.custom_name, "DnnFusion") == 0);
+    CHECK(h.kernel.inplace_operator == 0 && h.kernel.async_kernel == nullptr);
+    TfLiteDelegateParams params{d, IntArray({0, 1, 2}), IntArray({0}), IntArray({3})};
+    TfLiteNode node{};
+    node.user_data = h.kernel.init(&h.context, reinterpret_cast<const char*>(&params), 0);
+    CHECK(h.kernel.prepare(&h.context, &node) == kTfLiteOk);
+    CHECK(h.kernel.prepare(&h.context, &node) == kTfLiteOk);  // TFLite prepares more than once
+    CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteOk);
+    for (int i = 0; i < 4; ++i) CHECK(h.data[3][i] == h.data[0][i] + 111.0f);
+    CHECK((h.profiler.begun == std::vector<std::string>{"first", "second", "third"}) && h.profiler.ended == 3);
+    // Internal tensors 1 and 2 are in the partition's arena (TFLite gave them none), at
+    // different offsets: 1 is read by the block that writes 2.
+    CHECK(g_seen_hosts.size() == 6 && g_seen_hosts[0] == h.data[0] && g_seen_hosts[5] == h.data[3]);
+    CHECK(g_seen_hosts[1] == g_seen_hosts[2] && g_seen_hosts[3] == g_seen_hosts[4]);
+    CHECK(g_seen_hosts[1] != nullptr && g_seen_hosts[1] != g_seen_hosts[3]);
+    // A failing kernel: kTfLiteError with Halide's message, and the process goes on.
+    g_fail_next = true;
+    CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteError);
+    CHECK(h.last_error.find("block first failed") != std::string::npos);
+    CHECK(h.last_error.find("simulated kernel failure") != std::string::npos);
+    g_fail_next = false;
+    // A resized tensor after claiming: prepare refuses, naming the shape.
+    TfLiteIntArray* bigger = IntArray({2, 4});
+    h.tensors[3].dims = bigger;
+    CHECK(h.kernel.prepare(&h.context, &node) == kTfLiteError);
+    CHECK(h.last_error.find("[2,4]") != std::string::npos);
+    h.tensors[3].dims = h.dims;
+    h.kernel.free(&h.context, node.user_data);
+    tflite_plugin_destroy_delegate(d);
+  }
+
+  // The default policy leaves the unprofitable block to TFLite; a block list narrows further.
+  {
+    Host h;
+    SetUp(h);
+    TfLiteDelegate* d = Create({{"log_level", "silent"}});
+    CHECK(d->Prepare(&h.context, d) == kTfLiteOk && (h.replaced == std::vector<int>{0, 1}));
+    tflite_plugin_destroy_delegate(d);
+    Host h2;
+    SetUp(h2);
+    d = Create({{"claim", "all"}, {"blocks", "third,first"}, {"log_level", "silent"}});
+    CHECK(d->Prepare(&h2.context, d) == kTfLiteOk && (h2.replaced == std::vector<int>{0, 2}));
+    tflite_plugin_destroy_delegate(d);
+  }
+
+  // Another model (fingerprint), another graph (node codes), another shape: nothing claimed.
+  {
+    Host h;
+    SetUp(h);
+    h.fingerprint = "0ther";
+    TfLiteDelegate* d = Create({{"claim", "all"}, {"log_level", "silent"}});
+    CHECK(d->Prepare(&h.context, d) == kTfLiteOk && h.replaced.empty());
+    Host h2;
+    SetUp(h2);
+    h2.regs[1].builtin_code = 3;
+    CHECK(d->Prepare(&h2.context, d) == kTfLiteOk && h2.replaced.empty());
+    Host h3;
+    SetUp(h3);
+    TfLiteIntArray* other = IntArray({1, 5});
+    h3.tensors[2].dims = other;  // blocks "second" (reads 2... writes 2) and "third" decline
+    CHECK(d->Prepare(&h3.context, d) == kTfLiteOk && (h3.replaced == std::vector<int>{0}));
+    tflite_plugin_destroy_delegate(d);
+  }
+
+  // The memory planner: lifetimes that overlap never share bytes; those that do not, reuse.
+  {
+    using dnnfusion::Lifetime;
+    std::vector<Lifetime> t = {{100, 0, 1}, {200, 1, 2}, {100, 2, 3}, {50, 3, 3}, {300, 0, 0}};
+    std::vector<size_t> off;
+    size_t arena = dnnfusion::PlanArena(t, &off);
+    for (size_t i = 0; i < t.size(); ++i) {
+      CHECK(off[i] % 64 == 0 && off[i] + t[i].bytes <= arena);
+      for (size_t j = 0; j < i; ++j) {
+        const bool live_together = t[i].first <= t[j].last && t[j].first <= t[i].last;
+        const bool overlap = off[i] < off[j] + t[j].bytes && off[j] < off[i] + t[i].bytes;
+        CHECK(!(live_together && overlap));
+      }
+    }
+    size_t sum = 0;
+    for (auto& x : t) sum += x.bytes;
+    CHECK(arena < sum);  // something was reused
+  }
+
+  if (g_failures == 0) std::printf("fake host: all checks passed\n");
+  return g_failures == 0 ? 0 : 1;
+}
