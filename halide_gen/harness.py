@@ -9,19 +9,16 @@ point, copies outputs back from the device if there is one, and writes each outp
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import halide as hl
 import numpy as np
 
 from .aot import KernelArtifact, compile_runtime
-
-INCLUDE = Path(hl.__file__).parent / "include"
+from .bundle import HALIDE_INCLUDE, compiler_for
 
 _TYPES = {
     "FLOAT32": ("halide_type_float", 32, np.float32), "FLOAT16": ("halide_type_float", 16, np.float16),
@@ -29,10 +26,6 @@ _TYPES = {
     "INT16": ("halide_type_int", 16, np.int16), "INT32": ("halide_type_int", 32, np.int32),
     "INT64": ("halide_type_int", 64, np.int64), "BOOL": ("halide_type_uint", 8, np.uint8),
 }
-
-# Cross compilers by target family.
-COMPILERS = {"host": "g++", "arm64": "aarch64-linux-gnu-g++"}
-
 
 def _buffer(var: str, desc: dict) -> str:
     code, bits, _ = _TYPES[desc["type"]]
@@ -116,16 +109,14 @@ class Runner:
 def build_runner(artifact: KernelArtifact, target: str, out_dir: Path) -> Runner:
     """Compiles and links a runner for an AOT kernel (g++ for x86, aarch64-linux-gnu-g++ for ARM)."""
     arm = target.startswith("arm64")
-    compiler = COMPILERS["arm64" if arm else "host"]
-    if shutil.which(compiler) is None:
-        raise FileNotFoundError(f"{compiler} not found (apt-get install {'g++-aarch64-linux-gnu' if arm else 'g++'})")
+    compiler = compiler_for(target)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     source = out_dir / f"{artifact.function}_runner.cpp"
     source.write_text(runner_source(artifact))
     exe = out_dir / f"{artifact.function}_runner"
     runtime = compile_runtime(target, artifact.library.parent.parent)
-    cmd = [compiler, "-std=c++17", "-O1", f"-I{INCLUDE}", f"-I{artifact.header.parent}", str(source),
+    cmd = [compiler, "-std=c++17", "-O1", f"-I{HALIDE_INCLUDE}", f"-I{artifact.header.parent}", str(source),
            str(artifact.library), str(runtime), "-o", str(exe), "-lpthread", "-ldl"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -55,10 +55,10 @@ def test_dot_output(capsys, model_path, tmp_path):
     assert text.startswith("digraph plan {") and "cluster_0" in text and "n0 -> n1;" in text
 
 
-def test_fuse_without_plan_only_is_a_clear_error(capsys, model_path):
+def test_fuse_without_out_or_plan_only_is_a_clear_error(capsys, model_path):
     assert cli.main(["fuse", str(model_path("add_relu"))]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--plan-only" in err
+    assert err.count("\n") == 1 and "--plan-only" in err and "-o OUT" in err
 
 
 def test_fuse_bad_model_is_exit_2(capsys, tmp_path):

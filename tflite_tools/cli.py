@@ -19,6 +19,11 @@ from .errors import ModelError
 from .info import format_info, model_info
 from .reader import load
 
+# Target names, without importing Halide for `info` (halide_gen.aot.TARGETS is the authority;
+# a test checks the two agree).
+TARGETS = ("host", "arm64-linux", "arm64-android", "arm64-android-opencl", "arm64-android-vulkan",
+           "host-opencl", "host-vulkan")
+
 
 def cmd_info(args: argparse.Namespace) -> int:
     """Prints inputs, outputs, op histogram, sizes, memory and FLOPs of a model."""
@@ -31,19 +36,33 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_fuse(args: argparse.Namespace) -> int:
-    """Rewrites and plans a model (`--plan-only`): blocks, fusion rate, memory before and after."""
+    """Rewrites and plans a model; without --plan-only also compiles and packages it into -o OUT."""
     # The CLI is the outermost layer: it may call every stage; tflite_tools itself never does.
-    from fusion.pipeline import plan_model
     from fusion.report import format_summary, to_dot
 
-    if not args.plan_only:
-        raise ModelError("fuse: only --plan-only is available so far (code generation is not built yet)")
+    if not args.plan_only and not args.out:
+        raise ModelError("fuse: say where to write the delegate (-o OUT), or --plan-only to print the plan")
     trace = (lambda line: print(f"[rewrite] {line}", file=sys.stderr)) if args.verbose else None
     cost = None
     if args.cost == "profile":
         from halide_gen.profile import HostProfiler
 
         cost = HostProfiler()
+    if not args.plan_only:
+        from .fuse import fuse
+
+        result = fuse(args.model, args.out, target=args.target, fast_math=args.fast_math, measure=args.measure,
+                      cost=cost, progress=_progress_printer())
+        with_kernel = [k for k in result.kernels if k.kernel]
+        print(f"{args.model}: {len(result.kernels)} blocks, {len(with_kernel)} with Halide kernels "
+              f"({result.claimable_nodes} operators), {sum(k.profitable for k in result.kernels)} claimed by default; "
+              f"{result.seconds:.1f} s")
+        for path in (result.model, result.library, result.plan_json, result.report_md):
+            if path is not None:
+                print(f"  wrote {path}")
+        return 0
+    from fusion.pipeline import plan_model
+
     summary = plan_model(load(args.model), fast_math=args.fast_math, cost=cost, trace=trace)
     if args.dot:
         write_dot(to_dot(summary), args.dot)
@@ -52,6 +71,49 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     else:
         print(format_summary(summary, args.model, explain=args.explain))
     return 0
+
+
+def _progress_printer() -> Callable[[int, int, str], None]:
+    """Progress on stderr: one rewritten line on a terminal, a line per step otherwise."""
+    tty = sys.stderr.isatty()
+
+    def show(done: int, total: int, what: str) -> None:
+        line = f"[{done:>{len(str(total))}}/{total}] {what}"
+        if tty:
+            print(f"\r\033[K{line}", end="" if done < total else "\n", file=sys.stderr, flush=True)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+    return show
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Runs a model (through a delegate if given) and compares its outputs with LiteRT's reference."""
+    from .run import RTOL, run
+
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ModelError(f"--option {item!r}: expected KEY=VALUE")
+        options[key] = value
+    result = run(args.model, delegate=args.delegate, inputs=args.inputs, threads=args.threads, options=options,
+                 seed=args.seed)
+    if args.json:
+        print(json.dumps({"model": args.model, "ok": result.ok, "claims": result.claims,
+                          "outputs": [vars(e) for e in result.errors]}, indent=2))
+    else:
+        if result.claims is not None:
+            c = result.claims
+            print(f"delegate: claimed {len(c['claimed_blocks'])} blocks ({len(c['claimed_nodes'])} nodes), "
+                  f"declined {len(c['declined'])}")
+            for d in c["declined"]:
+                print(f"  declined {d['block']}: {d['reason']}")
+        for e in result.errors:
+            print(f"{e.name}: max abs error {e.max_abs:.3g}, max rel error {e.max_rel:.3g} "
+                  f"{'ok' if e.ok else 'OUTSIDE TOLERANCE'}")
+        print(f"tolerance: max|out - ref| <= {RTOL:g} * max|ref| (float), exact (integer)")
+    return 1 if args.compare and not result.ok else 0
 
 
 def write_dot(text: str, path: str) -> None:
@@ -93,7 +155,24 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--verbose", action="store_true", help="trace each rewrite and the graph after each pass")
     fuse.add_argument("--cost", choices=["roofline", "profile"], default="roofline",
                       help="what answers yellow Table 3 cells: the static roofline, or Halide kernels timed here")
+    fuse.add_argument("-o", "--out", metavar="OUT", help="folder for model.fused.tflite, the delegate, plan.json, report.md")
+    fuse.add_argument("--target", default="host", choices=sorted(TARGETS),
+                      help="where the kernels run (default: host, x86-64 with AVX-512/AVX2/baseline)")
+    fuse.add_argument("--measure", action="store_true",
+                      help="time every block against LiteRT+XNNPACK here; claim only faster ones by default")
     fuse.set_defaults(run=cmd_fuse)
+
+    run = sub.add_parser("run", help="run a model, optionally with a delegate, and compare with LiteRT")
+    run.add_argument("model", metavar="MODEL", help="path to a .tflite file (model.fused.tflite with a delegate)")
+    run.add_argument("--delegate", metavar="LIB", help="a dnnfusion delegate library (lib<model>_dnnfusion.so)")
+    run.add_argument("--inputs", nargs="+", default=[], metavar="NPY", help="one .npy per input (default: random)")
+    run.add_argument("--compare", action="store_true", help="exit 1 when an output is outside the tolerance")
+    run.add_argument("--threads", type=int, default=1, help="interpreter threads (default 1)")
+    run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                     help="a delegate option (num_threads, log_level, claim, report); repeatable")
+    run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    run.add_argument("--json", action="store_true", help="print one JSON object")
+    run.set_defaults(run=cmd_run)
     return parser
 
 

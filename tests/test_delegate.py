@@ -1,0 +1,264 @@
+"""The delegate end to end: `fuse` writes a fused model and a delegate library; LiteRT loads the
+library and its outputs match LiteRT's reference kernels (tflite_tools.run's tolerance), claiming
+exactly the blocks that have kernels, declining what does not match, and never failing the host."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tflite_tools
+from conftest import NOT_RUNNABLE, model_id, project_model_paths
+from tflite_tools import cli, runtime
+from tflite_tools.fuse import FuseResult, fuse
+from tflite_tools.run import compare, read_claims, reference_resolver, run
+
+RUNNABLE = [p for p in project_model_paths() if p.stem not in NOT_RUNNABLE]
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory):
+    """One compile cache for the session: models share blocks."""
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture(scope="session")
+def fused(tmp_path_factory, kernel_cache):
+    """Fuses a project test model once per session."""
+    root = tmp_path_factory.mktemp("fused")
+    results: dict[str, FuseResult] = {}
+
+    def get(stem: str) -> FuseResult:
+        if stem not in results:
+            model = Path(__file__).parent / "models" / f"{stem}.tflite"
+            results[stem] = fuse(model, root / stem, cache_dir=kernel_cache)
+        return results[stem]
+
+    return get
+
+
+def delegate(result: FuseResult, tmp_path: Path, **options: str):
+    """The library loaded with a report file; returns (delegate, report path)."""
+    report = tmp_path / f"claims-{len(list(tmp_path.glob('claims-*')))}.jsonl"
+    return runtime.load_delegate(str(result.library), options={"report": str(report), **options}), report
+
+
+def planned_nodes(result: FuseResult) -> list[int]:
+    return sorted(n for k in result.kernels if k.kernel for n in k.nodes)
+
+
+def reference_outputs(model: Path, inputs):
+    resolver = reference_resolver(runtime.make_interpreter(model, "builtin"))
+    return runtime.run(runtime.make_interpreter(model, resolver), inputs)
+
+
+def assert_close(outputs, reference):
+    errors = compare(outputs, reference, [str(i) for i in range(len(outputs))])
+    assert all(e.ok for e in errors), errors
+
+
+@pytest.mark.parametrize("path", RUNNABLE, ids=model_id)
+def test_every_test_model_matches_litert(path, fused, tmp_path):
+    result = fused(path.stem)
+    assert result.model.exists() and result.library.exists()
+    assert json.loads(result.plan_json.read_text())["library"] == result.library.name
+    assert "| block |" in result.report_md.read_text()
+    d, report = delegate(result, tmp_path, claim="all")
+    interp = runtime.make_interpreter(result.model, "xnnpack", delegates=[d])
+    inputs = runtime.random_inputs(interp, seed=1)
+    assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
+    claims = read_claims(report)
+    assert claims["graph_matches"]
+    assert claims["claimed_nodes"] == planned_nodes(result)  # exactly the planned blocks with kernels
+    assert claims["declined"] == []
+
+
+def test_cnn_logits_match_litert(kernel_cache, tmp_path):
+    # The test MobileNet's random weights shrink activations to ~1e-10 and its softmax output is a
+    # flat 1/16: compare the logits instead, where every conv, depthwise and residual counts.
+    model = tflite_tools.load(Path(__file__).parent / "models" / "mobilenet_v2_035_96.tflite")
+    sg = model.main
+    softmax = sg.operators.pop()
+    assert softmax.name == "SOFTMAX"
+    sg.outputs = [softmax.inputs[0]]
+    sg.tensors.remove(softmax.outputs[0])
+    model.signatures = []
+    tflite_tools.save(model, tmp_path / "logits.tflite")
+    result = fuse(tmp_path / "logits.tflite", tmp_path / "out", cache_dir=kernel_cache)
+    outcome = run(result.model, delegate=result.library, options={"claim": "all"})
+    assert outcome.claims["claimed_nodes"] == planned_nodes(result) and len(planned_nodes(result)) == 64
+    assert outcome.ok and 0 < outcome.errors[0].max_rel < 1e-5, outcome.errors
+
+
+def test_fused_model_runs_on_stock_litert(fused):
+    result = fused("mobilenet_v2_035_96")
+    interp = runtime.make_interpreter(result.model, "xnnpack")
+    inputs = runtime.random_inputs(interp)
+    original = runtime.make_interpreter(Path(__file__).parent / "models" / "mobilenet_v2_035_96.tflite", "xnnpack")
+    assert_close(runtime.run(interp, inputs), runtime.run(original, inputs))
+
+
+def test_default_claim_is_the_profitable_blocks(fused, tmp_path):
+    result = fused("transformer_encoder")
+    d, report = delegate(result, tmp_path)
+    runtime.make_interpreter(result.model, delegates=[d])
+    profitable = sorted(n for k in result.kernels if k.profitable for n in k.nodes)
+    assert read_claims(report)["claimed_nodes"] == profitable
+
+
+def test_unclaimed_nodes_still_go_to_xnnpack(fused, tmp_path):
+    result = fused("mobilenet_v2_035_96")
+    names = [k.block for k in result.kernels if k.kernel]
+    chosen = names[::3]  # every third block: the rest stays with TFLite
+    d, report = delegate(result, tmp_path, claim="all", blocks=",".join(chosen))
+    interp = runtime.make_interpreter(result.model, "xnnpack", delegates=[d])
+    claims = read_claims(report)
+    assert claims["claimed_blocks"] == chosen
+    mine = set(claims["claimed_nodes"])
+    ops = interp._get_ops_details()
+    original = [o for o in ops if o["op_name"] != "DELEGATE"]
+    delegated = [o for o in ops if o["op_name"] == "DELEGATE"]
+    # Outputs of unclaimed nodes that leave them are produced by delegate nodes that are not ours:
+    # XNNPACK's. Ours produce only tensors of claimed nodes.
+    claimed_outputs = {t for o in original if o["index"] in mine for t in o["outputs"]}
+    ours = [o for o in delegated if set(o["outputs"]) <= claimed_outputs]
+    xnnpack = [o for o in delegated if o not in ours]
+    assert ours and xnnpack
+    unclaimed_outputs = {t for o in original if o["index"] not in mine for t in o["outputs"]}
+    assert all(set(o["outputs"]) <= unclaimed_outputs for o in xnnpack)
+    inputs = runtime.random_inputs(interp)
+    assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
+
+
+def test_library_of_another_model_declines_everything(fused, tmp_path, capfd):
+    other, model = fused("unet_tiny"), fused("mobilenet_v2_035_96")
+    d, report = delegate(other, tmp_path, claim="all")
+    interp = runtime.make_interpreter(model.model, "xnnpack", delegates=[d])
+    claims = read_claims(report)
+    assert claims["claimed_nodes"] == [] and not claims["graph_matches"]
+    assert "built for unet_tiny.tflite" in claims["declined"][0]["reason"]
+    inputs = runtime.random_inputs(interp)
+    assert_close(runtime.run(interp, inputs), reference_outputs(model.model, inputs))
+
+
+def test_unfused_model_is_declined_for_its_missing_fingerprint(fused, tmp_path):
+    result = fused("swish_chain")
+    original = Path(__file__).parent / "models" / "swish_chain.tflite"
+    d, report = delegate(result, tmp_path, claim="all")
+    runtime.make_interpreter(original, delegates=[d])
+    assert "no dnnfusion fingerprint" in read_claims(report)["declined"][0]["reason"]
+
+
+def test_two_interpreters_share_one_delegate(fused, tmp_path):
+    result = fused("depthwise_residual")
+    d, report = delegate(result, tmp_path, claim="all")
+    first = runtime.make_interpreter(result.model, delegates=[d])
+    second = runtime.make_interpreter(result.model, delegates=[d])
+    a, b = runtime.random_inputs(first, seed=2), runtime.random_inputs(first, seed=3)
+    out_a, out_b = runtime.run(first, a), runtime.run(second, b)
+    assert_close(runtime.run(first, a), out_a)  # the first is untouched by the second's run
+    assert_close(out_a, reference_outputs(result.model, a))
+    assert_close(out_b, reference_outputs(result.model, b))
+    lines = [json.loads(line) for line in report.read_text().splitlines()]
+    assert len(lines) == 2 and all(line["claimed_nodes"] == planned_nodes(result) for line in lines)
+
+
+def test_resized_input_is_declined_and_stays_correct(fused, tmp_path):
+    result = fused("swish_chain")
+    d, report = delegate(result, tmp_path, claim="all")
+    interp = runtime.make_interpreter(result.model, delegates=[d])
+    detail = interp.get_input_details()[0]
+    shape = [3, *detail["shape"][1:]]
+    interp.resize_tensor_input(detail["index"], shape)
+    interp.allocate_tensors()
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    out = runtime.run(interp, [x])
+    ref = runtime.Interpreter(model_path=str(result.model), experimental_op_resolver_type=runtime.RESOLVERS["reference"])
+    ref.resize_tensor_input(detail["index"], shape)
+    ref.allocate_tensors()
+    assert_close(out, runtime.run(ref, [x]))
+    last = [json.loads(line) for line in report.read_text().splitlines()][-1]
+    assert last["claimed_nodes"] == [] and "[3," in last["declined"][0]["reason"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_num_threads(fused, tmp_path, threads):
+    result = fused("unet_tiny")
+    d, _ = delegate(result, tmp_path, claim="all", num_threads=str(threads))
+    interp = runtime.make_interpreter(result.model, "xnnpack", threads, delegates=[d])
+    inputs = runtime.random_inputs(interp)
+    assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"num_threads": "many"}, "num_threads: expected an integer"),
+    ({"claim": "some"}, "claim: expected profitable, all or none"),
+    ({"colour": "blue"}, "unknown option 'colour'"),
+])
+def test_bad_options_are_refused_with_a_message(fused, options, message):
+    # LiteRT passes the plugin's report_error text on in the exception it raises.
+    with pytest.raises(ValueError) as failure:
+        runtime.load_delegate(str(fused("add_relu").library), options=options)
+    assert "dnnfusion: bad delegate option: " + message in str(failure.value)
+
+
+def test_claim_none_runs_stock_litert(fused, tmp_path):
+    result = fused("fc_softmax")
+    d, report = delegate(result, tmp_path, claim="none")
+    interp = runtime.make_interpreter(result.model, delegates=[d])
+    assert read_claims(report)["claimed_nodes"] == []
+    inputs = runtime.random_inputs(interp)
+    assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
+
+
+def test_model_without_kernels_still_gets_a_library_that_claims_nothing(fused, tmp_path):
+    result = fused("while_loop")
+    assert not any(k.kernel for k in result.kernels)
+    outcome = run(result.model, delegate=result.library)
+    assert outcome.ok and outcome.claims["claimed_nodes"] == []
+
+
+def test_cli_fuse_then_run_compare(tmp_path, capsys, model_path):
+    out = tmp_path / "out"
+    assert cli.main(["fuse", str(model_path("conv_relu6")), "-o", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {"model.fused.tflite", "libconv_relu6_dnnfusion.so", "plan.json",
+                                               "report.md"}
+    capsys.readouterr()
+    assert cli.main(["run", str(out / "model.fused.tflite"), "--delegate", str(out / "libconv_relu6_dnnfusion.so"),
+                     "--compare", "--option", "claim=all"]) == 0
+    text = capsys.readouterr().out
+    assert "delegate: claimed 1 blocks" in text and " ok" in text
+
+
+def test_cli_run_with_npy_inputs(tmp_path, capsys, model_path):
+    model = model_path("add_relu")
+    interp = runtime.make_interpreter(model)
+    paths = []
+    for k, array in enumerate(runtime.random_inputs(interp)):
+        paths.append(tmp_path / f"in{k}.npy")
+        np.save(paths[-1], array)
+    assert cli.main(["run", str(model), "--json", "--inputs", *map(str, paths)]) == 0
+    assert json.loads(capsys.readouterr().out)["ok"]
+    np.save(paths[0], np.zeros((1, 2, 3), np.float32))
+    assert cli.main(["run", str(model), "--inputs", *map(str, paths)]) == 2
+    assert "takes" in capsys.readouterr().err
+
+
+def test_cli_fuse_bad_model_leaves_nothing(tmp_path, capsys):
+    bad = tmp_path / "bad.tflite"
+    bad.write_bytes(b"\x00" * 64)
+    out = tmp_path / "out"
+    assert cli.main(["fuse", str(bad), "-o", str(out)]) == 2
+    assert not out.exists() or not any(out.iterdir())
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # LiteRT's Delegate.__del__ after a failed load
+def test_cli_run_bad_delegate_is_exit_2(tmp_path, capsys, model_path):
+    lib = tmp_path / "libnot.so"
+    lib.write_bytes(b"not a library")
+    assert cli.main(["run", str(model_path("add_relu")), "--delegate", str(lib)]) == 2
+    assert "cannot load the delegate" in capsys.readouterr().err

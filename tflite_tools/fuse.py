@@ -1,0 +1,237 @@
+"""`tflite_tools fuse MODEL -o OUT`: the whole job, model to delegate.
+
+    result = fuse("model.tflite", "out/", target="host")
+
+rewrite -> plan -> lower -> schedule -> compile -> package. OUT receives:
+
+    model.fused.tflite         the rewritten model, still valid on stock TFLite, carrying the
+                               structure fingerprint the delegate checks
+    lib<model>_dnnfusion.so    the delegate: every compiled block, the Halide runtime, the runtime
+    plan.json                  blocks, kernels, claims and measurements, for tools
+    report.md                  the same for people
+
+Like the CLI, this module is an outer layer that may call every stage (fusion, halide_gen);
+nothing in the stages calls back here. Files appear in OUT only once everything succeeded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .errors import ModelError
+from .fingerprint import METADATA_NAME, subgraph_fingerprint
+from .ir import Model
+from .reader import load
+from .writer import save
+
+Progress = Callable[[int, int, str], None]  # (done, total, what)
+
+
+@dataclass
+class KernelRecord:
+    """What happened to one planned block."""
+
+    block: str
+    ops: list[str]
+    nodes: list[int]
+    kernel: str | None = None  # the C entry point, when the block has a kernel
+    cached: bool = False
+    skipped: str | None = None  # why the block stays with TFLite
+    ratio: float | None = None  # measured Halide / (LiteRT + XNNPACK) on the host
+    profitable: bool = False
+
+
+@dataclass
+class FuseResult:
+    """The files written and the per-block record."""
+
+    out: Path
+    model: Path
+    library: Path
+    plan_json: Path
+    report_md: Path
+    kernels: list[KernelRecord] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def claimable_nodes(self) -> int:
+        """Nodes inside blocks that have a kernel."""
+        return sum(len(k.nodes) for k in self.kernels if k.kernel)
+
+
+def library_name(model_path: str | os.PathLike) -> str:
+    """`lib<model>_dnnfusion.so`, the stem made a safe file name."""
+    stem = re.sub(r"[^0-9A-Za-z_]", "_", Path(model_path).stem) or "model"
+    return f"lib{stem}_dnnfusion.so"
+
+
+def _set_metadata(model: Model, name: str, value: bytes) -> None:
+    model.metadata = [(k, v) for k, v in model.metadata if k != name] + [(name, value)]
+
+
+def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str = "host", fast_math: bool = False,
+         measure: bool = False, cost: object | None = None, cache_dir: Path | None = None,
+         progress: Progress | None = None) -> FuseResult:
+    """Fuses a model into OUT (see the module docstring). `measure` times every block against
+    LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
+    profitable; otherwise every compiled block counts as profitable. Raises ModelError on input
+    the compiler cannot take."""
+    from fusion.pipeline import plan_model
+    from halide_gen.aot import compile_kernel, target_spec
+    from halide_gen.block import build_block
+    from halide_gen.bundle import BundleBlock, BundleInfo, bundle_source, link_delegate
+    from halide_gen.lower import LoweringError
+
+    try:
+        spec = target_spec(target)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
+    if measure and spec.family != "x86":
+        raise ModelError(f"--measure times blocks on this host; it cannot measure target {target}")
+    start = time.perf_counter()
+    model = load(model_path)
+    if len(model.subgraphs) == 0:
+        raise ModelError(f"{model_path}: the model has no subgraph")
+    summary = plan_model(model, fast_math=fast_math, cost=cost)
+    sg = model.main
+    fingerprint = subgraph_fingerprint(sg)
+    _set_metadata(model, METADATA_NAME, fingerprint.encode())
+
+    measurer = _Measurer(cache_dir) if measure else None
+    records: list[KernelRecord] = []
+    blocks: list[BundleBlock] = []
+    plan_blocks = summary.plan.blocks
+    for done, block in enumerate(plan_blocks):
+        ops = [sg.operators[i] for i in block.ops]
+        record = KernelRecord(block.name, [op.name for op in ops], list(block.ops))
+        records.append(record)
+        if progress:
+            progress(done, len(plan_blocks), f"{block.name} ({'+'.join(record.ops[:4])}{'+...' if len(ops) > 4 else ''})")
+        if block.opaque_reason:
+            record.skipped = block.opaque_reason
+            continue
+        try:
+            lowered = build_block(block.name, ops, block.outputs)
+            artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir)
+        except LoweringError as exc:
+            record.skipped = f"no lowering: {exc}"
+            continue
+        _check_interface(artifact, lowered)
+        record.kernel, record.cached = artifact.function, artifact.cached
+        if measurer is not None:
+            record.ratio = measurer.ratio(block, ops)
+            record.profitable = record.ratio < 1.0
+        else:
+            record.profitable = True
+        blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
+    if measurer is not None:
+        measurer.save()
+    if progress:
+        progress(len(plan_blocks), len(plan_blocks), "linking")
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    name = library_name(model_path)
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".tmp-fuse-"))
+    try:
+        # A library even when no block has a kernel: it loads, claims nothing and says so, so
+        # scripts need no special case.
+        info = BundleInfo(Path(model_path).name, spec.name, fingerprint, sg.tensors, sg.operators)
+        link_delegate(bundle_source(info, blocks), blocks, target, tmp / name, cache_dir)
+        save(model, tmp / "model.fused.tflite")
+        result = FuseResult(out, out / "model.fused.tflite", out / name, out / "plan.json",
+                            out / "report.md", records, time.perf_counter() - start)
+        plan = {"model": str(model_path), "target": spec.name, "fingerprint": fingerprint,
+                "library": name, **summary.to_json(),
+                "kernels": [vars(r) for r in records]}
+        (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
+        (tmp / "report.md").write_text(format_report(result, summary, str(model_path), spec.name))
+        for path in tmp.iterdir():
+            os.replace(path, out / path.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return result
+
+
+def _check_interface(artifact, lowered) -> None:
+    """The compiled kernel takes exactly the buffers the bundle will pass (a cached kernel found
+    by signature must be the block's own); anything else is a compiler bug, never a guess."""
+    expected = ([list(a.shape) for a in lowered.arguments], [list(t.shape) for t, _ in lowered.outputs])
+    found = ([a["shape"] for a in artifact.arguments], [o["shape"] for o in artifact.outputs])
+    if expected != found:
+        raise RuntimeError(f"kernel {artifact.function} takes {found}, block {lowered.name} passes {expected}")
+
+
+class _Measurer:
+    """Block timings against LiteRT + XNNPACK, cached on disk by block signature."""
+
+    def __init__(self, cache_dir: Path | None):
+        from fusion.cost import default_cache_dir
+
+        self.path = Path(cache_dir or default_cache_dir()) / "block-ratios.json"
+        try:
+            self.table = {k: float(v) for k, v in json.loads(self.path.read_text()).items()}
+        except (OSError, ValueError, AttributeError, TypeError):
+            self.table = {}
+
+    def ratio(self, block, ops) -> float:
+        """Halide / (LiteRT + XNNPACK) for the block, timed on this host at one thread."""
+        from halide_gen.block import build_block
+        from halide_gen.jit import JitKernel
+        from halide_gen.profile import time_block
+
+        if block.signature not in self.table:
+            kernel = JitKernel(build_block(block.name, ops, block.outputs))
+            self.table[block.signature] = time_block(ops, block.inputs, block.outputs, kernel).ratio
+        return self.table[block.signature]
+
+    def save(self) -> None:
+        from .atomic import write_bytes_atomic
+
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            write_bytes_atomic(self.path, json.dumps(self.table, indent=0, sort_keys=True).encode())
+        except OSError:
+            pass
+
+
+def format_report(result: FuseResult, summary, source: str, target: str) -> str:
+    """report.md: the plan, then what became of each block."""
+    from fusion.report import format_summary
+
+    with_kernel = [k for k in result.kernels if k.kernel]
+    lines = [
+        f"# dnnfusion report: {Path(source).name} ({target})",
+        "",
+        f"- Blocks: {len(result.kernels)}; with a Halide kernel: {len(with_kernel)} "
+        f"({result.claimable_nodes} of {len(summary.subgraph.operators)} operators); "
+        f"profitable: {sum(k.profitable for k in result.kernels)}",
+        f"- Delegate: `{result.library.name}`; "
+        f"fused model: `model.fused.tflite`",
+        f"- Compile: {result.seconds:.1f} s ({sum(k.cached for k in with_kernel)} of {len(with_kernel)} kernels "
+        "from the cache)",
+        "",
+        "## Plan",
+        "",
+        "```",
+        format_summary(summary, source),
+        "```",
+        "",
+        "## Blocks",
+        "",
+        "| block | ops | kernel | halide / xnnpack | claimed by default | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for k in result.kernels:
+        ratio = f"{k.ratio:.2f}" if k.ratio is not None else "not measured"
+        lines.append(f"| {k.block} | {' '.join(k.ops)} | {'`' + k.kernel + '`' if k.kernel else '-'} | "
+                     f"{ratio if k.kernel else '-'} | {'yes' if k.profitable else 'no'} | {k.skipped or ''} |")
+    return "\n".join(lines) + "\n"

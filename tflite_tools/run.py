@@ -1,0 +1,140 @@
+"""`tflite_tools run MODEL [--delegate LIB] [--compare]`: run a model, optionally through a
+dnnfusion delegate, and say how far its outputs are from LiteRT's reference kernels.
+
+    result = run("out/model.fused.tflite", delegate="out/libmodel_dnnfusion.so", compare=True)
+    result.ok            # every output within tolerance
+
+Tolerance (float outputs): max|out - ref| <= RTOL * max|ref|, per output. Fused kernels
+reassociate sums (vectorised partial sums, register-tiled accumulators) and use Halide's exp/tanh
+where TFLite's reference kernels use libm, so whole models differ from the reference by rounding
+that grows with depth. Measured on every test and reference model: at most 2.1e-6 of the output's
+range (EfficientNet-B0's logits), so 1e-4 leaves a margin of ~50x and still catches any real
+error. The bound is purely relative: random-weight CNNs end in logits of ~1e-10, and an absolute
+floor would wave any answer through there. Integer and bool outputs must match exactly.
+
+The reference is LiteRT's BUILTIN_REF resolver, except for models with quantized (int8/uint8)
+tensors: LiteRT 2.3's reference kernels abort the process on some of those (a quantized MobileNetV2
+does), so they are compared with the optimized builtin kernels (no XNNPACK) instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import runtime
+from .errors import ModelError
+
+RTOL = 1e-4
+
+
+@dataclass
+class OutputError:
+    """How one output compares with the reference."""
+
+    name: str
+    max_abs: float
+    max_rel: float  # max_abs / max|ref|
+    ok: bool
+
+
+@dataclass
+class RunResult:
+    """Outputs, their comparison with the reference, and what the delegate claimed."""
+
+    outputs: list[np.ndarray]
+    errors: list[OutputError] = field(default_factory=list)
+    claims: dict | None = None  # the delegate's report for the main graph
+
+    @property
+    def ok(self) -> bool:
+        """True when every compared output is within tolerance."""
+        return all(e.ok for e in self.errors)
+
+
+def load_inputs(paths: Sequence[str | os.PathLike], interp) -> list[np.ndarray]:
+    """Arrays from .npy files, one per model input, checked against the input's shape and dtype."""
+    details = interp.get_input_details()
+    if len(paths) != len(details):
+        raise ModelError(f"the model has {len(details)} inputs, {len(paths)} .npy files given")
+    arrays = []
+    for path, detail in zip(paths, details):
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{path}: not a readable .npy file ({exc})") from None
+        if tuple(array.shape) != tuple(detail["shape"]):
+            raise ModelError(f"{path}: shape {list(array.shape)}, input {detail['name']!r} takes {list(detail['shape'])}")
+        arrays.append(array.astype(detail["dtype"], copy=False))
+    return arrays
+
+
+def compare(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], names: Sequence[str]) -> list[OutputError]:
+    """Per-output error against the reference under the module's tolerance."""
+    errors = []
+    for name, out, ref in zip(names, outputs, reference):
+        if out.dtype.kind == "f":
+            diff = float(np.max(np.abs(out.astype(np.float64) - ref), initial=0.0))
+            scale = float(np.max(np.abs(ref.astype(np.float64)), initial=0.0))
+            ok = bool(np.all(np.isfinite(out) == np.isfinite(ref))) and diff <= RTOL * scale
+        else:
+            diff = float(np.max(np.abs(out.astype(np.int64) - ref.astype(np.int64)), initial=0))
+            scale = float(np.max(np.abs(ref.astype(np.int64)), initial=0))
+            ok = diff == 0
+        errors.append(OutputError(name, diff, diff / scale if scale else diff, ok))
+    return errors
+
+
+def read_claims(report: Path) -> dict | None:
+    """The delegate's report line for the graph its bundle was built for (the last one)."""
+    try:
+        lines = [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    matching = [line for line in lines if line.get("graph_matches")]
+    return (matching or lines or [None])[-1]
+
+
+def reference_resolver(interp) -> str:
+    """"reference", or "builtin" for a model with quantized tensors (see the module docstring)."""
+    quantized = any(np.dtype(t["dtype"]) in (np.int8, np.uint8) and t["quantization"][0] != 0
+                    for t in interp.get_tensor_details())
+    return "builtin" if quantized else "reference"
+
+
+def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inputs: Sequence[str] = (),
+        compare_reference: bool = True, threads: int = 1, options: dict[str, str] | None = None,
+        seed: int = 0) -> RunResult:
+    """Runs `model` (with LiteRT + XNNPACK for what the delegate does not claim) on the given
+    .npy inputs or seeded random ones, and compares with LiteRT's reference kernels."""
+    if not Path(model).is_file():
+        raise ModelError(f"{model}: no such file")
+    with tempfile.TemporaryDirectory(prefix="dnnfusion-run-") as tmp:
+        report = Path(tmp) / "claims.jsonl"
+        delegates = []
+        if delegate is not None:
+            if not Path(delegate).is_file():
+                raise ModelError(f"{delegate}: no such delegate library")
+            opts = {"report": str(report), **(options or {})}
+            try:
+                delegates.append(runtime.load_delegate(os.fspath(Path(delegate).resolve()), options=opts))
+            except (ValueError, OSError, RuntimeError) as exc:
+                raise ModelError(f"{delegate}: cannot load the delegate: {exc}") from None
+        try:
+            interp = runtime.make_interpreter(model, "xnnpack", threads, delegates=delegates)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"{model}: LiteRT cannot prepare the model: {exc}") from None
+        arrays = load_inputs(inputs, interp) if inputs else runtime.random_inputs(interp, seed)
+        result = RunResult(runtime.run(interp, arrays))
+        result.claims = read_claims(report) if delegate is not None else None
+    if compare_reference:
+        ref = runtime.make_interpreter(model, reference_resolver(interp), 1)
+        names = [d["name"] for d in interp.get_output_details()]
+        result.errors = compare(result.outputs, runtime.run(ref, arrays), names)
+    return result
