@@ -262,3 +262,19 @@ def test_cli_run_bad_delegate_is_exit_2(tmp_path, capsys, model_path):
     lib.write_bytes(b"not a library")
     assert cli.main(["run", str(model_path("add_relu")), "--delegate", str(lib)]) == 2
     assert "cannot load the delegate" in capsys.readouterr().err
+
+
+def test_blocks_tflite_would_split_are_declined_not_failed(fused, tmp_path):
+    # TFLite partitions the claimed nodes itself. Claiming every fourth block of the encoder
+    # leaves block_008 waiting on a node TFLite runs in between: it would land in two
+    # partitions, so the delegate declines it up front instead of failing Prepare.
+    result = fused("transformer_encoder")
+    chosen = ["block_000", "block_004", "block_008", "block_012"]
+    d, report = delegate(result, tmp_path, claim="all", blocks=",".join(chosen))
+    interp = runtime.make_interpreter(result.model, delegates=[d])
+    claims = read_claims(report)
+    assert claims["claimed_blocks"] == ["block_000", "block_004", "block_012"]
+    assert claims["declined"] == [{"block": "block_008", "reason": "TFLite would split it across delegate partitions "
+                                   "(a node it waits on is left to TFLite)"}]
+    inputs = runtime.random_inputs(interp)
+    assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))

@@ -116,6 +116,28 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if args.compare and not result.ok else 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Times LiteRT + XNNPACK, LiteRT builtin and (with --delegate) our delegate, interleaved."""
+    from .bench import benchmark, format_benchmark, measure_peak_memory
+
+    if args.runs < 1 or args.warmup < 0 or args.threads < 1:
+        raise ModelError("bench: --runs and --threads must be at least 1, --warmup at least 0")
+    timings = benchmark(args.model, args.delegate, args.threads, args.runs, args.warmup, _progress_printer())
+    if args.memory:
+        measure_peak_memory(timings, args.model, args.delegate, args.threads)
+    if args.json:
+        from .bench import ratios
+
+        rel = ratios(timings)
+        print(json.dumps({"model": args.model, "threads": args.threads, "contenders": [
+            {"name": t.name, "median_us": t.median, "min_us": min(t.runs_us), "max_us": max(t.runs_us),
+             "spread": t.spread, "ratio_to_xnnpack": rel[t.name], "init_us": t.init_us, "first_us": t.first_us,
+             "peak_memory_kib": t.peak_memory_kib} for t in timings]}, indent=2))
+    else:
+        print(format_benchmark(timings, args.model, args.threads))
+    return 0
+
+
 def write_dot(text: str, path: str) -> None:
     """Writes Graphviz text, or renders it when `path` ends in .svg / .png / .pdf."""
     target = Path(path)
@@ -173,6 +195,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(run=cmd_run)
+
+    bench = sub.add_parser("bench", help="latency side by side: LiteRT+XNNPACK, LiteRT builtin, our delegate")
+    bench.add_argument("model", metavar="MODEL", help="path to a .tflite file (model.fused.tflite with a delegate)")
+    bench.add_argument("--delegate", metavar="LIB", help="a dnnfusion delegate library: adds claim:all and claim:profitable")
+    bench.add_argument("--threads", type=int, default=1, help="threads for every contender (default 1)")
+    bench.add_argument("--runs", type=int, default=50, help="timed runs per contender (default 50)")
+    bench.add_argument("--warmup", type=int, default=5, help="untimed runs per contender first (default 5)")
+    bench.add_argument("--memory", action="store_true", help="also measure peak memory, one process per contender")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.set_defaults(run=cmd_bench)
     return parser
 
 

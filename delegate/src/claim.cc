@@ -1,7 +1,9 @@
 #include "claim.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <map>
 
 namespace dnnfusion {
 namespace {
@@ -162,6 +164,51 @@ Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& o
   }
   std::sort(claim.nodes.begin(), claim.nodes.end());
   return claim;
+}
+
+void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim) {
+  if (context->PreviewDelegatePartitioning == nullptr) return;
+  for (bool changed = true; changed && !claim->nodes.empty();) {
+    changed = false;
+    TfLiteIntArray* nodes = static_cast<TfLiteIntArray*>(std::malloc(sizeof(int) * (1 + claim->nodes.size())));
+    if (nodes == nullptr) return;
+    nodes->size = static_cast<int>(claim->nodes.size());
+    std::copy(claim->nodes.begin(), claim->nodes.end(), nodes->data);
+    TfLiteDelegateParams* partitions = nullptr;
+    int count = 0;
+    const TfLiteStatus status = context->PreviewDelegatePartitioning(context, nodes, &partitions, &count);
+    std::free(nodes);
+    if (status != kTfLiteOk) return;
+    std::map<int, int> partition_of;
+    for (int p = 0; p < count; ++p) {
+      const TfLiteIntArray* members = partitions[p].nodes_to_replace;
+      for (int i = 0; i < members->size; ++i) partition_of[members->data[i]] = p;
+    }
+    std::vector<int> kept;
+    for (int b : claim->blocks) {
+      const BlockSpec& block = bundle.blocks[b];
+      bool whole = true;
+      for (int k = 1; k < block.n_nodes; ++k) {
+        whole = whole && partition_of[bundle.nodes[block.first_node + k].index] ==
+                             partition_of[bundle.nodes[block.first_node].index];
+      }
+      if (whole) {
+        kept.push_back(b);
+      } else {
+        claim->declined.push_back({b, "TFLite would split it across delegate partitions (a node it waits on is "
+                                      "left to TFLite)"});
+        changed = true;
+      }
+    }
+    if (!changed) break;
+    claim->blocks = kept;
+    claim->nodes.clear();
+    for (int b : kept) {
+      const BlockSpec& block = bundle.blocks[b];
+      for (int k = 0; k < block.n_nodes; ++k) claim->nodes.push_back(bundle.nodes[block.first_node + k].index);
+    }
+    std::sort(claim->nodes.begin(), claim->nodes.end());
+  }
 }
 
 }  // namespace dnnfusion

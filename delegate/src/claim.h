@@ -29,6 +29,11 @@ struct Claim {
 // policy (and block list).
 Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& options);
 
+// Drops claimed blocks that TFLite would split across delegate partitions (it partitions the
+// claimed nodes itself: a block whose later node also waits on a node left to TFLite lands in two
+// partitions), until none is split. Uses the context's partitioning preview.
+void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim);
+
 // The shape of tensor `t` as text, e.g. "[1,8,8,3]".
 std::string ShapeText(const TfLiteIntArray* dims);
 

@@ -59,7 +59,8 @@ TfLiteRegistration PartitionRegistration() {
 
 TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
   DelegateState& state = *StateOf(delegate);
-  const Claim claim = ClaimBlocks(context, *state.bundle, state.options);
+  Claim claim = ClaimBlocks(context, *state.bundle, state.options);
+  KeepBlocksWhole(context, *state.bundle, &claim);
   LogClaim(*state.bundle, claim, state.options.claim);
   if (!state.options.report.empty()) AppendReport(state, claim);
   if (claim.nodes.empty()) return kTfLiteOk;

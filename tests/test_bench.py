@@ -1,0 +1,55 @@
+"""tflite_tools bench: the maths and the report (never a timing assertion)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tflite_tools import cli
+from tflite_tools.bench import Timings, format_benchmark, ratios
+
+
+def timings(name: str, runs: list[float]) -> Timings:
+    return Timings(name, init_us=1000.0, first_us=500.0, warmup_us=[400.0, 200.0], runs_us=runs)
+
+
+def test_ratio_is_median_over_xnnpack_median():
+    t = [timings("xnnpack", [10, 12, 11, 100]), timings("dnnfusion-all", [5, 6, 5.5, 5.5])]
+    rel = ratios(t)
+    assert rel["xnnpack"] == 1.0 and rel["dnnfusion-all"] == pytest.approx(5.5 / 11.5)
+
+
+def test_ratios_need_the_baseline():
+    with pytest.raises(ValueError, match="xnnpack"):
+        ratios([timings("builtin", [1.0])])
+
+
+def test_spread_is_the_interquartile_range_over_the_median():
+    t = timings("xnnpack", [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert t.median == 5 and t.spread == pytest.approx((7.5 - 2.5) / 5)
+
+
+def test_benchmark_model_line_reads_like_the_tool():
+    line = timings("xnnpack", [10.0, 20.0]).benchmark_model_line()
+    assert line == "Inference timings in us: Init: 1000, First inference: 500, Warmup (avg): 300, Inference (avg): 15"
+
+
+def test_report_has_every_contender_and_its_ratio():
+    t = [timings("xnnpack", [2000.0] * 5), timings("builtin", [4000.0] * 5)]
+    t[1].peak_memory_kib = 2048
+    text = format_benchmark(t, "m.tflite", 1)
+    assert "builtin" in text and "2.00x" in text and "2.0" in text.splitlines()[4]
+    assert text.count("Inference timings in us:") == 2
+
+
+def test_cli_bench_runs_every_contender(capsys, model_path):
+    assert cli.main(["bench", str(model_path("add_relu")), "--runs", "3", "--warmup", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in data["contenders"]] == ["xnnpack", "builtin"]
+    assert data["contenders"][0]["ratio_to_xnnpack"] == 1.0
+
+
+def test_cli_bench_refuses_zero_runs(capsys, model_path):
+    assert cli.main(["bench", str(model_path("add_relu")), "--runs", "0"]) == 2
+    assert "--runs" in capsys.readouterr().err
