@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
                      len(result.kernels), fuse_s))
         print(f"{model.stem}: done in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
 
-    print(f"| model | XNNPACK ms | builtin | ours, all blocks | ours, profitable blocks | blocks with kernels / "
-          f"profitable / all | peak MiB (XNNPACK / builtin / all / profitable) | fuse s |")
+    print("| model | XNNPACK ms | builtin | ours, all blocks | ours, profitable blocks | blocks with kernels / "
+          "profitable / all | peak MiB (XNNPACK / builtin / all / profitable) | fuse s |")
     print("|---|---|---|---|---|---|---|---|")
     for name, t, rel, kernels, profitable, blocks, fuse_s in rows:
         mem = " / ".join(f"{t[c].peak_memory_kib / 1024:.0f}" for c in ("xnnpack", "builtin", "dnnfusion-all",

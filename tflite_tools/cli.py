@@ -57,7 +57,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         print(f"{args.model}: {len(result.kernels)} blocks, {len(with_kernel)} with Halide kernels "
               f"({result.claimable_nodes} operators), {sum(k.profitable for k in result.kernels)} claimed by default; "
               f"{result.seconds:.1f} s")
-        for path in (result.model, result.library, result.plan_json, result.report_md):
+        for path in (result.model, result.library, result.android_project, result.plan_json, result.report_md):
             if path is not None:
                 print(f"  wrote {path}")
         return 0

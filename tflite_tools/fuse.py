@@ -7,6 +7,9 @@ rewrite -> plan -> lower -> schedule -> compile -> package. OUT receives:
     model.fused.tflite         the rewritten model, still valid on stock TFLite, carrying the
                                structure fingerprint the delegate checks
     lib<model>_dnnfusion.so    the delegate: every compiled block, the Halide runtime, the runtime
+                               (host and arm64-linux: linked here, with the cross compiler for ARM)
+    android/arm64-v8a/         for arm64-android: a CMake project that builds the delegate with
+                               the NDK (built here too when $ANDROID_NDK is set)
     plan.json                  blocks, kernels, claims and measurements, for tools
     report.md                  the same for people
 
@@ -55,11 +58,12 @@ class FuseResult:
 
     out: Path
     model: Path
-    library: Path
+    library: Path | None  # None for Android without $ANDROID_NDK: see android_project
     plan_json: Path
     report_md: Path
     kernels: list[KernelRecord] = field(default_factory=list)
     seconds: float = 0.0
+    android_project: Path | None = None
 
     @property
     def claimable_nodes(self) -> int:
@@ -87,7 +91,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     from fusion.pipeline import plan_model
     from halide_gen.aot import compile_kernel, target_spec
     from halide_gen.block import build_block
-    from halide_gen.bundle import BundleBlock, BundleInfo, bundle_source, link_delegate
+    from halide_gen.bundle import BundleBlock, BundleInfo, bundle_source, link_delegate, write_cmake_project
     from halide_gen.lower import LoweringError
 
     try:
@@ -96,6 +100,10 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         raise ModelError(str(exc)) from None
     if measure and spec.family != "x86":
         raise ModelError(f"--measure times blocks on this host; it cannot measure target {target}")
+    if spec.gpu_api is not None:
+        raise ModelError(f"target {target}: GPU kernels run through the AOT runner (halide_gen.harness) but the "
+                         "delegate does not yet keep tensors on the device; use a CPU target")
+    android = target.startswith("arm64-android")
     start = time.perf_counter()
     model = load(model_path)
     if len(model.subgraphs) == 0:
@@ -145,20 +153,48 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         # A library even when no block has a kernel: it loads, claims nothing and says so, so
         # scripts need no special case.
         info = BundleInfo(Path(model_path).name, spec.name, fingerprint, sg.tensors, sg.operators)
-        link_delegate(bundle_source(info, blocks), blocks, target, tmp / name, cache_dir)
+        source = bundle_source(info, blocks)
+        library: Path | None = tmp / name
+        if android:
+            project = write_cmake_project(source, blocks, target, tmp / "android" / "arm64-v8a", name, cache_dir)
+            library = _build_with_ndk(project, tmp / ".build", name)
+        else:
+            link_delegate(source, blocks, target, library, cache_dir)
         save(model, tmp / "model.fused.tflite")
-        result = FuseResult(out, out / "model.fused.tflite", out / name, out / "plan.json",
-                            out / "report.md", records, time.perf_counter() - start)
+        shutil.rmtree(tmp / ".build", ignore_errors=True)
+        result = FuseResult(out, out / "model.fused.tflite", out / library.relative_to(tmp) if library else None,
+                            out / "plan.json", out / "report.md", records, time.perf_counter() - start,
+                            out / "android" / "arm64-v8a" if android else None)
         plan = {"model": str(model_path), "target": spec.name, "fingerprint": fingerprint,
-                "library": name, **summary.to_json(),
+                "library": str(result.library.relative_to(out)) if result.library else None,
+                "android_project": "android/arm64-v8a" if android else None, **summary.to_json(),
                 "kernels": [vars(r) for r in records]}
         (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
         (tmp / "report.md").write_text(format_report(result, summary, str(model_path), spec.name))
         for path in tmp.iterdir():
+            if (out / path.name).is_dir():
+                shutil.rmtree(out / path.name)
             os.replace(path, out / path.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
+    """Builds the Android project with $ANDROID_NDK's toolchain; None when the NDK is not set."""
+    from halide_gen.bundle import build_cmake_project
+
+    ndk = os.environ.get("ANDROID_NDK")
+    if not ndk:
+        return None
+    toolchain = Path(ndk) / "build" / "cmake" / "android.toolchain.cmake"
+    if not toolchain.exists():
+        raise ModelError(f"ANDROID_NDK={ndk}: no build/cmake/android.toolchain.cmake there")
+    build_cmake_project(project, build, [f"-DCMAKE_TOOLCHAIN_FILE={toolchain}", "-DANDROID_ABI=arm64-v8a",
+                                         "-DANDROID_PLATFORM=android-26"])
+    built = project / name
+    shutil.copy2(build / name, built)
+    return built
 
 
 def _check_interface(artifact, lowered) -> None:
@@ -214,7 +250,7 @@ def format_report(result: FuseResult, summary, source: str, target: str) -> str:
         f"- Blocks: {len(result.kernels)}; with a Halide kernel: {len(with_kernel)} "
         f"({result.claimable_nodes} of {len(summary.subgraph.operators)} operators); "
         f"profitable: {sum(k.profitable for k in result.kernels)}",
-        f"- Delegate: `{result.library.name}`; "
+        f"- Delegate: `{result.library.name if result.library else 'android/arm64-v8a (build it with the NDK)'}`; "
         f"fused model: `model.fused.tflite`",
         f"- Compile: {result.seconds:.1f} s ({sum(k.cached for k in with_kernel)} of {len(with_kernel)} kernels "
         "from the cache)",
