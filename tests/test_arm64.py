@@ -56,7 +56,7 @@ def test_arm64_delegate_matches_host_litert(stem, rootfs, tmp_path):
         np.save(paths[-1], array)
     outs = [tmp_path / f"out{k}.npy" for k in range(len(host.get_output_details()))]
     report = tmp_path / "claims.jsonl"
-    proc = run_python(rootfs, str(Path(__file__).parent / "arm64_invoke.py"), str(result.model), str(result.library),
+    proc = run_python(rootfs, str(Path(__file__).parent / "invoke_with_delegate.py"), str(result.model), str(result.library),
                       str(report), *map(str, paths), "--", *map(str, outs))
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = [np.load(p) for p in outs]

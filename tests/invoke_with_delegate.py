@@ -1,15 +1,20 @@
-"""Runs inside the emulated aarch64 Python (tests/arm64_rootfs.py): one model through LiteRT with
-an aarch64 dnnfusion delegate, inputs and outputs as .npy files, so the host compares them.
+"""Runs one model through a TFLite runtime with a dnnfusion delegate, in another Python: the
+emulated aarch64 one (tests/arm64_rootfs.py) or a tflite-runtime 2.14 venv. Inputs and outputs are
+.npy files, so the host compares them with its own LiteRT reference.
 
-    python3.11 arm64_invoke.py MODEL DELEGATE REPORT IN0.npy ... -- OUT0.npy ...
+    python invoke_with_delegate.py MODEL DELEGATE REPORT IN0.npy ... -- OUT0.npy ...
 
-Only numpy and ai_edge_litert here: the project itself is never imported on the emulated side.
+Only numpy and the runtime are imported (ai_edge_litert, else tflite_runtime): never the project.
 """
 
 import sys
 
 import numpy as np
-from ai_edge_litert.interpreter import Interpreter, load_delegate
+
+try:
+    from ai_edge_litert.interpreter import Interpreter, load_delegate
+except ImportError:
+    from tflite_runtime.interpreter import Interpreter, load_delegate
 
 
 def main(argv):
