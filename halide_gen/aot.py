@@ -210,19 +210,26 @@ def _load(entry: Path, cached: bool) -> KernelArtifact:
     )
 
 
-def compile_runtime(target: str, cache_dir: Path | None = None) -> Path:
-    """The Halide runtime for `target` as one object file (shared by every kernel of a bundle)."""
+def compile_runtime(target: str, cache_dir: Path | None = None, debug: bool = False) -> Path:
+    """The Halide runtime for `target` as one object file (shared by every kernel of a bundle).
+
+    `debug` builds Halide's debug runtime, which prints every device allocation, copy and kernel
+    launch (the delegate routes those lines to its log at log_level:verbose).
+    """
     spec = target_spec(target)
     root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
-    key = hashlib.sha256(json.dumps([spec.halide, CODEGEN_VERSION]).encode()).hexdigest()[:16]
-    path = root / f"runtime-{spec.name}-{key}.o"
+    key = hashlib.sha256(json.dumps([spec.halide, CODEGEN_VERSION, debug]).encode()).hexdigest()[:16]
+    path = root / f"runtime-{spec.name}{'-debug' if debug else ''}-{key}.o"
     if not path.exists():
         root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-runtime-", suffix=".o")
         os.close(fd)
         try:
             # The baseline (last) target's runtime serves a multitarget library's every variant.
-            hl.compile_standalone_runtime(tmp, hl.Target(spec.halide[-1]))
+            runtime_target = hl.Target(spec.halide[-1])
+            if debug:
+                runtime_target = runtime_target.with_feature(hl.TargetFeature.Debug)
+            hl.compile_standalone_runtime(tmp, runtime_target)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

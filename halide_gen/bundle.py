@@ -200,14 +200,15 @@ def runtime_objects(target: str, cache_dir: Path | None = None) -> list[Path]:
 
 
 def link_delegate(source: str, blocks: Sequence[BundleBlock], target: str, library: Path,
-                  cache_dir: Path | None = None) -> Path:
-    """Compiles the bundle table and links it with the kernels, the Halide runtime and the delegate
-    runtime into `library` (written atomically: a failed link leaves nothing behind)."""
+                  cache_dir: Path | None = None, debug_runtime: bool = False) -> Path:
+    """Compiles the bundle table and links it with the kernels, the Halide runtime (its debug build
+    with `debug_runtime`) and the delegate runtime into `library` (written atomically: a failed link
+    leaves nothing behind)."""
     compiler = compiler_for(target)
     library = Path(library)
     library.parent.mkdir(parents=True, exist_ok=True)
     kernels = sorted({str(b.artifact.library) for b in blocks})
-    runtime = compile_runtime(target, cache_dir)
+    runtime = compile_runtime(target, cache_dir, debug=debug_runtime)
     with tempfile.TemporaryDirectory(dir=library.parent, prefix=".tmp-link-") as tmp:
         table = Path(tmp) / "bundle.cc"
         table.write_text(source)

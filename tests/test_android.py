@@ -78,11 +78,3 @@ def test_android_ndk_without_toolchain_is_a_clear_error(tmp_path, monkeypatch):
     assert cli.main(["fuse", str(MODELS / "add_relu.tflite"), "-o", str(tmp_path / "out"),
                      "--target", "arm64-android"]) == 2
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
-
-
-def test_gpu_targets_are_refused_for_now(tmp_path, capsys):
-    from tflite_tools import cli
-
-    assert cli.main(["fuse", str(MODELS / "add_relu.tflite"), "-o", str(tmp_path / "out"),
-                     "--target", "host-opencl"]) == 2
-    assert "does not yet keep tensors on the device" in capsys.readouterr().err

@@ -83,11 +83,12 @@ def _set_metadata(model: Model, name: str, value: bytes) -> None:
 
 def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str = "host", fast_math: bool = False,
          measure: bool = False, cost: object | None = None, cache_dir: Path | None = None,
-         progress: Progress | None = None) -> FuseResult:
+         progress: Progress | None = None, debug_runtime: bool = False) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
-    profitable; otherwise every compiled block counts as profitable. Raises ModelError on input
-    the compiler cannot take."""
+    profitable; otherwise every compiled block counts as profitable. `debug_runtime` links Halide's
+    debug runtime, which traces device copies and kernel launches (delegate log_level:verbose).
+    Raises ModelError on input the compiler cannot take."""
     from fusion.pipeline import plan_model
     from halide_gen.aot import compile_kernel, target_spec
     from halide_gen.block import build_block
@@ -100,9 +101,6 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         raise ModelError(str(exc)) from None
     if measure and spec.family != "x86":
         raise ModelError(f"--measure times blocks on this host; it cannot measure target {target}")
-    if spec.gpu_api is not None:
-        raise ModelError(f"target {target}: GPU kernels run through the AOT runner (halide_gen.harness) but the "
-                         "delegate does not yet keep tensors on the device; use a CPU target")
     android = target.startswith("arm64-android")
     start = time.perf_counter()
     model = load(model_path)
@@ -159,7 +157,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             project = write_cmake_project(source, blocks, target, tmp / "android" / "arm64-v8a", name, cache_dir)
             library = _build_with_ndk(project, tmp / ".build", name)
         else:
-            link_delegate(source, blocks, target, library, cache_dir)
+            link_delegate(source, blocks, target, library, cache_dir, debug_runtime)
         save(model, tmp / "model.fused.tflite")
         shutil.rmtree(tmp / ".build", ignore_errors=True)
         result = FuseResult(out, out / "model.fused.tflite", out / library.relative_to(tmp) if library else None,

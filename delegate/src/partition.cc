@@ -4,6 +4,7 @@
 #include <atomic>
 #include <map>
 #include <set>
+#include <utility>
 
 #include "claim.h"
 #include "halide_hooks.h"
@@ -72,10 +73,58 @@ Partition::Partition(const DelegateState& state, const TfLiteDelegateParams& par
   if (error_.empty() && covered != nodes_.size()) error_ = "the partition holds nodes of no bundle block";
 }
 
+Partition::~Partition() {
+  // Device allocations made by GPU kernels belong to the buffers; free them with the partition.
+  for (Buffer& b : buffers_) {
+    if (b.raw.device != 0 && b.raw.device_interface != nullptr) halide_device_free(nullptr, &b.raw);
+  }
+}
+
 TfLiteStatus Partition::Fail(TfLiteContext* context, const std::string& message) {
   Log(LogLevel::kError, "%s", message.c_str());
   context->ReportError(context, "dnnfusion: %s", message.c_str());
   return kTfLiteError;
+}
+
+Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims,
+                                        Role role, std::string* error) {
+  const auto key = std::make_pair(tensor, pack);
+  auto found = by_key_.find(key);
+  if (found != by_key_.end()) return found->second;
+  const TfLiteTensor& t = context->tensors[tensor];
+  buffers_.emplace_back();
+  Buffer& b = buffers_.back();
+  b.tensor = tensor;
+  b.role = role;
+  b.dims = HalideDims(rank, dims);
+  b.raw.dimensions = rank;
+  b.raw.dim = b.dims.data();
+  if (!HalideType(t.type, &b.raw.type)) {
+    *error = std::string("tensor '") + (t.name ? t.name : "?") + "' has a type Halide kernels cannot hold";
+    return nullptr;
+  }
+  if (role == Role::kInternal) b.arena_offset = arena_offset_.at(tensor);
+  if (role == Role::kConstant) {
+    if (pack != static_cast<int>(Pack::kNone)) {
+      const TensorSpec* spec = FindTensorSpec(*state_.bundle, tensor);
+      size_t count = 1, elements = 1;
+      for (int d = 0; d < rank; ++d) count *= dims[d];
+      for (int d = 0; d < spec->rank; ++d) elements *= spec->dims[d];
+      const size_t element = t.bytes / std::max<size_t>(1, elements);
+      b.packed.resize(count * element);
+      if (!PackConstant(static_cast<Pack>(pack), t.data.raw, spec->dims, spec->rank, b.packed.data(), dims, rank,
+                        element)) {
+        *error = std::string("cannot pack constant '") + (t.name ? t.name : "?") + "'";
+        return nullptr;
+      }
+      b.raw.host = b.packed.data();
+    } else {
+      b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
+    }
+    b.raw.set_host_dirty(true);  // uploaded once, on the first GPU kernel that reads it
+  }
+  by_key_[key] = &b;
+  return &b;
 }
 
 TfLiteStatus Partition::Build(TfLiteContext* context) {
@@ -84,10 +133,12 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
 
   // Which tensors the partition produces for itself alone, and from which step to which.
   std::map<int, Lifetime> internal;
+  std::set<int> produced;
   for (size_t s = 0; s < steps_.size(); ++s) {
     const BlockSpec& block = bundle.blocks[steps_[s].block];
     for (int k = 0; k < block.n_outputs; ++k) {
       const int t = bundle.outputs[block.first_output + k];
+      produced.insert(t);
       if (!escaping.count(t)) internal[t] = {context->tensors[t].bytes, static_cast<int>(s), static_cast<int>(s)};
     }
     for (int k = 0; k < block.n_args; ++k) {
@@ -99,88 +150,55 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
   for (const auto& kv : internal) lifetimes.push_back(kv.second);
   std::vector<size_t> offsets;
   arena_.assign(PlanArena(lifetimes, &offsets), 0);
-  std::map<int, size_t> offset_of;
   size_t i = 0;
-  for (const auto& kv : internal) offset_of[kv.first] = offsets[i++];
+  for (const auto& kv : internal) arena_offset_[kv.first] = offsets[i++];
 
-  std::map<std::pair<int, int>, int> packed_index;  // (tensor, pack) -> packed_ slot
+  std::string error;
   for (Step& step : steps_) {
     const BlockSpec& block = bundle.blocks[step.block];
-    auto bind = [&](int tensor, int rank, const int32_t* dims, bool output) -> Binding& {
-      Binding b;
-      b.tensor = tensor;
-      b.output = output;
-      b.dims = HalideDims(rank, dims);
-      if (!HalideType(context->tensors[tensor].type, &b.buffer.type)) b.tensor = -2;
-      b.buffer.dimensions = rank;
-      auto it = offset_of.find(tensor);
-      if (it != offset_of.end()) {
-        b.internal = true;
-        b.arena_offset = it->second;
-      }
-      step.bindings.push_back(std::move(b));
-      return step.bindings.back();
-    };
     for (int k = 0; k < block.n_args; ++k) {
       const ArgSpec& arg = bundle.args[block.first_arg + k];
-      Binding& b = bind(arg.tensor, arg.rank, arg.dims, false);
-      if (arg.pack == Pack::kNone) continue;
-      auto key = std::make_pair(arg.tensor, static_cast<int>(arg.pack));
-      auto found = packed_index.find(key);
-      if (found == packed_index.end()) {
-        const TfLiteTensor& t = context->tensors[arg.tensor];
-        const TensorSpec* spec = FindTensorSpec(bundle, arg.tensor);
-        size_t count = 1;
-        for (int d = 0; d < arg.rank; ++d) count *= arg.dims[d];
-        const size_t element = t.bytes / std::max<size_t>(1, [&] {
-          size_t n = 1;
-          for (int d = 0; d < spec->rank; ++d) n *= spec->dims[d];
-          return n;
-        }());
-        std::vector<uint8_t> data(count * element);
-        if (!PackConstant(arg.pack, t.data.raw, spec->dims, spec->rank, data.data(), arg.dims, arg.rank, element)) {
-          return Fail(context, std::string("block ") + block.name + ": cannot pack constant '" +
-                                   (t.name ? t.name : "?") + "'");
-        }
-        found = packed_index.emplace(key, static_cast<int>(packed_.size())).first;
-        packed_.push_back(std::move(data));
-      }
-      b.packed = found->second;
+      const Role role = arg.constant            ? Role::kConstant
+                        : internal.count(arg.tensor) ? Role::kInternal
+                        : produced.count(arg.tensor) ? Role::kOutput
+                                                     : Role::kInput;
+      Buffer* b = BufferFor(context, arg.tensor, static_cast<int>(arg.pack), arg.rank, arg.dims, role, &error);
+      if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
+      step.argv.push_back(&b->raw);
     }
     for (int k = 0; k < block.n_outputs; ++k) {
       const int t = bundle.outputs[block.first_output + k];
       const TensorSpec* spec = FindTensorSpec(bundle, t);
-      bind(t, spec->rank, spec->dims, true);
-    }
-    for (Binding& b : step.bindings) {
-      if (b.tensor == -2) return Fail(context, std::string("block ") + block.name + ": a tensor type Halide cannot hold");
-      b.buffer.dim = b.dims.data();
-      step.argv.push_back(&b.buffer);
+      const Role role = internal.count(t) ? Role::kInternal : Role::kOutput;
+      Buffer* b = BufferFor(context, t, static_cast<int>(Pack::kNone), spec->rank, spec->dims, role, &error);
+      if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
+      step.argv.push_back(&b->raw);
+      if (role == Role::kOutput) step.to_host.push_back(b);
     }
   }
-  Log(LogLevel::kVerbose, "partition of %zu nodes: %zu blocks, %zu internal tensors in a %zu-byte arena",
-      nodes_.size(), steps_.size(), internal.size(), arena_.size());
+  for (Buffer& b : buffers_) {
+    if (b.role == Role::kInternal) b.raw.host = arena_.data() + b.arena_offset;
+  }
+  Log(LogLevel::kVerbose, "partition of %zu nodes: %zu blocks, %zu buffers, %zu internal tensors in a %zu-byte arena",
+      nodes_.size(), steps_.size(), buffers_.size(), internal.size(), arena_.size());
   return kTfLiteOk;
 }
 
 TfLiteStatus Partition::CheckShapes(TfLiteContext* context) const {
   const Bundle& bundle = *state_.bundle;
-  for (const Step& step : steps_) {
-    for (const Binding& b : step.bindings) {
-      if (b.packed >= 0) continue;
-      const TensorSpec* spec = FindTensorSpec(bundle, b.tensor);
-      const TfLiteIntArray* dims = context->tensors[b.tensor].dims;
-      bool same = dims != nullptr && dims->size == spec->rank;
-      for (int d = 0; same && d < spec->rank; ++d) same = dims->data[d] == spec->dims[d];
-      if (!same) {
-        const TfLiteTensor& t = context->tensors[b.tensor];
-        const std::string message = std::string("block ") + bundle.blocks[step.block].name + ": tensor '" +
-                                    (t.name ? t.name : "?") + "' is now " + ShapeText(dims) +
-                                    "; the kernels are compiled for static shapes (re-run `tflite_tools fuse`)";
-        Log(LogLevel::kError, "%s", message.c_str());
-        context->ReportError(context, "dnnfusion: %s", message.c_str());
-        return kTfLiteError;
-      }
+  for (const Buffer& b : buffers_) {
+    if (!b.packed.empty()) continue;
+    const TensorSpec* spec = FindTensorSpec(bundle, b.tensor);
+    const TfLiteIntArray* dims = context->tensors[b.tensor].dims;
+    bool same = dims != nullptr && dims->size == spec->rank;
+    for (int d = 0; same && d < spec->rank; ++d) same = dims->data[d] == spec->dims[d];
+    if (!same) {
+      const TfLiteTensor& t = context->tensors[b.tensor];
+      const std::string message = std::string("tensor '") + (t.name ? t.name : "?") + "' is now " + ShapeText(dims) +
+                                  "; the kernels are compiled for static shapes (re-run `tflite_tools fuse`)";
+      Log(LogLevel::kError, "%s", message.c_str());
+      context->ReportError(context, "dnnfusion: %s", message.c_str());
+      return kTfLiteError;
     }
   }
   return kTfLiteOk;
@@ -201,20 +219,18 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
                       : context->recommended_num_threads > 0 ? context->recommended_num_threads
                                                              : 1;
   UseThreads(threads);
+  // TFLite's memory for the partition's edges may move between invokes: rebind it every time.
+  for (Buffer& b : buffers_) {
+    if (b.role != Role::kInput && b.role != Role::kOutput) continue;
+    const TfLiteTensor& t = context->tensors[b.tensor];
+    if (t.data.raw == nullptr) {
+      return Fail(context, std::string("tensor '") + (t.name ? t.name : "?") + "' has no memory");
+    }
+    b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
+    if (b.role == Role::kInput) b.raw.set_host_dirty(true);  // new data: upload on first use
+  }
   auto* profiler = static_cast<tflite::Profiler*>(context->profiler);
   for (Step& step : steps_) {
-    for (Binding& b : step.bindings) {
-      uint8_t* host = b.packed >= 0  ? packed_[b.packed].data()
-                      : b.internal   ? arena_.data() + b.arena_offset
-                                     : reinterpret_cast<uint8_t*>(context->tensors[b.tensor].data.raw);
-      if (host == nullptr) {
-        const char* name = context->tensors[b.tensor].name;
-        return Fail(context, std::string("block ") + bundle.blocks[step.block].name + ": tensor '" +
-                                 (name ? name : "?") + "' has no memory");
-      }
-      b.buffer.host = host;
-      b.buffer.flags = 0;
-    }
     const BlockSpec& block = bundle.blocks[step.block];
     uint32_t event = 0;
     if (profiler) {
@@ -222,7 +238,10 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
                                    step.block, 0);
     }
     ClearHalideError();
-    const int err = block.kernel(step.argv.data());
+    int err = block.kernel(step.argv.data());
+    for (Buffer* b : step.to_host) {
+      if (err == 0) err = halide_copy_to_host(nullptr, &b->raw);  // no-op unless a GPU wrote it
+    }
     if (profiler) profiler->EndEvent(event);
     if (err != 0) {
       return Fail(context, std::string("block ") + block.name + " failed (Halide error " + std::to_string(err) +

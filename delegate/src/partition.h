@@ -1,9 +1,16 @@
 // One delegated partition: the TFLite node that replaces a connected run of claimed nodes. It
-// runs the blocks inside it in order, each through its Halide kernel, on buffers bound to the
-// TFLite tensors at every Invoke, with an arena of its own for the tensors internal to it.
+// runs the blocks inside it in order, each through its Halide kernel.
+//
+// Every tensor the partition touches has one Halide buffer, shared by all the blocks that read or
+// write it: on a GPU target a block's output stays on the device for the next block, and copies
+// happen only at the partition's edges — inputs are marked host-dirty at each Invoke (Halide
+// uploads them when a kernel first reads them), weights are marked once, outputs are copied back
+// after the block that writes them. On a CPU target the same flags cost nothing.
 #pragma once
 
 #include <cstddef>
+#include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +23,9 @@ namespace dnnfusion {
 class Partition {
  public:
   Partition(const DelegateState& state, const TfLiteDelegateParams& params);
+  ~Partition();
+  Partition(const Partition&) = delete;
+  Partition& operator=(const Partition&) = delete;
 
   // Binds buffers, packs constants and plans the arena the first time; checks shapes every time
   // (TFLite prepares a delegate kernel more than once, and again after a resize).
@@ -25,32 +35,39 @@ class Partition {
   TfLiteStatus Invoke(TfLiteContext* context);
 
  private:
-  // One kernel argument or output, as a Halide buffer over a TFLite tensor, a packed constant, or
-  // a slice of the arena.
-  struct Binding {
+  enum class Role {
+    kInput,     // read from TFLite's memory, written before the partition runs
+    kConstant,  // a weight: TFLite's read-only data, or a packed copy the partition owns
+    kInternal,  // written and read only inside the partition: lives in the arena
+    kOutput,    // written here, read by TFLite after: TFLite's memory
+  };
+  struct Buffer {
     int tensor = -1;
-    bool output = false;
-    bool internal = false;     // lives in the arena
+    Role role = Role::kInput;
     size_t arena_offset = 0;
-    int packed = -1;           // index into packed_, for packed constants
+    std::vector<uint8_t> packed;
     std::vector<halide_dimension_t> dims;
-    halide_buffer_t buffer{};
+    halide_buffer_t raw{};
   };
   struct Step {
-    int block = -1;  // index into the bundle
-    std::vector<Binding> bindings;
-    std::vector<void*> argv;
+    int block = -1;                // index into the bundle
+    std::vector<void*> argv;       // halide_buffer_t*: the kernel's arguments, then its outputs
+    std::vector<Buffer*> to_host;  // outputs the partition hands back to TFLite
   };
 
   TfLiteStatus Fail(TfLiteContext* context, const std::string& message);
   TfLiteStatus Build(TfLiteContext* context);
   TfLiteStatus CheckShapes(TfLiteContext* context) const;
+  Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims, Role role,
+                    std::string* error);
 
   const DelegateState& state_;
   std::vector<int> nodes_;    // the nodes this partition replaces
   std::vector<int> outputs_;  // tensors TFLite reads after the partition
   std::vector<Step> steps_;
-  std::vector<std::vector<uint8_t>> packed_;
+  std::deque<Buffer> buffers_;                  // stable addresses: steps point into it
+  std::map<std::pair<int, int>, Buffer*> by_key_;  // (tensor, packing) -> its buffer
+  std::map<int, size_t> arena_offset_;          // internal tensor -> offset
   std::vector<uint8_t> arena_;
   std::string error_;  // a problem found at construction, reported at Prepare
   bool built_ = false;

@@ -1,0 +1,97 @@
+"""GPU targets end to end through the delegate: OpenCL on PoCL and Vulkan on Mesa lavapipe (the
+closest things to Adreno and Mali this machine has). Same comparison against LiteRT's reference
+as the CPU path; and a device-copy trace (Halide's debug runtime) proving that tensors stay on the
+device inside a partition: after the first invoke, each invoke copies exactly the partition's
+inputs to the device and its outputs back, nothing else.
+
+Each run happens in a subprocess: the OpenCL ICD loader and the Vulkan loader read their
+environment (OCL_ICD_VENDORS, VK_ICD_FILENAMES) once per process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tflite_tools
+from conftest import MODELS, REPO
+from tflite_tools.fuse import fuse
+
+POCL_ICD = Path("/etc/OpenCL/vendors/pocl.icd")
+LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
+GPU_MODELS = ["unet_tiny", "transformer_encoder", "depthwise_residual", "fc_softmax"]
+
+
+def gpu_env(api: str) -> dict[str, str]:
+    icd = POCL_ICD if api == "opencl" else LAVAPIPE_ICD
+    if not icd.exists():
+        package = "pocl-opencl-icd" if api == "opencl" else "mesa-vulkan-drivers"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{package} is required in CI (scripts/install-system-deps.sh)")
+        pytest.skip(f"needs {package}")
+    key = "OCL_ICD_VENDORS" if api == "opencl" else "VK_ICD_FILENAMES"
+    return {**os.environ, key: str(icd.parent if api == "opencl" else icd), "PYTHONPATH": str(REPO)}
+
+
+def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tflite_tools", *args], capture_output=True, text=True, env=env,
+                          timeout=600)
+
+
+def lavapipe_loses_partial_blocks(result) -> bool:
+    """Halide 21's Vulkan runtime on lavapipe drops the last partial 64-byte block of a host<->device
+    copy (tests/test_aot.py shows it per kernel); copies happen at the partition's edges, here the
+    model's inputs and outputs."""
+    sg = tflite_tools.load(result.model).main
+    return any(t.nbytes % 64 for t in list(sg.inputs) + list(sg.outputs))
+
+
+@pytest.mark.parametrize("api", ["opencl", "vulkan"])
+@pytest.mark.parametrize("stem", GPU_MODELS)
+def test_gpu_delegate_matches_litert(stem, api, tmp_path, request):
+    env = gpu_env(api)
+    result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path.parent / "kgpu")
+    if api == "vulkan" and lavapipe_loses_partial_blocks(result):
+        request.applymarker(pytest.mark.xfail(reason="lavapipe partial-block copies (tests/test_aot.py)", strict=True))
+    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json"], env)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["claims"]["claimed_nodes"] == sorted(n for k in result.kernels if k.kernel for n in k.nodes)
+    assert report["ok"], report["outputs"]
+
+
+COPY_TRACE = r"""
+import sys
+import numpy as np
+from tflite_tools import runtime
+d = runtime.load_delegate(sys.argv[2], options={"claim": "all", "log_level": "verbose"})
+interp = runtime.make_interpreter(sys.argv[1], "xnnpack", 1, delegates=[d])
+inputs = runtime.random_inputs(interp)
+for k in range(3):
+    print(f"=== invoke {k}", file=sys.stderr, flush=True)
+    runtime.run(interp, inputs)
+print("=== done", file=sys.stderr, flush=True)
+"""
+
+
+def test_opencl_copies_only_at_partition_edges(tmp_path):
+    env = gpu_env("opencl")
+    result = fuse(MODELS / "unet_tiny.tflite", tmp_path / "out", target="host-opencl", cache_dir=tmp_path / "k",
+                  debug_runtime=True)
+    assert len([k for k in result.kernels if k.kernel]) == 15  # one partition of 15 blocks
+    proc = subprocess.run([sys.executable, "-c", COPY_TRACE, str(result.model), str(result.library)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    invokes = re.split(r"=== invoke \d+\n", proc.stderr.split("=== done")[0])[1:]
+    copies = [chunk.count("CL: halide_opencl_buffer_copy") for chunk in invokes]
+    launches = [chunk.count("CL: halide_opencl_run") for chunk in invokes]
+    # First invoke: the input, every weight (uploaded once) and the output. Then: the one input
+    # in and the one output out — the 14 tensors between blocks never leave the device.
+    assert copies[0] > 2 and copies[1] == copies[2] == 2, copies
+    assert launches[0] == launches[1] == launches[2] > 15, launches
