@@ -23,7 +23,7 @@ from fusion.ecg import ECG
 from tflite_tools import runtime
 from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
 
-from .block import build_block
+from .block import BlockKernel, build_block
 from .jit import JitKernel
 from .schedule import schedule_cpu
 from .schedule.auto import CPU_AUTOSCHEDULERS, schedule_auto
@@ -112,6 +112,17 @@ def _kernel_seconds(kernel: JitKernel, inputs: Sequence[Tensor], min_seconds: fl
     return statistics.median(_time(kernel.run, min_seconds) for _ in range(3))
 
 
+def cpu_schedule(source: str) -> Callable[[BlockKernel], None]:
+    """The scheduling function of a schedule source: "template" (halide_gen.schedule's CPU
+    templates) or the name of one of Halide's autoschedulers."""
+    return schedule_cpu if source == "template" else (lambda k: schedule_auto(k, source))
+
+
+def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], source: str = "template") -> JitKernel:
+    """The block JIT-compiled for this host under a schedule source."""
+    return JitKernel(build_block(name, ops, outputs), schedule=cpu_schedule(source))
+
+
 def choose_schedule(ops: Sequence[Operator], outputs: Sequence[Tensor], inputs: Sequence[Tensor],
                     sources: Sequence[str] = ("template",) + CPU_AUTOSCHEDULERS, min_seconds: float = 0.01,
                     seed: int = 0) -> ScheduleChoice:
@@ -119,9 +130,8 @@ def choose_schedule(ops: Sequence[Operator], outputs: Sequence[Tensor], inputs: 
     templates, or an autoscheduler's name) on this host and returns the fastest."""
     seconds = {}
     for source in sources:
-        schedule = schedule_cpu if source == "template" else (lambda k, s=source: schedule_auto(k, s))
-        kernel = JitKernel(build_block(f"choose_{source}", ops, outputs), schedule=schedule)
-        seconds[source] = _kernel_seconds(kernel, inputs, min_seconds, seed)
+        seconds[source] = _kernel_seconds(jit_kernel(f"choose_{source}", ops, outputs, source), inputs, min_seconds,
+                                          seed)
     return ScheduleChoice(min(seconds, key=seconds.get), seconds)
 
 

@@ -278,3 +278,19 @@ def test_blocks_tflite_would_split_are_declined_not_failed(fused, tmp_path):
                                    "(a node it waits on is left to TFLite)"}]
     inputs = runtime.random_inputs(interp)
     assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
+
+
+def test_autoschedulers_pick_a_source_per_block_and_stay_correct(tmp_path):
+    # Every block is timed under the templates and Halide's CPU autoschedulers; the fastest is
+    # compiled into the bundle (and the choice cached by block signature).
+    model = Path(__file__).parent / "models" / "fc_softmax.tflite"
+    result = fuse(model, tmp_path / "out", cache_dir=tmp_path / "k", autoschedulers=True, measure=True)
+    with_kernel = [k for k in result.kernels if k.kernel]
+    assert with_kernel and all(k.schedule in ("template", "Adams2019", "Mullapudi2016", "Li2018") for k in with_kernel)
+    assert all(k.ratio is not None and k.ratio > 0 for k in with_kernel)
+    cached = json.loads((tmp_path / "k" / "block-timings.json").read_text())
+    assert any(key.startswith("schedule:") for key in cached) and any(key.startswith("ratio:") for key in cached)
+    plan = json.loads(result.plan_json.read_text())
+    assert [k["schedule"] for k in plan["kernels"] if k["kernel"]] == [k.schedule for k in with_kernel]
+    outcome = run(result.model, delegate=result.library, options={"claim": "all"})
+    assert outcome.ok and outcome.claims["claimed_nodes"] == planned_nodes(result)

@@ -52,7 +52,8 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         from .fuse import fuse
 
         result = fuse(args.model, args.out, target=args.target, fast_math=args.fast_math, measure=args.measure,
-                      cost=cost, progress=_progress_printer(), debug_runtime=args.debug_runtime)
+                      cost=cost, progress=_progress_printer(), debug_runtime=args.debug_runtime,
+                      autoschedulers=args.autoschedulers)
         with_kernel = [k for k in result.kernels if k.kernel]
         print(f"{args.model}: {len(result.kernels)} blocks, {len(with_kernel)} with Halide kernels "
               f"({result.claimable_nodes} operators), {sum(k.profitable for k in result.kernels)} claimed by default; "
@@ -182,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="where the kernels run (default: host, x86-64 with AVX-512/AVX2/baseline)")
     fuse.add_argument("--measure", action="store_true",
                       help="time every block against LiteRT+XNNPACK here; claim only faster ones by default")
+    fuse.add_argument("--autoschedulers", action="store_true",
+                      help="time Halide's CPU autoschedulers against the templates per block here; compile the fastest")
     fuse.add_argument("--debug-runtime", action="store_true",
                       help="link Halide's debug runtime: traces device copies and kernel launches (log_level:verbose)")
     fuse.set_defaults(run=cmd_fuse)

@@ -48,6 +48,7 @@ class KernelRecord:
     kernel: str | None = None  # the C entry point, when the block has a kernel
     cached: bool = False
     skipped: str | None = None  # why the block stays with TFLite
+    schedule: str = "template"  # the CPU templates, or the autoscheduler that measured faster
     ratio: float | None = None  # measured Halide / (LiteRT + XNNPACK) on the host
     profitable: bool = False
 
@@ -83,12 +84,14 @@ def _set_metadata(model: Model, name: str, value: bytes) -> None:
 
 def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str = "host", fast_math: bool = False,
          measure: bool = False, cost: object | None = None, cache_dir: Path | None = None,
-         progress: Progress | None = None, debug_runtime: bool = False) -> FuseResult:
+         progress: Progress | None = None, debug_runtime: bool = False,
+         autoschedulers: bool = False) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
     profitable; otherwise every compiled block counts as profitable. `debug_runtime` links Halide's
     debug runtime, which traces device copies and kernel launches (delegate log_level:verbose).
-    Raises ModelError on input the compiler cannot take."""
+    `autoschedulers` times Halide's CPU autoschedulers against the templates per block on this host
+    and compiles the fastest. Raises ModelError on input the compiler cannot take."""
     from fusion.pipeline import plan_model
     from halide_gen.aot import compile_kernel, target_spec
     from halide_gen.block import build_block
@@ -99,8 +102,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         spec = target_spec(target)
     except ValueError as exc:
         raise ModelError(str(exc)) from None
-    if measure and spec.family != "x86":
-        raise ModelError(f"--measure times blocks on this host; it cannot measure target {target}")
+    if (measure or autoschedulers) and spec.family != "x86":
+        raise ModelError(f"--measure and --autoschedulers time blocks on this host; they cannot for target {target}")
     android = target.startswith("arm64-android")
     start = time.perf_counter()
     model = load(model_path)
@@ -111,7 +114,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     fingerprint = subgraph_fingerprint(sg)
     _set_metadata(model, METADATA_NAME, fingerprint.encode())
 
-    measurer = _Measurer(cache_dir) if measure else None
+    timings = _BlockTimings(cache_dir) if measure or autoschedulers else None
     records: list[KernelRecord] = []
     blocks: list[BundleBlock] = []
     plan_blocks = summary.plan.blocks
@@ -126,20 +129,22 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             continue
         try:
             lowered = build_block(block.name, ops, block.outputs)
-            artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir)
+            if autoschedulers:
+                record.schedule = timings.best_schedule(block, ops)
+            artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir, schedule=record.schedule)
         except LoweringError as exc:
             record.skipped = f"no lowering: {exc}"
             continue
         _check_interface(artifact, lowered)
         record.kernel, record.cached = artifact.function, artifact.cached
-        if measurer is not None:
-            record.ratio = measurer.ratio(block, ops)
+        if measure:
+            record.ratio = timings.ratio(block, ops, record.schedule)
             record.profitable = record.ratio < 1.0
         else:
             record.profitable = True
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
-    if measurer is not None:
-        measurer.save()
+    if timings is not None:
+        timings.save()
     if progress:
         progress(len(plan_blocks), len(plan_blocks), "linking")
 
@@ -204,30 +209,40 @@ def _check_interface(artifact, lowered) -> None:
         raise RuntimeError(f"kernel {artifact.function} takes {found}, block {lowered.name} passes {expected}")
 
 
-class _Measurer:
-    """Block timings against LiteRT + XNNPACK, cached on disk by block signature."""
+class _BlockTimings:
+    """Per-block measurements on this host, cached on disk by block signature: which schedule
+    source is fastest, and Halide / (LiteRT + XNNPACK) under a source, at one thread."""
 
     def __init__(self, cache_dir: Path | None):
         from fusion.cost import default_cache_dir
 
-        self.path = Path(cache_dir or default_cache_dir()) / "block-ratios.json"
+        self.path = Path(cache_dir or default_cache_dir()) / "block-timings.json"
         try:
-            self.table = {k: float(v) for k, v in json.loads(self.path.read_text()).items()}
-        except (OSError, ValueError, AttributeError, TypeError):
+            self.table = dict(json.loads(self.path.read_text()))
+        except (OSError, ValueError, TypeError):
             self.table = {}
 
-    def ratio(self, block, ops) -> float:
-        """Halide / (LiteRT + XNNPACK) for the block, timed on this host at one thread."""
-        from halide_gen.block import build_block
-        from halide_gen.jit import JitKernel
-        from halide_gen.profile import time_block
+    def best_schedule(self, block, ops) -> str:
+        """The fastest of the CPU templates and Halide's CPU autoschedulers for the block."""
+        from halide_gen.profile import choose_schedule
 
-        if block.signature not in self.table:
-            kernel = JitKernel(build_block(block.name, ops, block.outputs))
-            self.table[block.signature] = time_block(ops, block.inputs, block.outputs, kernel).ratio
-        return self.table[block.signature]
+        key = f"schedule:{block.signature}"
+        if key not in self.table:
+            self.table[key] = choose_schedule(ops, block.outputs, [t for t in block.inputs if not t.is_constant]).best
+        return str(self.table[key])
+
+    def ratio(self, block, ops, schedule: str) -> float:
+        """Halide (under `schedule`) / (LiteRT + XNNPACK) on the block's nodes."""
+        from halide_gen.profile import jit_kernel, time_block
+
+        key = f"ratio:{block.signature}:{schedule}"
+        if key not in self.table:
+            kernel = jit_kernel(block.name, ops, block.outputs, schedule)
+            self.table[key] = time_block(ops, block.inputs, block.outputs, kernel).ratio
+        return float(self.table[key])
 
     def save(self) -> None:
+        """Writes the cache; a read-only cache location is skipped."""
         from .atomic import write_bytes_atomic
 
         try:
@@ -261,11 +276,12 @@ def format_report(result: FuseResult, summary, source: str, target: str) -> str:
         "",
         "## Blocks",
         "",
-        "| block | ops | kernel | halide / xnnpack | claimed by default | note |",
-        "|---|---|---|---|---|---|",
+        "| block | ops | kernel | schedule | halide / xnnpack | claimed by default | note |",
+        "|---|---|---|---|---|---|---|",
     ]
     for k in result.kernels:
         ratio = f"{k.ratio:.2f}" if k.ratio is not None else "not measured"
         lines.append(f"| {k.block} | {' '.join(k.ops)} | {'`' + k.kernel + '`' if k.kernel else '-'} | "
-                     f"{ratio if k.kernel else '-'} | {'yes' if k.profitable else 'no'} | {k.skipped or ''} |")
+                     f"{k.schedule if k.kernel else '-'} | {ratio if k.kernel else '-'} | "
+                     f"{'yes' if k.profitable else 'no'} | {k.skipped or ''} |")
     return "\n".join(lines) + "\n"
