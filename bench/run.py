@@ -1,0 +1,227 @@
+"""The whole benchmark set in one command: regenerates bench/RESULTS.md's benchmark section and the
+charts in bench/charts/.
+
+    python bench/run.py [--runs 30] [--tvm-python /path/to/tvm/venv/bin/python] [MODEL ...]
+
+Per reference model (bench/zoo.py: ../shared/models when present):
+- `fuse` compile time from an empty kernel cache (cold) and again with it warm;
+- `fuse --measure` (block timings cached), whose claims make the "profitable" contender;
+- latency at one thread, interleaved in one process (tflite_tools.bench): LiteRT + XNNPACK, LiteRT
+  builtin, our delegate claiming every block and only the profitable ones — median, min, max and
+  the ratio to XNNPACK; then the same at two threads, reported apart (a 2-core machine makes them noisy);
+- peak resident memory per contender (a fresh process each) and the planned activation bytes;
+- fusion: TFLite ops, our kernels, TVM relax's fused kernels (bench/tvm_fusion.py);
+- TVM latency, untuned, one thread (bench/tvm_latency.py), when --tvm-python is given.
+
+MetaSchedule tuning is not run: on this 2-core machine even 64 trials per model take longer than the
+whole set (the default for a "brief" tune is thousands of trials per model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+BEGIN, END = "<!-- bench/run.py: begin -->", "<!-- bench/run.py: end -->"
+CONTENDERS = ("xnnpack", "builtin", "dnnfusion-all", "dnnfusion-profitable")
+
+
+def environment() -> dict[str, str]:
+    """The machine and versions the figures come from."""
+    import halide
+    import numpy
+
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    try:
+        from importlib.metadata import version
+
+        litert = version("ai-edge-litert")
+    except Exception:  # noqa: BLE001 - reported as unknown
+        litert = "?"
+    return {"date": datetime.date.today().isoformat(), "cpu": cpu, "cores": str(os.cpu_count()),
+            "python": platform.python_version(), "ai-edge-litert": litert,
+            "halide": getattr(halide, "__version__", "?"), "numpy": numpy.__version__}
+
+
+def _tvm(python: str | None, script: str, *args: str) -> dict:
+    if not python:
+        return {}
+    proc = subprocess.run([python, str(REPO / "bench" / script), *args], capture_output=True, text=True,
+                          env={**os.environ, "TVM_NUM_THREADS": "1"}, timeout=3600)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"error": proc.stderr.strip()[-300:]}
+
+
+def measure_model(model: Path, out: Path, runs: int, tvm_python: str | None) -> dict:
+    """Every figure for one model."""
+    import numpy as np
+
+    from tflite_tools import runtime
+    from tflite_tools.bench import benchmark, measure_peak_memory, ratios
+    from tflite_tools.fuse import fuse
+
+    row: dict = {"model": model.stem}
+    with tempfile.TemporaryDirectory() as cache:
+        start = time.perf_counter()
+        fuse(model, out / "cold", cache_dir=Path(cache))
+        row["fuse_cold_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        fuse(model, out / "cold", cache_dir=Path(cache))
+        row["fuse_warm_s"] = time.perf_counter() - start
+    result = fuse(model, out / "measured", measure=True)
+    plan = json.loads(result.plan_json.read_text())
+    row.update(ops=plan["ops"], kernels=sum(1 for k in result.kernels if k.kernel), blocks=len(result.kernels),
+               profitable=sum(k.profitable for k in result.kernels),
+               activations_before=plan["peak_bytes_before"], activations_after=plan["peak_bytes_after"])
+    for threads in (1, 2):
+        timings = benchmark(str(result.model), str(result.library), threads, runs, warmup=3)
+        if threads == 1:
+            measure_peak_memory(timings, str(result.model), str(result.library), 1)
+        rel = ratios(timings)
+        row[f"t{threads}"] = {t.name: {"median_ms": t.median / 1e3, "min_ms": min(t.runs_us) / 1e3,
+                                       "max_ms": max(t.runs_us) / 1e3, "ratio": rel[t.name],
+                                       "peak_mib": (t.peak_memory_kib or 0) / 1024} for t in timings}
+    row["tvm_kernels"] = _tvm(tvm_python, "tvm_fusion.py", str(model)).get("fused_functions")
+    inputs = []
+    interp = runtime.make_interpreter(model)
+    for k, array in enumerate(runtime.random_inputs(interp)):
+        inputs.append(str(out / f"in{k}.npy"))
+        np.save(inputs[-1], array)
+    row["tvm"] = _tvm(tvm_python, "tvm_latency.py", str(model), *inputs)
+    return row
+
+
+def _ms(entry: dict) -> str:
+    return f"{entry['median_ms']:.2f} ({entry['min_ms']:.2f}-{entry['max_ms']:.2f})"
+
+
+def format_results(rows: list[dict], env: dict[str, str], command: str) -> str:
+    """The Markdown section for RESULTS.md."""
+    lines = [BEGIN, "## Benchmarks: the whole set (bench/run.py)", "",
+             f"Command: `{command}`. Machine: {env['cpu']}, {env['cores']} cores. Versions: Python {env['python']}, "
+             f"ai-edge-litert {env['ai-edge-litert']}, halide {env['halide']}, numpy {env['numpy']}. Date: {env['date']}.",
+             "", "Latency at one thread, ms: median (min-max) over interleaved runs in one process; the ratio is to "
+             "LiteRT + XNNPACK's median (< 1: faster). TVM: relax, untuned, one core.", "",
+             "| model | XNNPACK | builtin | ours, all blocks | ours, profitable blocks | TVM untuned |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["t1"]
+        tvm = r.get("tvm") or {}
+        tvm_text = (f"{tvm['median_ms']:.2f} ({tvm['median_ms'] / t['xnnpack']['median_ms']:.2f}x)" if "median_ms" in tvm
+                    else f"n/a ({tvm['error'][:60]})" if tvm.get("error") else "not run")
+        lines.append(f"| {r['model']} | {_ms(t['xnnpack'])} | {t['builtin']['ratio']:.2f}x | "
+                     f"{t['dnnfusion-all']['ratio']:.2f}x | {t['dnnfusion-profitable']['ratio']:.2f}x | {tvm_text} |")
+    lines += ["", "Two threads (noisy on 2 cores), median ms and ratio to XNNPACK at two threads:", "",
+              "| model | XNNPACK | builtin | ours, all | ours, profitable |", "|---|---|---|---|---|"]
+    for r in rows:
+        t = r["t2"]
+        lines.append(f"| {r['model']} | {t['xnnpack']['median_ms']:.2f} | {t['builtin']['ratio']:.2f}x | "
+                     f"{t['dnnfusion-all']['ratio']:.2f}x | {t['dnnfusion-profitable']['ratio']:.2f}x |")
+    lines += ["", "Fusion, memory and compile time:", "",
+              "| model | TFLite ops | our kernels (profitable) | TVM kernels | fusion rate ours / TVM | "
+              "peak MiB XNNPACK / builtin / ours all / ours profitable | planned activations MiB before / after | "
+              "fuse cold / warm s |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        peaks = " / ".join(f"{r['t1'][c]['peak_mib']:.0f}" for c in CONTENDERS)
+        tvm_k = r.get("tvm_kernels")
+        rate_tvm = f"{r['ops'] / tvm_k:.2f}" if tvm_k else "-"
+        lines.append(f"| {r['model']} | {r['ops']} | {r['kernels']} ({r['profitable']}) | {tvm_k or '-'} | "
+                     f"{r['ops'] / max(1, r['blocks']):.2f} / {rate_tvm} | {peaks} | "
+                     f"{r['activations_before'] / 2**20:.1f} / {r['activations_after'] / 2**20:.1f} | "
+                     f"{r['fuse_cold_s']:.0f} / {r['fuse_warm_s']:.1f} |")
+    lines += ["", "Charts: `bench/charts/speedup.png`, `bench/charts/fusion.png`, `bench/charts/memory.png`.", END]
+    return "\n".join(lines) + "\n"
+
+
+def draw_charts(rows: list[dict], folder: Path) -> list[Path]:
+    """speedup.png (XNNPACK median / each runtime's, per model), fusion.png, memory.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [r["model"] for r in rows]
+    x = range(len(rows))
+    paths = []
+
+    def bars(series: dict[str, list[float]], title: str, ylabel: str, file: str, line: float | None = None) -> None:
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        width = 0.8 / max(1, len(series))
+        for k, (label, values) in enumerate(series.items()):
+            ax.bar([i + k * width for i in x], values, width, label=label)
+        if line is not None:
+            ax.axhline(line, color="black", linewidth=0.8)
+        ax.set_xticks([i + width * (len(series) - 1) / 2 for i in x], names, rotation=20, ha="right")
+        ax.set_title(title)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(folder / file, dpi=110)
+        plt.close(fig)
+        paths.append(folder / file)
+
+    speed = {c: [1.0 / r["t1"][c]["ratio"] for r in rows] for c in CONTENDERS}
+    speed["tvm (untuned)"] = [r["t1"]["xnnpack"]["median_ms"] / r["tvm"]["median_ms"]
+                              if "median_ms" in (r.get("tvm") or {}) else 0.0 for r in rows]
+    bars(speed, "Speed relative to LiteRT + XNNPACK, one thread (higher is faster)", "x XNNPACK", "speedup.png", 1.0)
+    bars({"TFLite ops": [r["ops"] for r in rows], "our kernels": [r["kernels"] for r in rows],
+          "TVM kernels": [r.get("tvm_kernels") or 0 for r in rows]}, "Fusion: operators and kernels", "count",
+         "fusion.png")
+    bars({c: [r["t1"][c]["peak_mib"] for r in rows] for c in CONTENDERS}, "Peak resident memory growth", "MiB",
+         "memory.png")
+    return paths
+
+
+def update_results(path: Path, section: str) -> None:
+    """Replaces the marked section of RESULTS.md (or appends it)."""
+    text = path.read_text() if path.exists() else "# Measured results\n"
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section.rstrip("\n") + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the set and writes RESULTS.md and the charts."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", type=Path)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--tvm-python", help="the Python of an environment with apache-tvm and tflite")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "run")
+    parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md")
+    args = parser.parse_args(argv)
+
+    from zoo import reference_models
+
+    models = args.models or reference_models()
+    rows = []
+    for model in models:
+        start = time.perf_counter()
+        rows.append(measure_model(model, args.out / model.stem, args.runs, args.tvm_python))
+        print(f"{model.stem}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
+    command = "python bench/run.py" + (f" --runs {args.runs}" if args.runs != 30 else "") + \
+              (" --tvm-python <tvm venv>/bin/python" if args.tvm_python else "")
+    update_results(args.results, format_results(rows, environment(), command))
+    draw_charts(rows, REPO / "bench" / "charts")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
