@@ -40,20 +40,20 @@ CONTENDERS = ("xnnpack", "builtin", "dnnfusion-all", "dnnfusion-profitable")
 
 def environment() -> dict[str, str]:
     """The machine and versions the figures come from."""
-    import halide
     import numpy
+    from importlib.metadata import PackageNotFoundError, version
 
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
-    try:
-        from importlib.metadata import version
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "?"
 
-        litert = version("ai-edge-litert")
-    except Exception:  # noqa: BLE001 - reported as unknown
-        litert = "?"
     return {"date": datetime.date.today().isoformat(), "cpu": cpu, "cores": str(os.cpu_count()),
-            "python": platform.python_version(), "ai-edge-litert": litert,
-            "halide": getattr(halide, "__version__", "?"), "numpy": numpy.__version__}
+            "python": platform.python_version(), "ai-edge-litert": installed("ai-edge-litert"),
+            "halide": installed("halide"), "numpy": numpy.__version__}
 
 
 def _tvm(python: str | None, script: str, *args: str) -> dict:
@@ -121,9 +121,11 @@ def format_results(rows: list[dict], env: dict[str, str], command: str) -> str:
         t = r["t1"]
         tvm = r.get("tvm") or {}
         tvm_text = (f"{tvm['median_ms']:.2f} ({tvm['median_ms'] / t['xnnpack']['median_ms']:.2f}x)" if "median_ms" in tvm
-                    else f"n/a ({tvm['error'][:60]})" if tvm.get("error") else "not run")
+                    else "n/a (below)" if tvm.get("error") else "not run")
         lines.append(f"| {r['model']} | {_ms(t['xnnpack'])} | {t['builtin']['ratio']:.2f}x | "
                      f"{t['dnnfusion-all']['ratio']:.2f}x | {t['dnnfusion-profitable']['ratio']:.2f}x | {tvm_text} |")
+    failed = [f"- TVM could not run {r['model']}: {r['tvm']['error']}" for r in rows if (r.get("tvm") or {}).get("error")]
+    lines += [""] + failed if failed else []
     lines += ["", "Two threads (noisy on 2 cores), median ms and ratio to XNNPACK at two threads:", "",
               "| model | XNNPACK | builtin | ours, all | ours, profitable |", "|---|---|---|---|---|"]
     for r in rows:
@@ -168,7 +170,7 @@ def draw_charts(rows: list[dict], folder: Path) -> list[Path]:
         ax.set_xticks([i + width * (len(series) - 1) / 2 for i in x], names, rotation=20, ha="right")
         ax.set_title(title)
         ax.set_ylabel(ylabel)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
         fig.tight_layout()
         fig.savefig(folder / file, dpi=110)
         plt.close(fig)
@@ -205,7 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tvm-python", help="the Python of an environment with apache-tvm and tflite")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "run")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md")
+    parser.add_argument("--from-rows", action="store_true", help="re-render the report from OUT/rows.json only")
     args = parser.parse_args(argv)
+    command = "python bench/run.py" + (f" --runs {args.runs}" if args.runs != 30 else "") + \
+              (" --tvm-python <tvm venv>/bin/python" if args.tvm_python else "")
+    if args.from_rows:
+        rows = json.loads((args.out / "rows.json").read_text())
+        update_results(args.results, format_results(rows, environment(), command))
+        draw_charts(rows, REPO / "bench" / "charts")
+        return 0
 
     from zoo import reference_models
 
@@ -216,8 +226,6 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(measure_model(model, args.out / model.stem, args.runs, args.tvm_python))
         print(f"{model.stem}: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     (args.out / "rows.json").write_text(json.dumps(rows, indent=1))
-    command = "python bench/run.py" + (f" --runs {args.runs}" if args.runs != 30 else "") + \
-              (" --tvm-python <tvm venv>/bin/python" if args.tvm_python else "")
     update_results(args.results, format_results(rows, environment(), command))
     draw_charts(rows, REPO / "bench" / "charts")
     return 0

@@ -47,7 +47,8 @@ def main(argv: list[str]) -> int:
     except FrontendError as exc:
         result["error"] = f"frontend: {exc}"
     except Exception as exc:  # noqa: BLE001 - any build or run failure is reported as the result
-        result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:300] if str(exc).strip() else ''}"
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip() and not line.startswith(("#", " "))]
+        result["error"] = f"{type(exc).__name__}: {lines[0][:300] if lines else ''}"
     print(json.dumps(result), flush=True)
     return 0
 

@@ -33,7 +33,7 @@ def test_section_has_every_figure():
     assert text.startswith(bench_run.BEGIN) and text.rstrip().endswith(bench_run.END)
     assert "Test CPU" in text and "ai-edge-litert 2.3.0" in text and "2026-11-30" in text
     assert "| m1 | 10.00 (9.00-12.00) | 3.00x | 0.80x | 0.90x | 20.00 (2.00x) |" in text
-    assert "n/a (frontend: boom)" in text
+    assert "| n/a (below) |" in text and "- TVM could not run m2: frontend: boom" in text
     assert "| m1 | 100 | 40 (30) | 60 | 2.00 / 1.67 | 40 / 40 / 40 / 40 | 8.0 / 4.0 | 31 / 1.5 |" in text
 
 

@@ -131,7 +131,10 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"{model}: LiteRT cannot prepare the model: {exc}") from None
         arrays = load_inputs(inputs, interp) if inputs else runtime.random_inputs(interp, seed)
-        result = RunResult(runtime.run(interp, arrays))
+        try:
+            result = RunResult(runtime.run(interp, arrays))
+        except RuntimeError as exc:  # a kernel that fails reports through TFLite, never aborts
+            raise ModelError(f"{model}: invoke failed: {' '.join(str(exc).split())}") from None
         result.claims = read_claims(report) if delegate is not None else None
     if compare_reference:
         ref = runtime.make_interpreter(model, reference_resolver(interp), 1)
