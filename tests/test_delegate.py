@@ -294,3 +294,21 @@ def test_autoschedulers_pick_a_source_per_block_and_stay_correct(tmp_path):
     assert [k["schedule"] for k in plan["kernels"] if k["kernel"]] == [k.schedule for k in with_kernel]
     outcome = run(result.model, delegate=result.library, options={"claim": "all"})
     assert outcome.ok and outcome.claims["claimed_nodes"] == planned_nodes(result)
+
+
+def test_profile_option_times_every_block_in_context(fused, tmp_path):
+    result = fused("transformer_encoder")
+    profile = tmp_path / "profile.jsonl"
+    d, _ = delegate(result, tmp_path, claim="all", profile=str(profile))
+    interp = runtime.make_interpreter(result.model, delegates=[d])
+    inputs = runtime.random_inputs(interp)
+    for _ in range(3):
+        runtime.run(interp, inputs)
+    del interp  # the partition writes its profile when TFLite frees it
+    import gc
+
+    gc.collect()
+    rows = [json.loads(line) for line in profile.read_text().splitlines()]
+    assert sorted(r["block"] for r in rows) == sorted(k.block for k in result.kernels if k.kernel)
+    assert all(r["calls"] == 3 and r["total_us"] > 0 and r["mean_us"] == pytest.approx(r["total_us"] / 3, rel=1e-2, abs=1e-3)
+               for r in rows)

@@ -12,7 +12,7 @@ namespace dnnfusion {
 struct DelegateState {
   Options options;
   const Bundle* bundle = nullptr;
-  std::mutex report_mutex;  // serialises appends to options.report
+  std::mutex report_mutex;  // serialises appends to options.report and options.profile
 };
 
 }  // namespace dnnfusion

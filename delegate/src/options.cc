@@ -58,6 +58,8 @@ bool ParseOptions(const char* const* keys, const char* const* values, size_t cou
       }
     } else if (key == "report") {
       out->report = value;
+    } else if (key == "profile") {
+      out->profile = value;
     } else if (key == "blocks") {
       out->blocks.clear();
       std::string list = value;
@@ -68,7 +70,7 @@ bool ParseOptions(const char* const* keys, const char* const* values, size_t cou
         start = end + 1;
       }
     } else {
-      *error = "unknown option '" + key + "' (known: num_threads, log_level, claim, blocks, report)";
+      *error = "unknown option '" + key + "' (known: num_threads, log_level, claim, blocks, report, profile)";
       return false;
     }
   }

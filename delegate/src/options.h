@@ -21,6 +21,7 @@ struct Options {
   LogLevel log_level = LogLevel::kWarning;
   ClaimPolicy claim = ClaimPolicy::kProfitable;
   std::string report;   // when set, each Prepare writes its claims and declines here as JSON
+  std::string profile;  // when set, each partition appends its blocks' invoke times here as JSON
   std::vector<std::string> blocks;  // when set, claim only these blocks (by name): for bisecting
 };
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <utility>
@@ -49,7 +51,7 @@ void UseThreads(int threads) {
 
 }  // namespace
 
-Partition::Partition(const DelegateState& state, const TfLiteDelegateParams& params) : state_(state) {
+Partition::Partition(DelegateState& state, const TfLiteDelegateParams& params) : state_(state) {
   const Bundle& bundle = *state.bundle;
   nodes_.assign(params.nodes_to_replace->data, params.nodes_to_replace->data + params.nodes_to_replace->size);
   outputs_.assign(params.output_tensors->data, params.output_tensors->data + params.output_tensors->size);
@@ -74,10 +76,26 @@ Partition::Partition(const DelegateState& state, const TfLiteDelegateParams& par
 }
 
 Partition::~Partition() {
+  if (!state_.options.profile.empty()) WriteProfile();
   // Device allocations made by GPU kernels belong to the buffers; free them with the partition.
   for (Buffer& b : buffers_) {
     if (b.raw.device != 0 && b.raw.device_interface != nullptr) halide_device_free(nullptr, &b.raw);
   }
+}
+
+void Partition::WriteProfile() const {
+  // One JSON line per block: what `tflite_tools bench` and people read to find the slow blocks
+  // in the model's own context (TFLite's op profiler is not reachable from Python).
+  std::lock_guard<std::mutex> lock(state_.report_mutex);
+  FILE* f = std::fopen(state_.options.profile.c_str(), "a");
+  if (f == nullptr) return;
+  for (const Step& step : steps_) {
+    if (step.calls == 0) continue;
+    std::fprintf(f, "{\"block\": \"%s\", \"calls\": %lld, \"total_us\": %.3f, \"mean_us\": %.3f}\n",
+                 state_.bundle->blocks[step.block].name, static_cast<long long>(step.calls), step.seconds * 1e6,
+                 step.seconds * 1e6 / step.calls);
+  }
+  std::fclose(f);
 }
 
 TfLiteStatus Partition::Fail(TfLiteContext* context, const std::string& message) {
@@ -238,9 +256,15 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
                                    step.block, 0);
     }
     ClearHalideError();
+    const bool timed = !state_.options.profile.empty();
+    const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
     int err = block.kernel(step.argv.data());
     for (Buffer* b : step.to_host) {
       if (err == 0) err = halide_copy_to_host(nullptr, &b->raw);  // no-op unless a GPU wrote it
+    }
+    if (timed) {
+      step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      ++step.calls;
     }
     if (profiler) profiler->EndEvent(event);
     if (err != 0) {

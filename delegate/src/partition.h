@@ -22,7 +22,7 @@ namespace dnnfusion {
 
 class Partition {
  public:
-  Partition(const DelegateState& state, const TfLiteDelegateParams& params);
+  Partition(DelegateState& state, const TfLiteDelegateParams& params);
   ~Partition();
   Partition(const Partition&) = delete;
   Partition& operator=(const Partition&) = delete;
@@ -51,6 +51,8 @@ class Partition {
   };
   struct Step {
     int block = -1;                // index into the bundle
+    int64_t calls = 0;             // invokes timed (option `profile`)
+    double seconds = 0.0;
     std::vector<void*> argv;       // halide_buffer_t*: the kernel's arguments, then its outputs
     std::vector<Buffer*> to_host;  // outputs the partition hands back to TFLite
   };
@@ -58,10 +60,11 @@ class Partition {
   TfLiteStatus Fail(TfLiteContext* context, const std::string& message);
   TfLiteStatus Build(TfLiteContext* context);
   TfLiteStatus CheckShapes(TfLiteContext* context) const;
+  void WriteProfile() const;
   Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims, Role role,
                     std::string* error);
 
-  const DelegateState& state_;
+  DelegateState& state_;
   std::vector<int> nodes_;    // the nodes this partition replaces
   std::vector<int> outputs_;  // tensors TFLite reads after the partition
   std::vector<Step> steps_;
