@@ -13,8 +13,9 @@ Per reference model (bench/zoo.py: ../shared/models when present):
 - fusion: TFLite ops, our kernels, TVM relax's fused kernels (bench/tvm_fusion.py);
 - TVM latency, untuned, one thread (bench/tvm_latency.py), when --tvm-python is given.
 
-MetaSchedule tuning is not run: on this 2-core machine even 64 trials per model take longer than the
-whole set (the default for a "brief" tune is thousands of trials per model).
+MetaSchedule tuning is not run: in apache-tvm 0.27.0.post1 `relax.transform.MetaScheduleTuneIRMod`
+(64 trials, gpt2_small, after the same legalize/fuse passes) crashes the process with a segfault in
+`tvm::ffi::ToJSONGraph` as tuning starts (2026-11-30), so the TVM figures are untuned.
 """
 
 from __future__ import annotations
