@@ -112,8 +112,8 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
             raise LoweringError(f"dynamic shape on {t.name!r}")
         key = (id(t), packing)
         if key not in params:
-            arg = Argument(t, hl.ImageParam(halide_type(t.type_name), len(t.shape), f"{kernel.name}_in{len(params)}"),
-                           packing)
+            rank = len(PACKERS[packing].shape(tuple(t.shape))) if packing else len(t.shape)
+            arg = Argument(t, hl.ImageParam(halide_type(t.type_name), rank, f"{kernel.name}_in{len(params)}"), packing)
             # Shapes are static: telling Halide makes every loop bound a constant (unrollable,
             # no runtime bounds arithmetic) and checks the buffers the caller passes.
             for k, extent in enumerate(reversed(arg.shape)):

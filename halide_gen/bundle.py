@@ -38,7 +38,8 @@ HALIDE_INCLUDE = Path(hl.__file__).parent / "include"
 TFLITE_TYPES = {"FLOAT32": 1, "INT32": 2, "UINT8": 3, "INT64": 4, "STRING": 5, "BOOL": 6, "INT16": 7,
                 "COMPLEX64": 8, "INT8": 9, "FLOAT16": 10, "FLOAT64": 11}
 # delegate/include/dnnfusion/bundle.h: enum class Pack
-PACK_CODES = {None: "kNone", "ohwi_to_hwio": "kOhwiToHwio", "oi_to_io": "kOiToIo", "pad_channels": "kPadChannels"}
+PACK_CODES = {None: "kNone", "ohwi_to_hwio": "kOhwiToHwio", "oi_to_io": "kOiToIo", "pad_channels": "kPadChannels",
+              "o_blocked": "kOBlocked"}
 MAX_RANK = 8
 
 # Compilers per target family (g++ for x86-64, Debian's cross compiler for AArch64 Linux).

@@ -312,3 +312,27 @@ def test_profile_option_times_every_block_in_context(fused, tmp_path):
     assert sorted(r["block"] for r in rows) == sorted(k.block for k in result.kernels if k.kernel)
     assert all(r["calls"] == 3 and r["total_us"] > 0 and r["mean_us"] == pytest.approx(r["total_us"] / 3, rel=1e-2, abs=1e-3)
                for r in rows)
+
+
+def test_matrix_vector_weights_are_packed_by_the_runtime_as_by_python(kernel_cache, tmp_path):
+    # One-pixel convs and one-row FCs take tile-blocked weights (pack.py "o_blocked"); the delegate
+    # packs them itself at Prepare (delegate/src/pack.cc), so this checks the two packers agree.
+    from tflite_tools.builder import ModelBuilder
+
+    rng = np.random.default_rng(3)
+    b = ModelBuilder()
+    x = b.input("x", [1, 3, 3, 5])
+    y = b.op("CONV_2D", [x, b.const("w", rng.standard_normal((40, 3, 3, 5)).astype(np.float32)),
+                         b.const("b", rng.standard_normal(40).astype(np.float32))], [1, 1, 1, 40], padding="VALID",
+             stride_h=1, stride_w=1, fused_activation_function="RELU")
+    z = b.op("FULLY_CONNECTED", [b.op("RESHAPE", [y, b.const("s", np.array([1, 40], np.int32))], [1, 40]),
+                                 b.const("w2", rng.standard_normal((37, 40)).astype(np.float32)),
+                                 b.const("b2", rng.standard_normal(37).astype(np.float32))], [1, 37])
+    b.output(z)
+    tflite_tools.save(b.build(), tmp_path / "mv.tflite")
+    result = fuse(tmp_path / "mv.tflite", tmp_path / "out", cache_dir=kernel_cache)
+    plan = json.loads(result.plan_json.read_text())
+    assert plan["kernels"] and all(k["kernel"] for k in plan["kernels"])
+    outcome = run(result.model, delegate=result.library, options={"claim": "all"})
+    assert outcome.ok and outcome.errors[0].max_rel < 1e-5, outcome.errors
+    assert outcome.claims["claimed_nodes"] == planned_nodes(result)

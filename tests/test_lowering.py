@@ -177,6 +177,8 @@ def conv_model(shape, cout, k, stride, padding, act="NONE", dilation=1, groups=1
     ((1, 7, 11, 1), 3, 3, 1, "SAME", "RELU"),     # 1 input channel
     ((1, 10, 10, 3), 5, 3, 2, "VALID", "NONE"),
     ((2, 6, 6, 4), 4, 5, 1, "SAME", "NONE"),      # batch 2, kernel larger than stride
+    ((1, 1, 1, 24), 37, 1, 1, "VALID", "RELU"),   # one pixel: squeeze-excite, weights tile-blocked
+    ((1, 3, 3, 5), 40, 3, 1, "VALID", "NONE"),    # 3x3 conv down to one pixel, 40 = 32 + 8 channels
 ])
 def test_conv2d(shape, cout, k, stride, padding, act):
     compare(conv_model(shape, cout, k, stride, padding, act))
@@ -221,7 +223,8 @@ def test_transpose_conv(padding, k, stride, in_hw, out_hw):
 
 
 @pytest.mark.parametrize("in_shape, out_shape, keep", [((2, 17), (2, 10), False), ((1, 4, 6), (1, 4, 3), True),
-                                                        ((1, 4, 6), (4, 3), False)])
+                                                        ((1, 4, 6), (4, 3), False),
+                                                        ((1, 19), (1, 70), False)])  # one row: tile-blocked
 def test_fully_connected(in_shape, out_shape, keep):
     b = ModelBuilder()
     x = b.input("x", in_shape)

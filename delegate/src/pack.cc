@@ -43,6 +43,17 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
       for (size_t r = 0; r < rows; ++r) std::memcpy(out + r * cp * bytes, in + r * c * bytes, c * bytes);
       return true;
     }
+    case Pack::kOBlocked: {  // [O, rest...] -> [O_padded / T, rest..., T]
+      if (dst_rank != src_rank + 1 || src_rank == 0) return false;
+      const size_t tile = dst_dims[dst_rank - 1], rest = Product(src_dims + 1, src_rank - 1);
+      if (tile == 0 || static_cast<size_t>(dst_dims[0]) * tile < static_cast<size_t>(src_dims[0])) return false;
+      for (size_t o = 0; o < static_cast<size_t>(src_dims[0]); ++o) {
+        for (size_t r = 0; r < rest; ++r) {
+          std::memcpy(out + (((o / tile) * rest + r) * tile + o % tile) * bytes, in + (o * rest + r) * bytes, bytes);
+        }
+      }
+      return true;
+    }
     case Pack::kNone:
       break;
   }

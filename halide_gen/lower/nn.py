@@ -8,7 +8,9 @@ for bit. Padding follows TFLite's ComputePaddingHeightWidth.
 from __future__ import annotations
 
 import halide as hl
+import numpy as np
 
+from ..pack import CHANNEL_TILE
 from ..values import Value, define, flat_index, unflatten
 from .elementwise import activation
 from .registry import LoweringError, OpContext, accumulate, read, register
@@ -58,15 +60,28 @@ def _bias(ctx: OpContext, index: int):
     return lambda oc: bias(oc)
 
 
+def _weights(ctx: OpContext, index: int, layout: str, matrix_vector: bool):
+    """weight(o, *rest) for TFLite weights [O, *rest]: packed output-channel-innermost (`layout`),
+    or tile-blocked for a matrix-vector product (pack.py, "o_blocked"), or as TFLite stores them
+    when they are not constant."""
+    if matrix_vector:
+        blocked = ctx.packed(index, "o_blocked")
+        if blocked is not None:
+            return lambda o, *rest: blocked(o / CHANNEL_TILE, *rest, o % CHANNEL_TILE)
+    packed = ctx.packed(index, layout)
+    if packed is not None:
+        return lambda o, *rest: packed(*rest, o)
+    w = ctx.value(index)
+    return lambda o, *rest: w(o, *rest)
+
+
 @register("CONV_2D")
 def lower_conv2d(ctx: OpContext) -> list[Value]:
     """out[n,y,x,o] = act(bias[o] + sum_{ky,kx,i} in[n, y*s-p+ky*d, x*s-p+kx*d, g*Cin+i] * w[o,ky,kx,i])."""
     x = ctx.value(0)
     cout, kh, kw, cin = ctx.op.inputs[1].shape
-    packed = ctx.packed(1, "ohwi_to_hwio")
-    w = packed or ctx.value(1)
-    weight = (lambda o, ky, kx, i: packed(ky, kx, i, o)) if packed else (lambda o, ky, kx, i: w(o, ky, kx, i))
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
+    weight = _weights(ctx, 1, "ohwi_to_hwio", matrix_vector=out[0] * out[1] * out[2] == 1)
     groups = x.shape[3] // cin
     per_group = cout // groups
     pointwise = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0)
@@ -146,10 +161,8 @@ def lower_fully_connected(ctx: OpContext) -> list[Value]:
         raise LoweringError("FULLY_CONNECTED with shuffled weights")
     x = ctx.value(0)
     units, depth = ctx.op.inputs[1].shape
-    packed = ctx.packed(1, "oi_to_io")
-    w = packed or ctx.value(1)
-    weight = (lambda u, k: packed(k, u)) if packed else (lambda u, k: w(u, k))
     out = ctx.out_shape()
+    weight = _weights(ctx, 1, "oi_to_io", matrix_vector=int(np.prod(out[:-1])) == 1)
     r = hl.RDom([(0, depth)], ctx.func_name("r"))
     bias, act = _bias(ctx, 2), ctx.op.fused_activation
 

@@ -19,6 +19,7 @@ enum class Pack : int32_t {
   kOhwiToHwio = 1,   // CONV_2D filter [O, kh, kw, I] -> [kh, kw, I, O padded]
   kOiToIo = 2,       // FULLY_CONNECTED weights [units, in] -> [in, units padded]
   kPadChannels = 3,  // pad the innermost (channel) axis
+  kOBlocked = 4,     // matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]
 };
 
 // A tensor as the model was compiled: its index in the subgraph, TfLiteType and shape
