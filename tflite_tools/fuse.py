@@ -222,11 +222,18 @@ class _BlockTimings:
         except (OSError, ValueError, TypeError):
             self.table = {}
 
+    @staticmethod
+    def _key(kind: str, *parts: str) -> str:
+        # Measurements die with the code generator that made the kernels they timed.
+        from halide_gen.aot import CODEGEN_VERSION
+
+        return ":".join([kind, f"v{CODEGEN_VERSION}", *parts])
+
     def best_schedule(self, block, ops) -> str:
         """The fastest of the CPU templates and Halide's CPU autoschedulers for the block."""
         from halide_gen.profile import choose_schedule
 
-        key = f"schedule:{block.signature}"
+        key = self._key("schedule", block.signature)
         if key not in self.table:
             self.table[key] = choose_schedule(ops, block.outputs, [t for t in block.inputs if not t.is_constant]).best
         return str(self.table[key])
@@ -235,7 +242,7 @@ class _BlockTimings:
         """Halide (under `schedule`) / (LiteRT + XNNPACK) on the block's nodes."""
         from halide_gen.profile import jit_kernel, time_block
 
-        key = f"ratio:{block.signature}:{schedule}"
+        key = self._key("ratio", block.signature, schedule)
         if key not in self.table:
             kernel = jit_kernel(block.name, ops, block.outputs, schedule)
             self.table[key] = time_block(ops, block.inputs, block.outputs, kernel).ratio
