@@ -45,6 +45,14 @@ _X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
 _X86_BASE = "x86-64-linux"
 _VULKAN = "vulkan-vk_int8-vk_int16-vk_v13"  # 8/16-bit storage for BOOL and int8 tensors
 
+# Halide's Vulkan memory allocator, as HL_VK_ALLOC_CONFIG reads it (max pool MB : min block MB : max
+# block MB : max block count : size multiple in bytes). The defaults round regions to 32 bytes; on a
+# device whose nonCoherentAtomSize is 64 (Mesa lavapipe) a copy of a buffer that is not a multiple of
+# 64 bytes then lost its last partial block, and 224x224 CNNs could not get their default-sized memory
+# blocks. 1 MB blocks and 64-byte multiples fix both (tests/test_aot.py, tests/test_gpu_delegate.py).
+# The delegate sets the same default (delegate/src/plugin.cc) unless the environment has one.
+VULKAN_ALLOC_CONFIG = "0:1:0:0:64"
+
 
 @dataclass(frozen=True)
 class TargetSpec:

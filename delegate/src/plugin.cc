@@ -105,6 +105,13 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   SetLogLevel(state->options.log_level);
   InstallHalideHooks();
   state->bundle = &bundle();
+  if (std::strstr(state->bundle->target, "vulkan") != nullptr) {
+    // Halide's Vulkan allocator rounds regions to 32 bytes by default; where nonCoherentAtomSize is 64
+    // (Mesa lavapipe) copies then lose a buffer's last partial block. 64-byte multiples and 1 MB blocks
+    // (halide_gen/aot.py: VULKAN_ALLOC_CONFIG), unless the environment says otherwise; read when the
+    // first kernel creates the Vulkan context.
+    setenv("HL_VK_ALLOC_CONFIG", "0:1:0:0:64", /*overwrite=*/0);
+  }
   delegate->data_ = state;
   delegate->Prepare = DelegatePrepare;
   delegate->flags = kTfLiteDelegateFlagsNone;
