@@ -37,6 +37,8 @@ HALIDE_INCLUDE = Path(hl.__file__).parent / "include"
 # TfLiteType codes (tensorflow/lite/core/c/c_api_types.h), by schema type name.
 TFLITE_TYPES = {"FLOAT32": 1, "INT32": 2, "UINT8": 3, "INT64": 4, "STRING": 5, "BOOL": 6, "INT16": 7,
                 "COMPLEX64": 8, "INT8": 9, "FLOAT16": 10, "FLOAT64": 11}
+# delegate/src/options.h: enum class ClaimPolicy
+CLAIM_CODES = {"profitable": 0, "all": 1, "none": 2}
 # delegate/include/dnnfusion/bundle.h: enum class Pack
 PACK_CODES = {None: "kNone", "ohwi_to_hwio": "kOhwiToHwio", "oi_to_io": "kOiToIo", "pad_channels": "kPadChannels",
               "o_blocked": "kOBlocked"}
@@ -55,6 +57,7 @@ class BundleInfo:
     fingerprint: str
     tensors: Sequence[Tensor]  # the subgraph's tensors, in file order
     operators: Sequence[Operator]  # the subgraph's operators, in file order
+    default_claim: str = "profitable"  # the delegate's claim policy when its options name none
 
 
 @dataclass
@@ -135,7 +138,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         f"  static const Bundle b = {{{_c_string(info.model)}, {_c_string(info.target)}, "
         f"{_c_string(info.fingerprint)}, {CHANNEL_TILE}, {len(info.tensors)}, {len(info.operators)}, kGraphCodes,",
         f"                            kTensors, {len(tensors)}, kNodes, kNodeTensors, kArgs, kOutputs, kBlocks, "
-        f"{len(blocks)}}};",
+        f"{len(blocks)}, {CLAIM_CODES[info.default_claim]}}};",
         "  return b;",
         "}",
         "",

@@ -336,3 +336,19 @@ def test_matrix_vector_weights_are_packed_by_the_runtime_as_by_python(kernel_cac
     outcome = run(result.model, delegate=result.library, options={"claim": "all"})
     assert outcome.ok and outcome.errors[0].max_rel < 1e-5, outcome.errors
     assert outcome.claims["claimed_nodes"] == planned_nodes(result)
+
+
+def test_measured_fuse_makes_the_fastest_policy_the_default(tmp_path):
+    # fuse --measure times the whole model with XNNPACK alone and with each claim policy; the
+    # fastest is the delegate's default when its options name no policy. Which one wins is a
+    # measurement, so the test checks the plumbing, not the winner.
+    model = Path(__file__).parent / "models" / "swish_chain.tflite"
+    result = fuse(model, tmp_path / "out", cache_dir=tmp_path / "k", measure=True)
+    assert result.default_claim in ("profitable", "all", "none")
+    assert set(result.whole_model_ms) == {"profitable", "all", "none"}
+    assert result.whole_model_ms[result.default_claim] == min(result.whole_model_ms.values())
+    assert json.loads(result.plan_json.read_text())["default_claim"] == result.default_claim
+    assert f"Default claim policy: `{result.default_claim}`" in result.report_md.read_text()
+    outcome = run(result.model, delegate=result.library)
+    assert outcome.ok and outcome.claims["claim"] == result.default_claim
+    assert run(result.model, delegate=result.library, options={"claim": "all"}).claims["claim"] == "all"

@@ -65,6 +65,8 @@ class FuseResult:
     kernels: list[KernelRecord] = field(default_factory=list)
     seconds: float = 0.0
     android_project: Path | None = None
+    default_claim: str = "profitable"  # the delegate's policy when its options name none
+    whole_model_ms: dict[str, float] = field(default_factory=dict)  # --measure: median per policy
 
     @property
     def claimable_nodes(self) -> int:
@@ -91,7 +93,10 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     profitable; otherwise every compiled block counts as profitable. `debug_runtime` links Halide's
     debug runtime, which traces device copies and kernel launches (delegate log_level:verbose).
     `autoschedulers` times Halide's CPU autoschedulers against the templates per block on this host
-    and compiles the fastest. Raises ModelError on input the compiler cannot take."""
+    and compiles the fastest. With `measure`, the whole model is also timed under each claim policy
+    (and XNNPACK alone) and the fastest becomes the delegate's default, so by default the fused
+    model is never slower than LiteRT + XNNPACK here. Raises ModelError on input the compiler cannot
+    take."""
     from fusion.pipeline import plan_model
     from halide_gen.aot import compile_kernel, target_spec
     from halide_gen.block import build_block
@@ -164,14 +169,21 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         else:
             link_delegate(source, blocks, target, library, cache_dir, debug_runtime)
         save(model, tmp / "model.fused.tflite")
+        whole_model: dict[str, float] = {}
+        if measure and blocks and not android:
+            if progress:
+                progress(len(plan_blocks), len(plan_blocks), "timing the whole model")
+            info.default_claim, whole_model = _best_default_claim(tmp / "model.fused.tflite", library)
+            if info.default_claim != "profitable":
+                link_delegate(bundle_source(info, blocks), blocks, target, library, cache_dir, debug_runtime)
         shutil.rmtree(tmp / ".build", ignore_errors=True)
         result = FuseResult(out, out / "model.fused.tflite", out / library.relative_to(tmp) if library else None,
                             out / "plan.json", out / "report.md", records, time.perf_counter() - start,
-                            out / "android" / "arm64-v8a" if android else None)
+                            out / "android" / "arm64-v8a" if android else None, info.default_claim, whole_model)
         plan = {"model": str(model_path), "target": spec.name, "fingerprint": fingerprint,
                 "library": str(result.library.relative_to(out)) if result.library else None,
-                "android_project": "android/arm64-v8a" if android else None, **summary.to_json(),
-                "kernels": [vars(r) for r in records]}
+                "android_project": "android/arm64-v8a" if android else None, "default_claim": info.default_claim,
+                "whole_model_ms": whole_model, **summary.to_json(), "kernels": [vars(r) for r in records]}
         (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
         (tmp / "report.md").write_text(format_report(result, summary, str(model_path), spec.name))
         for path in tmp.iterdir():
@@ -181,6 +193,20 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def _best_default_claim(model: Path, library: Path) -> tuple[str, dict[str, float]]:
+    """Times the whole fused model with XNNPACK alone and with the delegate claiming all / the
+    profitable blocks (interleaved, one thread) and returns the fastest policy ("none" when XNNPACK
+    alone wins: the delegate then claims nothing unless asked) and the medians in ms. Per-block
+    measurements cannot see a model's cold caches or the cost of splitting XNNPACK's partitions."""
+    from .bench import benchmark
+
+    timings = benchmark(str(model), str(library), threads=1, runs=15, warmup=2)
+    medians = {t.name: t.median / 1e3 for t in timings}
+    policy = {"xnnpack": "none", "dnnfusion-all": "all", "dnnfusion-profitable": "profitable"}
+    best = min(policy, key=lambda name: medians[name])
+    return policy[best], {policy[name]: medians[name] for name in policy}
 
 
 def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
@@ -274,6 +300,9 @@ def format_report(result: FuseResult, summary, source: str, target: str) -> str:
         f"fused model: `model.fused.tflite`",
         f"- Compile: {result.seconds:.1f} s ({sum(k.cached for k in with_kernel)} of {len(with_kernel)} kernels "
         "from the cache)",
+        f"- Default claim policy: `{result.default_claim}`"
+        + (" (whole model, one thread, median ms: " + ", ".join(f"{k} {v:.3f}" for k, v in result.whole_model_ms.items())
+           + "; `none` = XNNPACK alone)" if result.whole_model_ms else " (not measured: `fuse --measure` times it)"),
         "",
         "## Plan",
         "",

@@ -46,6 +46,7 @@ bool ParseOptions(const char* const* keys, const char* const* values, size_t cou
         return false;
       }
     } else if (key == "claim") {
+      out->claim_given = true;
       if (std::strcmp(value, "profitable") == 0) {
         out->claim = ClaimPolicy::kProfitable;
       } else if (std::strcmp(value, "all") == 0) {

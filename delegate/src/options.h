@@ -10,16 +10,17 @@
 
 namespace dnnfusion {
 
-enum class ClaimPolicy {
-  kProfitable,  // only blocks measured (or estimated) faster than TFLite on the same nodes
-  kAll,         // every block the bundle has a kernel for
-  kNone,        // nothing: load the library, report what would match, run stock TFLite
+enum class ClaimPolicy {  // values fixed: the bundle stores its default as a number
+  kProfitable = 0,  // only blocks measured (or estimated) faster than TFLite on the same nodes
+  kAll = 1,         // every block the bundle has a kernel for
+  kNone = 2,        // nothing: load the library, report what would match, run stock TFLite
 };
 
 struct Options {
   int num_threads = 0;  // Halide's thread pool size; 0 = the interpreter's recommendation
   LogLevel log_level = LogLevel::kWarning;
   ClaimPolicy claim = ClaimPolicy::kProfitable;
+  bool claim_given = false;  // false: the bundle's default policy applies
   std::string report;   // when set, each Prepare writes its claims and declines here as JSON
   std::string profile;  // when set, each partition appends its blocks' invoke times here as JSON
   std::vector<std::string> blocks;  // when set, claim only these blocks (by name): for bisecting

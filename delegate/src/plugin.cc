@@ -105,6 +105,9 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   SetLogLevel(state->options.log_level);
   InstallHalideHooks();
   state->bundle = &bundle();
+  if (!state->options.claim_given && state->bundle->default_claim >= 0 && state->bundle->default_claim <= 2) {
+    state->options.claim = static_cast<ClaimPolicy>(state->bundle->default_claim);
+  }
   if (std::strstr(state->bundle->target, "vulkan") != nullptr) {
     // Halide's Vulkan allocator rounds regions to 32 bytes by default; where nonCoherentAtomSize is 64
     // (Mesa lavapipe) copies then lose a buffer's last partial block. 64-byte multiples and 1 MB blocks

@@ -79,6 +79,9 @@ struct Bundle {
   const int32_t* outputs;
   const BlockSpec* blocks;
   int32_t n_blocks;
+  // The claim policy when the options name none (ClaimPolicy: 0 profitable, 1 all, 2 none):
+  // `fuse --measure` picks whichever ran the whole model fastest here, XNNPACK alone included.
+  int32_t default_claim;
 };
 
 // Defined by the generated bundle source linked into each delegate library.
