@@ -8,13 +8,12 @@ on disk by block signature, so a repeated block (a transformer layer) is costed 
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
 
-from tflite_tools.atomic import write_bytes_atomic
+from tflite_tools.atomic import load_json_table, save_json_table
 from tflite_tools.stats import flops as mac_flops
 
 from .ecg import ECG, Node
@@ -141,8 +140,8 @@ class CachedCost:
         self.path = (cache_dir or default_cache_dir()) / f"cost-{source.name}.json"
         self.hits = self.misses = 0
         try:
-            self.table: dict[str, float] = {k: float(v) for k, v in json.loads(self.path.read_text()).items()}
-        except (OSError, ValueError, AttributeError, TypeError):
+            self.table: dict[str, float] = {k: float(v) for k, v in load_json_table(self.path).items()}
+        except (ValueError, TypeError):
             self.table = {}
         self._dirty = False
 
@@ -160,14 +159,8 @@ class CachedCost:
 
     def save(self) -> None:
         """Writes new answers to disk; a read-only cache location is silently skipped."""
-        if not self._dirty:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(self.path, json.dumps(self.table, indent=0, sort_keys=True).encode())
+        if self._dirty and save_json_table(self.path, self.table):
             self._dirty = False
-        except OSError:
-            pass
 
 
 def profitable(cost: CostSource, ecg: ECG, block: frozenset[int], candidate: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -37,3 +38,23 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes | bytearray | memory
     """Writes `data` to `path` atomically."""
     with atomic_writer(path) as handle:
         handle.write(data)
+
+
+def load_json_table(path: str | os.PathLike) -> dict:
+    """The JSON object in `path`, or {} when it is missing, unreadable or not an object: an on-disk
+    cache that cannot be read is rebuilt, never fatal."""
+    try:
+        table = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return table if isinstance(table, dict) else {}
+
+
+def save_json_table(path: str | os.PathLike, table: dict) -> bool:
+    """Writes a cache table atomically (creating its folder); False when the location is read-only."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(path, json.dumps(table, indent=0, sort_keys=True).encode())
+    except OSError:
+        return False
+    return True

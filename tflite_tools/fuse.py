@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from .atomic import load_json_table, save_json_table
 from .errors import ModelError
 from .fingerprint import METADATA_NAME, subgraph_fingerprint
 from .ir import Model
@@ -243,10 +244,7 @@ class _BlockTimings:
         from fusion.cost import default_cache_dir
 
         self.path = Path(cache_dir or default_cache_dir()) / "block-timings.json"
-        try:
-            self.table = dict(json.loads(self.path.read_text()))
-        except (OSError, ValueError, TypeError):
-            self.table = {}
+        self.table = load_json_table(self.path)
 
     @staticmethod
     def _key(kind: str, *parts: str) -> str:
@@ -276,13 +274,7 @@ class _BlockTimings:
 
     def save(self) -> None:
         """Writes the cache; a read-only cache location is skipped."""
-        from .atomic import write_bytes_atomic
-
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_bytes_atomic(self.path, json.dumps(self.table, indent=0, sort_keys=True).encode())
-        except OSError:
-            pass
+        save_json_table(self.path, self.table)
 
 
 def format_report(result: FuseResult, summary, source: str, target: str) -> str:
