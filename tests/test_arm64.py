@@ -5,19 +5,15 @@ within tflite_tools.run's tolerance, and the delegate claims exactly the planned
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from arm64_rootfs import Unavailable, prepare, run_python
 from conftest import MODELS
-from tflite_tools import runtime
+from delegate_checks import invoke_elsewhere, planned_nodes
 from tflite_tools.fuse import fuse
-from tflite_tools.run import compare
 
 # One model per kind of block: convolutions with pools and transposed convs, an inverted residual
 # chain with depthwise convs, and a transformer layer (matmuls, softmax, layer norm, GELU).
@@ -48,20 +44,7 @@ def rootfs():
 @pytest.mark.parametrize("stem", MODELS_ARM64)
 def test_arm64_delegate_matches_host_litert(stem, rootfs, tmp_path):
     result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target="arm64-linux", cache_dir=tmp_path.parent / "k64")
-    host = runtime.make_interpreter(result.model, "reference")
-    inputs = runtime.random_inputs(host, seed=4)
-    paths = []
-    for k, array in enumerate(inputs):
-        paths.append(tmp_path / f"in{k}.npy")
-        np.save(paths[-1], array)
-    outs = [tmp_path / f"out{k}.npy" for k in range(len(host.get_output_details()))]
-    report = tmp_path / "claims.jsonl"
-    proc = run_python(rootfs, str(Path(__file__).parent / "invoke_with_delegate.py"), str(result.model), str(result.library),
-                      str(report), *map(str, paths), "--", *map(str, outs))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    got = [np.load(p) for p in outs]
-    errors = compare(got, runtime.run(host, inputs), [str(p) for p in outs])
+    errors, claims = invoke_elsewhere(lambda args: run_python(rootfs, *args), result, tmp_path, seed=4)
     assert all(e.ok for e in errors), errors
-    claims = [json.loads(line) for line in report.read_text().splitlines()][-1]
-    assert claims["claimed_nodes"] == sorted(n for k in result.kernels if k.kernel for n in k.nodes)
+    assert claims["claimed_nodes"] == planned_nodes(result)
     assert claims["claimed_nodes"]  # the emulated delegate really ran kernels

@@ -12,6 +12,7 @@ import pytest
 
 import tflite_tools
 from conftest import NOT_RUNNABLE, model_id, project_model_paths
+from delegate_checks import planned_nodes
 from tflite_tools import cli, runtime
 from tflite_tools.fuse import FuseResult, fuse
 from tflite_tools.run import compare, read_claims, reference_resolver, run
@@ -44,10 +45,6 @@ def delegate(result: FuseResult, tmp_path: Path, **options: str):
     """The library loaded with a report file; returns (delegate, report path)."""
     report = tmp_path / f"claims-{len(list(tmp_path.glob('claims-*')))}.jsonl"
     return runtime.load_delegate(str(result.library), options={"report": str(report), **options}), report
-
-
-def planned_nodes(result: FuseResult) -> list[int]:
-    return sorted(n for k in result.kernels if k.kernel for n in k.nodes)
 
 
 def reference_outputs(model: Path, inputs):

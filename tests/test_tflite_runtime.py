@@ -4,20 +4,16 @@ delegate; outputs match this process's LiteRT reference and the delegate claims 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-import numpy as np
 import pytest
 
 from conftest import MODELS
-from tflite_tools import runtime
+from delegate_checks import invoke_elsewhere, planned_nodes
 from tflite_tools.fuse import fuse
-from tflite_tools.run import compare
 
 REQUIREMENTS = ["tflite-runtime==2.14.0", "numpy<2"]
 
@@ -52,19 +48,10 @@ def test_delegate_under_tflite_runtime_2_14(stem, old_python, tmp_path):
                              capture_output=True, text=True, check=True).stdout.split()
     assert version[0] == "2.14.0" and version[1].startswith("1.")
     result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", cache_dir=tmp_path.parent / "k")
-    host = runtime.make_interpreter(result.model, "reference")
-    inputs = runtime.random_inputs(host, seed=5)
-    paths = []
-    for k, array in enumerate(inputs):
-        paths.append(tmp_path / f"in{k}.npy")
-        np.save(paths[-1], array)
-    outs = [tmp_path / f"out{k}.npy" for k in range(len(host.get_output_details()))]
-    report = tmp_path / "claims.jsonl"
-    proc = subprocess.run([str(old_python), str(Path(__file__).parent / "invoke_with_delegate.py"), str(result.model),
-                           str(result.library), str(report), *map(str, paths), "--", *map(str, outs)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = compare([np.load(p) for p in outs], runtime.run(host, inputs), [str(p) for p in outs])
+
+    def launch(args: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run([str(old_python), *args], capture_output=True, text=True, timeout=300)
+
+    errors, claims = invoke_elsewhere(launch, result, tmp_path, seed=5)
     assert all(e.ok for e in errors), errors
-    claims = [json.loads(line) for line in report.read_text().splitlines()][-1]
-    assert claims["claimed_nodes"] == sorted(n for k in result.kernels if k.kernel for n in k.nodes)
+    assert claims["claimed_nodes"] == planned_nodes(result)

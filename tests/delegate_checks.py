@@ -1,0 +1,43 @@
+"""Shared checks for a fused model's delegate: which nodes it should claim, and running it in
+another Python (the emulated aarch64 one, a tflite-runtime 2.14 venv) against this process's
+LiteRT reference."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tflite_tools import runtime
+from tflite_tools.fuse import FuseResult
+from tflite_tools.run import OutputError, compare
+
+INVOKE = Path(__file__).parent / "invoke_with_delegate.py"
+
+
+def planned_nodes(result: FuseResult) -> list[int]:
+    """The nodes of every block that has a kernel: what the delegate claims with claim:all."""
+    return sorted(n for k in result.kernels if k.kernel for n in k.nodes)
+
+
+def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess], result: FuseResult, folder: Path,
+                     seed: int) -> tuple[list[OutputError], dict]:
+    """Runs `result` with its delegate through invoke_with_delegate.py in the Python `launch`
+    starts (it gets the script's arguments), on seeded random inputs passed as .npy files; returns
+    the outputs' errors against LiteRT's reference here and the delegate's last claims report."""
+    host = runtime.make_interpreter(result.model, "reference")
+    inputs = runtime.random_inputs(host, seed=seed)
+    paths = []
+    for k, array in enumerate(inputs):
+        paths.append(folder / f"in{k}.npy")
+        np.save(paths[-1], array)
+    outs = [folder / f"out{k}.npy" for k in range(len(host.get_output_details()))]
+    report = folder / "claims.jsonl"
+    proc = launch([str(INVOKE), str(result.model), str(result.library), str(report), *map(str, paths), "--",
+                   *map(str, outs)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = compare([np.load(p) for p in outs], runtime.run(host, inputs), [str(p) for p in outs])
+    return errors, [json.loads(line) for line in report.read_text().splitlines()][-1]
