@@ -11,6 +11,10 @@ Targets (the names the CLI takes):
     host-opencl           x86-64 Linux with OpenCL (tested here on PoCL)
     host-vulkan           x86-64 Linux with Vulkan (tested here on Mesa lavapipe)
 
+Each GPU target also comes as `<name>-fp16` (the CLI's `--gpu-precision fp16`): every tensor a
+block computes is stored in half precision (halide_gen.values.float_storage), with the device's
+fp16 feature enabled (`cl_half`: cl_khr_fp16; `vk_float16`: shaderFloat16 + 16-bit storage).
+
 Kernels are compiled without the Halide runtime (`no_runtime`); `compile_runtime` emits it once
 per target for a bundle. Each kernel's function is named after its block signature, so identical
 blocks share one kernel and one cache entry. Halide's argv / metadata entry points
@@ -38,7 +42,7 @@ from .schedule import schedule_for
 from .schedule.auto import schedule_auto
 
 # Bump when lowering or scheduling changes what a signature compiles to: old cache entries die.
-CODEGEN_VERSION = 4
+CODEGEN_VERSION = 5
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
 _X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
@@ -61,6 +65,7 @@ class TargetSpec:
     name: str
     halide: tuple[str, ...]
     family: str  # "x86", "arm" or "gpu": which schedule family applies
+    precision: str = "fp32"  # how float tensors inside a block are stored (halide_gen.block.PRECISIONS)
 
     def targets(self) -> list[hl.Target]:
         """The Halide targets, each without its own copy of the runtime."""
@@ -75,15 +80,27 @@ class TargetSpec:
         return None
 
 
-TARGETS: dict[str, TargetSpec] = {
-    "host": TargetSpec("host", (_X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
-    "arm64-linux": TargetSpec("arm64-linux", ("arm-64-linux",), "arm"),
-    "arm64-android": TargetSpec("arm64-android", ("arm-64-android",), "arm"),
-    "arm64-android-opencl": TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu"),
-    "arm64-android-vulkan": TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu"),
-    "host-opencl": TargetSpec("host-opencl", (f"{_X86_AVX2}-opencl",), "gpu"),
-    "host-vulkan": TargetSpec("host-vulkan", (f"{_X86_AVX2}-{_VULKAN}",), "gpu"),
-}
+# The Halide feature that lets each GPU API store and convert half-precision floats.
+_FP16_FEATURE = {"opencl": "cl_half", "vulkan": "vk_float16"}
+
+
+def _with_fp16(spec: TargetSpec) -> TargetSpec:
+    """The half-precision variant of a GPU target."""
+    feature = _FP16_FEATURE[spec.gpu_api]
+    return TargetSpec(f"{spec.name}-fp16", tuple(f"{t}-{feature}" for t in spec.halide), spec.family, "fp16")
+
+
+_BASE_TARGETS = [
+    TargetSpec("host", (_X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
+    TargetSpec("arm64-linux", ("arm-64-linux",), "arm"),
+    TargetSpec("arm64-android", ("arm-64-android",), "arm"),
+    TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu"),
+    TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu"),
+    TargetSpec("host-opencl", (f"{_X86_AVX2}-opencl",), "gpu"),
+    TargetSpec("host-vulkan", (f"{_X86_AVX2}-{_VULKAN}",), "gpu"),
+]
+TARGETS: dict[str, TargetSpec] = {s.name: s for s in _BASE_TARGETS}
+TARGETS.update({f.name: f for f in (_with_fp16(s) for s in _BASE_TARGETS if s.family == "gpu")})
 
 
 def target_spec(name: str) -> TargetSpec:
@@ -153,7 +170,7 @@ def compile_kernel(
     entry = root / f"{spec.name}-{cache_key(signature, spec, emit_asm, schedule)}"
     if (entry / "kernel.json").exists():
         return _load(entry, cached=True)
-    kernel = build_block(kernel_name(signature), ops, outputs)
+    kernel = build_block(kernel_name(signature), ops, outputs, spec.precision)
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
     fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())

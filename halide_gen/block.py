@@ -17,7 +17,7 @@ from tflite_tools.ir import Operator, Tensor
 
 from .lower import LoweringError, OpContext, lower
 from .pack import PACKERS, pack
-from .values import Value, halide_type
+from .values import Value, float_storage, halide_type
 
 
 _BUILDS = itertools.count()
@@ -71,6 +71,7 @@ class BlockKernel:
     op_values: list[list[Value]] = field(default_factory=list)  # per op, its output Values
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
     accumulators: list[Accumulator] = field(default_factory=list)
+    row_reductions: list[tuple[Value, Value]] = field(default_factory=list)  # (partials, totals), see OpContext
     op_helpers: list[list[Value]] = field(default_factory=list)  # per op, the helpers it materialises
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
     copied_from: dict[int, hl.Func] = field(default_factory=dict)  # id(output Func) -> the Func it copies
@@ -92,11 +93,21 @@ class BlockKernel:
         return hl.Pipeline(self.output_funcs())
 
 
-def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
+# Float storage type per precision: "fp16" holds every tensor a block computes in half precision
+# (halide_gen.values.float_storage); block inputs and outputs keep their TFLite types.
+PRECISIONS = {"fp32": hl.Float(32), "fp16": hl.Float(16)}
+
+
+def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32") -> BlockKernel:
     """Lowers `ops` (in execution order) into one pipeline producing `outputs`.
 
     Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
     """
+    with float_storage(PRECISIONS[precision]):
+        return _build_block(name, ops, outputs)
+
+
+def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
     kernel = BlockKernel(_ident(name), list(ops), [], [])
     produced = {id(t) for op in ops for t in op.outputs}
     params: dict[tuple[int, str | None], Value] = {}
@@ -136,6 +147,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
         kernel.op_helpers.append(list(ctx.materialize))
+        kernel.row_reductions.extend(ctx.row_reductions)
         kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r) for acc, kind, r in ctx.accumulators)
 
     for k, t in enumerate(outputs):
@@ -147,9 +159,9 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -
         # build counter keeps the name unique in this process (Halide would append "$n" itself).
         wrapper = hl.Func(f"{kernel.name}_{next(_BUILDS)}" if k == 0 else f"{kernel.name}_out{k}")
         vars_ = [hl.Var(a.name()) for a in v.func.args()]
-        wrapper[vars_] = v.func[vars_]
+        wrapper[vars_] = hl.cast(halide_type(t.type_name), v.func[vars_])
         for var, extent in zip(vars_, reversed(v.shape)):
             wrapper.bound(var, 0, int(extent))
         kernel.copied_from[id(wrapper)] = v.func
-        kernel.outputs.append((t, Value(wrapper, v.shape, v.type)))
+        kernel.outputs.append((t, Value(wrapper, v.shape, wrapper.type())))
     return kernel

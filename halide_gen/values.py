@@ -8,8 +8,10 @@ lowering ever thinks about Halide's dimension order.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import halide as hl
 import numpy as np
@@ -18,6 +20,41 @@ import numpy as np
 DIM_NAMES = ("c", "x", "y", "n", "d4", "d5", "d6", "d7")
 
 Index = Sequence[hl.Expr]
+
+# The type float tensors are held in while a block is lowered. Float32 by default; under
+# `float_storage(hl.Float(16))` (the GPU targets' fp16 precision) every tensor an op produces is
+# rounded to half precision when it is defined and widened back to float32 when it is read, so the
+# arithmetic inside an op and every accumulation stay float32 while what is stored between ops is
+# fp16 (TFLite's GPU delegate calls this F32_F16).
+_FLOAT_STORAGE: contextvars.ContextVar[hl.Type] = contextvars.ContextVar("float_storage", default=hl.Float(32))
+
+
+@contextlib.contextmanager
+def float_storage(storage: hl.Type) -> Iterator[None]:
+    """Lowers everything inside the `with` block with float tensors stored as `storage`."""
+    token = _FLOAT_STORAGE.set(storage)
+    try:
+        yield
+    finally:
+        _FLOAT_STORAGE.reset(token)
+
+
+# The largest finite half-precision value.
+FLOAT16_MAX = 65504.0
+
+
+def narrow(expr: hl.Expr, storage: hl.Type) -> hl.Expr:
+    """A float32 value as stored in `storage`. Half precision saturates at +-65504 rather than
+    overflowing to infinity, so a -1e9 attention mask stays a large finite negative (softmax still
+    maps it to 0) instead of turning a fully masked row into NaNs."""
+    if storage == hl.Float(16):
+        expr = hl.clamp(expr, hl.f32(-FLOAT16_MAX), hl.f32(FLOAT16_MAX))
+    return hl.cast(storage, expr)
+
+
+def widen(expr: hl.Expr) -> hl.Expr:
+    """A stored element as lowerings compute with it: half precision read as float32."""
+    return hl.cast(hl.Float(32), expr) if expr.type() == hl.Float(16) else expr
 
 
 def dim_vars(rank: int) -> list[hl.Var]:
@@ -42,19 +79,28 @@ class Value:
         """The element at a TFLite-order index."""
         if len(index) != self.rank:
             raise ValueError(f"{self.func.name()}: {len(index)} indices for a rank-{self.rank} tensor")
-        return hl.Expr(self.func[list(reversed(index))] if index else self.func[()])
+        return widen(hl.Expr(self.func[list(reversed(index))] if index else self.func[()]))
 
     def at(self, index: Index) -> hl.Expr:
         """The element at a TFLite-order index given as a sequence."""
         return self(*index)
 
 
-def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr]) -> Value:
-    """A new Func of `shape` whose element at TFLite index (i0, ..., ik) is body(i0, ..., ik)."""
+def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr], exact: bool = False) -> Value:
+    """A new Func of `shape` whose element at TFLite index (i0, ..., ik) is body(i0, ..., ik).
+
+    Float results are stored in the current float_storage type, unless `exact`: a reduction's
+    partial results stay float32 so that every sum is float32 under fp16 storage too.
+    """
     shape = tuple(int(d) for d in shape)
     f = hl.Func(name)
     idx = dim_vars(len(shape))
     expr = body(*idx)
+    if not isinstance(expr, hl.Expr):  # a FuncRef or a Python number
+        expr = hl.Expr(expr)
+    storage = hl.Float(32) if exact else _FLOAT_STORAGE.get()
+    if expr.type().is_float() and expr.type() != storage:
+        expr = narrow(expr, storage)
     if idx:
         f[list(reversed(idx))] = expr
     else:

@@ -9,6 +9,7 @@ import numpy as np
 import tflite_tools
 from halide_gen.block import build_block
 from halide_gen.jit import JitKernel
+from halide_gen.values import FLOAT16_MAX
 from tflite_tools import runtime
 from tflite_tools.ir import Model
 
@@ -17,6 +18,19 @@ from tflite_tools.ir import Model
 # the reference kernels, so bit equality is not expected; 1e-5 is ~80 ulps of the largest output,
 # far below any real lowering mistake (a wrong index or option shows up as O(1) errors).
 FLOAT_RTOL = 1e-5
+
+# The same bound for fp16 storage (halide_gen.block.PRECISIONS): each op's result is rounded to
+# half precision once, a relative error of at most 2^-11 ~ 4.9e-4 of that element; 1e-3 allows that
+# rounding plus the float32 error above, and is still far below a lowering mistake.
+FP16_RTOL = 1e-3
+
+# A fused block rounds after every op, and a later op can amplify an earlier rounding (a variance
+# subtracts a rounded mean): measured worst over the test models' blocks 1.5e-3 (a layer norm's
+# ADD, MEAN, SQUARED_DIFFERENCE), 4.3e-4 for convolutions.
+BLOCK_FP16_RTOL = 4e-3
+
+# The precision ops are lowered with; tests/test_lowering.py runs every case with both.
+PRECISION = "fp32"
 
 
 def reference(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -35,13 +49,16 @@ def reference(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
 def halide(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Outputs of all the model's ops lowered as one Halide block (JIT)."""
     sg = model.main
-    jit = JitKernel(build_block("block", sg.operators, sg.outputs))
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs, PRECISION))
     return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
 
 
 def compare(model: Model, make_inputs: Callable[[np.random.Generator], list[np.ndarray]] | None = None,
-            rtol: float = FLOAT_RTOL, seeds: Sequence[int] = (0,)) -> float:
-    """Runs both and asserts agreement; returns the worst relative error seen."""
+            rtol: float | None = None, seeds: Sequence[int] = (0,)) -> float:
+    """Runs both and asserts agreement (within FLOAT_RTOL, or FP16_RTOL under fp16 precision,
+    unless `rtol` says otherwise); returns the worst relative error seen."""
+    if rtol is None:
+        rtol = FP16_RTOL if PRECISION == "fp16" else FLOAT_RTOL
     worst = 0.0
     for seed in seeds:
         if make_inputs is None:
@@ -51,6 +68,8 @@ def compare(model: Model, make_inputs: Callable[[np.random.Generator], list[np.n
             inputs = make_inputs(np.random.default_rng(seed))
         for ref, got in zip(reference(model, inputs), halide(model, inputs)):
             assert ref.shape == got.shape, (ref.shape, got.shape)
+            if ref.dtype.kind == "f" and PRECISION == "fp16":  # beyond fp16's range, values saturate
+                ref = np.clip(ref, -FLOAT16_MAX, FLOAT16_MAX)
             if ref.dtype.kind == "f":
                 scale = max(float(np.abs(ref).max()), 1e-30)
                 err = float(np.abs(ref.astype(np.float64) - got).max()) / scale

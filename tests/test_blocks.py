@@ -20,7 +20,9 @@ from fusion.rewrite import rewrite
 from halide_gen.block import build_block
 from halide_gen.jit import JitKernel
 from tflite_tools import runtime
-from opcheck import FLOAT_RTOL
+from opcheck import BLOCK_FP16_RTOL, FLOAT_RTOL
+
+RTOL = {"fp32": FLOAT_RTOL, "fp16": BLOCK_FP16_RTOL}
 
 MODELS = ["transformer_encoder", "mobilenet_v2_035_96", "unet_tiny", "conv_fp16_weights", "swish_chain",
           "depthwise_residual", "reshape_transpose"]
@@ -41,7 +43,7 @@ def block_kind(names: list[str]) -> str:
     return "elementwise chain"
 
 
-def check_model_blocks(path) -> Counter:
+def check_model_blocks(path, precision: str = "fp32") -> Counter:
     model = tflite_tools.load(path)
     rewrite(model)
     data = tflite_tools.serialize(model)
@@ -56,22 +58,27 @@ def check_model_blocks(path) -> Counter:
         if block.opaque_reason:
             continue
         ops = [plan.ecg.nodes[i].op for i in block.ops]
-        jit = JitKernel(build_block(block.name, ops, block.outputs))
+        jit = JitKernel(build_block(block.name, ops, block.outputs, precision))
         got = jit(jit.inputs_from({id(t): interp.get_tensor(index[id(t)]) for t in block.inputs}))
         for t, out in zip(block.outputs, got):
             ref = interp.get_tensor(index[id(t)])
             if ref.dtype.kind == "f":
                 err = np.abs(ref.astype(np.float64) - out).max() / max(float(np.abs(ref).max()), 1e-30)
-                assert err <= FLOAT_RTOL, f"{block.name} {[o.name for o in ops]}: {t.name} error {err:.3g}"
+                assert err <= RTOL[precision], f"{block.name} {[o.name for o in ops]}: {t.name} error {err:.3g}"
             else:
                 assert np.array_equal(ref, out), f"{block.name}: {t.name}"
         kinds[block_kind([op.name for op in ops])] += 1
     return kinds
 
 
-@pytest.mark.parametrize("stem", MODELS)
-def test_fused_blocks_match_litert(model_path, stem):
-    assert sum(check_model_blocks(model_path(stem)).values()) > 0
+# The random-weight MobileNet's activations shrink to 1e-9 by its last blocks, below fp16's smallest
+# subnormal (6e-8): in half precision they are zero, as on any fp16 GPU, so it is checked in fp32 only.
+FP16_MODELS = [m for m in MODELS if m != "mobilenet_v2_035_96"]
+
+
+@pytest.mark.parametrize("stem, precision", [(m, "fp32") for m in MODELS] + [(m, "fp16") for m in FP16_MODELS])
+def test_fused_blocks_match_litert(model_path, stem, precision):
+    assert sum(check_model_blocks(model_path(stem), precision).values()) > 0
 
 
 def test_every_block_kind_is_covered(model_path):

@@ -68,6 +68,20 @@ def test_fuse_bad_model_is_exit_2(capsys, tmp_path):
     assert "corrupt or truncated" in capsys.readouterr().err
 
 
+def test_fp16_on_a_cpu_target_is_exit_2(capsys, model_path, tmp_path):
+    assert cli.main(["fuse", str(model_path("add_relu")), "-o", str(tmp_path / "out"), "--gpu-precision", "fp16"]) == 2
+    assert "--gpu-precision fp16 needs a GPU target" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_targets_are_the_code_generators():
+    from halide_gen.aot import TARGETS
+
+    fp16 = {f"{t}-fp16" for t in cli.GPU_TARGETS}
+    assert set(cli.TARGETS) | fp16 == set(TARGETS)
+    assert {n for n, spec in TARGETS.items() if spec.precision == "fp16"} == fp16
+
+
 @pytest.mark.parametrize("path", project_model_paths() + shared_model_paths(), ids=model_id)
 def test_plan_only_runs_on_every_model(capsys, path):
     data = fuse_json(capsys, str(path))

@@ -4,6 +4,10 @@ as the CPU path; and a device-copy trace (Halide's debug runtime) proving that t
 device inside a partition: after the first invoke, each invoke copies exactly the partition's
 inputs to the device and its outputs back, nothing else.
 
+`--gpu-precision fp16` (targets `host-*-fp16`) runs on lavapipe, which has shaderFloat16 and 16-bit
+storage, held to tflite_tools.run.RTOL_FP16; PoCL has no cl_khr_fp16, so there an fp16 bundle must
+decline everything with that reason and leave the model to TFLite.
+
 Each run happens in a subprocess: the OpenCL ICD loader and the Vulkan loader read their
 environment (OCL_ICD_VENDORS, VK_ICD_FILENAMES) once per process.
 """
@@ -22,6 +26,7 @@ import pytest
 from conftest import MODELS, REPO
 from delegate_checks import planned_nodes
 from tflite_tools.fuse import fuse
+from tflite_tools.run import RTOL, RTOL_FP16
 
 POCL_ICD = Path("/etc/OpenCL/vendors/pocl.icd")
 LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
@@ -57,6 +62,33 @@ def test_gpu_delegate_matches_litert(stem, api, tmp_path):
     report = json.loads(proc.stdout)
     assert report["claims"]["claimed_nodes"] == planned_nodes(result)
     assert report["ok"], report["outputs"]
+
+
+@pytest.mark.parametrize("stem", GPU_MODELS)
+def test_fp16_vulkan_delegate_matches_litert(stem, tmp_path):
+    env = gpu_env("vulkan")
+    result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target="host-vulkan-fp16",
+                  cache_dir=tmp_path.parent / "kgpu")
+    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json"], env)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["claims"]["claimed_nodes"] == planned_nodes(result)
+    assert report["claims"]["target"] == "host-vulkan-fp16" and report["rtol"] == RTOL_FP16
+    assert report["ok"], report["outputs"]
+    # Half precision is really in use: the outputs are not float32-exact.
+    assert max(o["max_rel"] for o in report["outputs"]) > RTOL, report["outputs"]
+
+
+def test_fp16_bundle_declines_an_opencl_device_without_fp16(tmp_path):
+    env = gpu_env("opencl")
+    result = fuse(MODELS / "unet_tiny.tflite", tmp_path / "out", target="host-opencl-fp16", cache_dir=tmp_path / "k")
+    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
+                    "--option", "claim=all"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["claims"]["claimed_nodes"] == [] and report["rtol"] == RTOL, report
+    assert "lacks cl_khr_fp16" in report["claims"]["declined"][0]["reason"]
+    assert report["ok"]
 
 
 COPY_TRACE = r"""

@@ -9,9 +9,17 @@ import pytest
 from fusion.mapping import OPS
 from halide_gen.lower import LOWERINGS
 from tflite_tools.builder import ModelBuilder
+import opcheck
 from opcheck import compare
 
 rng = np.random.default_rng(7)
+
+
+@pytest.fixture(autouse=True, params=["fp32", "fp16"])
+def precision(request, monkeypatch):
+    """Every case twice: float32, and fp16 storage (the GPU targets' --gpu-precision fp16)."""
+    monkeypatch.setattr(opcheck, "PRECISION", request.param)
+    return request.param
 
 
 def w(*shape):

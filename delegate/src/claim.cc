@@ -5,6 +5,8 @@
 #include <cstring>
 #include <map>
 
+#include "gpu_caps.h"
+
 namespace dnnfusion {
 namespace {
 
@@ -140,6 +142,7 @@ const TensorSpec* FindTensorSpec(const Bundle& bundle, int index) {
 Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& options) {
   Claim claim;
   std::string why = CheckGraph(context, bundle);
+  if (why.empty()) why = GpuDeviceProblem(bundle);
   if (!why.empty()) {
     claim.declined.push_back({-1, why});
     return claim;

@@ -48,7 +48,8 @@ void LogClaim(const Bundle& bundle, const Claim& claim, ClaimPolicy policy) {
 
 void AppendReport(DelegateState& state, const Claim& claim) {
   const Bundle& bundle = *state.bundle;
-  std::string line = "{\"model\": " + JsonString(bundle.model) + ", \"graph_matches\": " +
+  std::string line = "{\"model\": " + JsonString(bundle.model) + ", \"target\": " + JsonString(bundle.target) +
+                     ", \"graph_matches\": " +
                      (claim.graph_matches ? "true" : "false") + ", \"claim\": \"" +
                      ClaimPolicyName(state.options.claim) + "\", \"claimed_blocks\": [";
   for (size_t i = 0; i < claim.blocks.size(); ++i) {

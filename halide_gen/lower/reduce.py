@@ -63,13 +63,15 @@ def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, ele
     shape = tuple(rows) + (1,)
     if depth % PARTIAL or depth < 2 * PARTIAL:
         r = hl.RDom([(0, depth)], ctx.func_name(name + "_r"))
-        return define(ctx.func_name(name), shape, lambda *i: reducer(element(list(i[:-1]), r[0])))
+        return define(ctx.func_name(name), shape, lambda *i: reducer(element(list(i[:-1]), r[0])), exact=True)
     outer = hl.RDom([(0, depth // PARTIAL)], ctx.func_name(name + "_ro"))
     lanes = hl.RDom([(0, PARTIAL)], ctx.func_name(name + "_rl"))
     partial = define(ctx.func_name(name + "_partial"), tuple(rows) + (PARTIAL,),
-                     lambda *i: reducer(element(list(i[:-1]), outer[0] * PARTIAL + i[-1])))
+                     lambda *i: reducer(element(list(i[:-1]), outer[0] * PARTIAL + i[-1])), exact=True)
     ctx.materialize.append(partial)
-    return define(ctx.func_name(name), shape, lambda *i: reducer(partial.at(list(i[:-1]) + [lanes[0]])))
+    total = define(ctx.func_name(name), shape, lambda *i: reducer(partial.at(list(i[:-1]) + [lanes[0]])), exact=True)
+    ctx.row_reductions.append((partial, total))
+    return total
 
 
 @register(*REDUCERS)

@@ -33,6 +33,8 @@ class OpContext:
     value_of: Callable[..., Value]
     materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
     accumulators: list[tuple[hl.Func, str, hl.RDom]] = field(default_factory=list)  # (Func, kind, RDom)
+    # Two-stage innermost-axis reductions (reduce.row_reduce): (16-lane partials, row totals).
+    row_reductions: list[tuple[Value, Value]] = field(default_factory=list)
 
     def value(self, i: int) -> Value:
         """Input `i` as a Value (a runtime tensor: data, weights, bias)."""
