@@ -81,6 +81,12 @@ Partition::~Partition() {
   for (Buffer& b : buffers_) {
     if (b.raw.device != 0 && b.raw.device_interface != nullptr) halide_device_free(nullptr, &b.raw);
   }
+  // ...and what the device allocation cache kept of them and of the kernels' scratch (plugin.cc):
+  // turning reuse off releases every unused allocation; it is turned back on for the others.
+  if (halide_can_reuse_device_allocations(nullptr)) {
+    halide_reuse_device_allocations(nullptr, false);
+    halide_reuse_device_allocations(nullptr, true);
+  }
 }
 
 void Partition::WriteProfile() const {

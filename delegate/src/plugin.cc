@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "HalideRuntime.h"
 #include "claim.h"
 #include "delegate_state.h"
 #include "dnnfusion/bundle.h"
@@ -114,6 +115,13 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
     // (halide_gen/aot.py: VULKAN_ALLOC_CONFIG), unless the environment says otherwise; read when the
     // first kernel creates the Vulkan context.
     setenv("HL_VK_ALLOC_CONFIG", "0:1:0:0:64", /*overwrite=*/0);
+  }
+  if (std::strstr(state->bundle->target, "opencl") != nullptr || std::strstr(state->bundle->target, "vulkan") != nullptr) {
+    // A kernel's compute_root scratch is a device allocation and a free on every call; where the
+    // API's runtime keeps a cache (Vulkan's block allocator: no vkAllocateMemory after the first
+    // invoke) freed memory is handed back instead, released with the partition. Halide's OpenCL
+    // runtime has no such cache: there each scratch buffer is still a clCreateBuffer per call.
+    halide_reuse_device_allocations(nullptr, true);
   }
   delegate->data_ = state;
   delegate->Prepare = DelegatePrepare;

@@ -1,6 +1,12 @@
 """The GPU schedule family (OpenCL and Vulkan): every materialised Func is its own kernel launch,
 tiled over its two innermost dimensions (TFLite's C and W) into 16 x 16 work-groups; everything
 else is inlined into those kernels. Tuple-valued reductions (ARG_MAX) tile their update too.
+
+Innermost-axis reductions (softmax and normalisation statistics, reductions over C) run in
+shared memory: a work-group takes ROWS rows, its 16 x ROWS threads each fold one 16-lane partial
+sum (lane k reads elements k, k+16, ...: neighbouring threads read neighbouring addresses) into
+GPU shared memory, and ROWS threads then fold the 16 partials of their row — one launch, and the
+partials never touch global memory.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from ..block import BlockKernel
 from ..values import Value
 
 TILE = 16
+ROWS = 16  # rows of a row reduction per work-group
 
 
 def _tile(extent: int, preferred: int) -> int:
@@ -42,13 +49,33 @@ def _gpu_tile(f: hl.Func, extents: list[int], stage=None) -> None:
     target.gpu_tile(c, x, co, xo, ci, xi, _tile(extents[0], TILE), _tile(extents[1], TILE), shift)
 
 
+def _row_reduction_in_shared_memory(partial: Value, total: Value) -> None:
+    """Rows of `total` across work-groups, its 16-lane `partial` in the group's shared memory."""
+    t, p = total.func, partial.func
+    names = [a.name() for a in t.args()]  # c (extent 1), then the row dimensions x, y, ...
+    x, xo, xi = hl.Var(names[1]), hl.Var(names[1] + "_o"), hl.Var(names[1] + "_i")
+    rows = _tile(total.shape[-2], ROWS)
+    t.compute_root().split(x, xo, xi, rows, hl.TailStrategy.ShiftInwards)
+    if len(names) > 2:
+        t.gpu_blocks(xo, hl.Var(names[2])).gpu_threads(xi)
+    else:
+        t.gpu_blocks(xo).gpu_threads(xi)
+    lane, px = (hl.Var(a.name()) for a in p.args()[:2])
+    # Computed at the block loop, a Func lives in the work-group's shared memory.
+    p.compute_at(t, xo).gpu_threads(lane, px)
+
+
 def schedule_gpu(kernel: BlockKernel) -> None:
     """Applies the GPU schedule in place."""
-    roots = list(kernel.materialize) + [Value(a.acc, a.value.shape, a.value.type) for a in kernel.accumulators]
+    shared = {id(f.func) for pair in kernel.row_reductions for f in pair}
+    for partial, total in kernel.row_reductions:
+        _row_reduction_in_shared_memory(partial, total)
+    roots = [v for v in kernel.materialize if id(v.func) not in shared]
+    roots += [Value(a.acc, a.value.shape, a.value.type) for a in kernel.accumulators]
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM:
             roots += [v for v in values if not kernel.inline_into_output(v.func)]
-    seen = set()
+    seen = set(shared)
     for v in roots + [v for _, v in kernel.outputs]:
         f = v.func
         if id(f) in seen:
