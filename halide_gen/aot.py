@@ -71,6 +71,17 @@ class TargetSpec:
         """The Halide targets, each without its own copy of the runtime."""
         return [hl.Target(t).with_feature(hl.TargetFeature.NoRuntime) for t in self.halide]
 
+    def jit_target(self) -> hl.Target:
+        """The Halide target that runs this target's kernels in this process (for timing them):
+        the host CPU's own features, plus the GPU API and its features for `host-*` GPU targets.
+        Raises ValueError for targets whose kernels cannot run here (ARM64, Android)."""
+        host = hl.get_jit_target_from_environment()
+        if self.family == "x86":
+            return host
+        if self.family == "gpu" and self.halide[0].startswith(_X86_AVX2):
+            return hl.Target(f"{host}{self.halide[0][len(_X86_AVX2):]}")
+        raise ValueError(f"kernels for {self.name} cannot run on this machine")
+
     @property
     def gpu_api(self) -> str | None:
         """"opencl" or "vulkan" for GPU targets."""

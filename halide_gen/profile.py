@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import halide as hl
 import numpy as np
 
 import tflite_tools
@@ -23,10 +24,11 @@ from fusion.ecg import ECG
 from tflite_tools import runtime
 from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
 
+from .aot import VULKAN_ALLOC_CONFIG, target_spec
 from .block import BlockKernel, build_block
 from .jit import JitKernel
-from .schedule import schedule_cpu
-from .schedule.auto import CPU_AUTOSCHEDULERS, schedule_auto
+from .schedule import schedule_cpu, schedule_for
+from .schedule.auto import CPU_AUTOSCHEDULERS, GPU_AUTOSCHEDULERS, schedule_auto
 
 
 def cut_out(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Model:
@@ -118,20 +120,45 @@ def cpu_schedule(source: str) -> Callable[[BlockKernel], None]:
     return schedule_cpu if source == "template" else (lambda k: schedule_auto(k, source))
 
 
-def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], source: str = "template") -> JitKernel:
-    """The block JIT-compiled for this host under a schedule source."""
-    return JitKernel(build_block(name, ops, outputs), schedule=cpu_schedule(source))
+def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], source: str = "template",
+               target: str = "host") -> JitKernel:
+    """The block JIT-compiled to run here for `target` (this host's CPU, or its OpenCL / Vulkan
+    device for host-opencl / host-vulkan) under a schedule source."""
+    spec = target_spec(target)
+    if spec.family == "x86":
+        return JitKernel(build_block(name, ops, outputs), schedule=cpu_schedule(source))
+    if spec.gpu_api == "vulkan":  # the allocator settings the delegate uses (aot.VULKAN_ALLOC_CONFIG)
+        os.environ.setdefault("HL_VK_ALLOC_CONFIG", VULKAN_ALLOC_CONFIG)
+    jit = spec.jit_target()
+    schedule = (lambda k: schedule_for(k, spec)) if source == "template" else (lambda k: schedule_auto(k, source, jit))
+    return JitKernel(build_block(name, ops, outputs, spec.precision), target=jit, schedule=schedule)
+
+
+def schedule_sources(target: str) -> tuple[str, ...]:
+    """What `choose_schedule` compares for a target: the templates and the autoschedulers of its
+    family (Adams2019, Mullapudi2016, Li2018 on CPUs; Anderson2021, Li2018 on GPUs)."""
+    return ("template",) + (GPU_AUTOSCHEDULERS if target_spec(target).family == "gpu" else CPU_AUTOSCHEDULERS)
 
 
 def choose_schedule(ops: Sequence[Operator], outputs: Sequence[Tensor], inputs: Sequence[Tensor],
-                    sources: Sequence[str] = ("template",) + CPU_AUTOSCHEDULERS, min_seconds: float = 0.01,
-                    seed: int = 0) -> ScheduleChoice:
-    """Times the block's kernel under each schedule source ("template" = the hand-written CPU
-    templates, or an autoscheduler's name) on this host and returns the fastest."""
+                    sources: Sequence[str] | None = None, min_seconds: float = 0.01, seed: int = 0,
+                    target: str = "host") -> ScheduleChoice:
+    """Times the block's kernel under each schedule source ("template" = the hand-written
+    templates, or an autoscheduler's name; default: schedule_sources(target)) where `target`'s
+    kernels run here, and returns the fastest."""
     seconds = {}
-    for source in sources:
-        seconds[source] = _kernel_seconds(jit_kernel(f"choose_{source}", ops, outputs, source), inputs, min_seconds,
-                                          seed)
+    for source in sources or schedule_sources(target):
+        try:
+            kernel = jit_kernel(f"choose_{source}", ops, outputs, source, target)
+        except hl.HalideError:
+            # An autoscheduler's schedule the target cannot compile (Anderson2021 and Li2018 may
+            # index with 64-bit integers, which Vulkan lacks here) is no candidate; a template
+            # that fails is a bug and says so.
+            if source == "template":
+                raise
+            seconds[source] = float("inf")
+            continue
+        seconds[source] = _kernel_seconds(kernel, inputs, min_seconds, seed)
     return ScheduleChoice(min(seconds, key=seconds.get), seconds)
 
 

@@ -91,6 +91,26 @@ def test_fp16_bundle_declines_an_opencl_device_without_fp16(tmp_path):
     assert report["ok"]
 
 
+@pytest.mark.parametrize("api", ["opencl", "vulkan"])
+def test_gpu_autoschedulers_pick_a_source_per_block(api, tmp_path):
+    # fuse --autoschedulers on a GPU target times the GPU templates, Anderson2021 and Li2018 on the
+    # API's device here and compiles the fastest per block; the bundle must stay correct.
+    env = {**gpu_env(api), "DNNFUSION_CACHE_DIR": str(tmp_path / "cache")}
+    out = tmp_path / "out"
+    proc = run_cli(["fuse", str(MODELS / "depthwise_residual.tflite"), "-o", str(out), "--target", f"host-{api}",
+                    "--autoschedulers"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    plan = json.loads((out / "plan.json").read_text())
+    schedules = [k["schedule"] for k in plan["kernels"] if k["kernel"]]
+    assert schedules and set(schedules) <= {"template", "Anderson2021", "Li2018"}, schedules
+    timings = json.loads((tmp_path / "cache" / "block-timings.json").read_text())
+    assert any(key.startswith("schedule:") and f":host-{api}:" in key for key in timings)
+    proc = run_cli(["run", str(out / "model.fused.tflite"), "--delegate", str(next(out.glob("*.so"))), "--compare",
+                    "--json", "--option", "claim=all"], env)
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["claims"]["claimed_nodes"], report
+
+
 COPY_TRACE = r"""
 import sys
 import numpy as np

@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--measure", action="store_true",
                       help="time every block against LiteRT+XNNPACK here; claim only faster ones by default")
     fuse.add_argument("--autoschedulers", action="store_true",
-                      help="time Halide's CPU autoschedulers against the templates per block here; compile the fastest")
+                      help="time Halide's autoschedulers against the templates per block where the target's kernels "
+                           "run here (CPU; host-opencl/host-vulkan: the GPU API's device); compile the fastest")
     fuse.add_argument("--debug-runtime", action="store_true",
                       help="link Halide's debug runtime: traces device copies and kernel launches (log_level:verbose)")
     fuse.set_defaults(run=cmd_fuse)

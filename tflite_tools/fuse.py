@@ -93,11 +93,12 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
     profitable; otherwise every compiled block counts as profitable. `debug_runtime` links Halide's
     debug runtime, which traces device copies and kernel launches (delegate log_level:verbose).
-    `autoschedulers` times Halide's CPU autoschedulers against the templates per block on this host
-    and compiles the fastest. With `measure`, the whole model is also timed under each claim policy
-    (and XNNPACK alone) and the fastest becomes the delegate's default, so by default the fused
-    model is never slower than LiteRT + XNNPACK here. Raises ModelError on input the compiler cannot
-    take."""
+    `autoschedulers` times Halide's autoschedulers against the templates per block where the
+    target's kernels run here (the CPU for host; the OpenCL / Vulkan device for host-opencl /
+    host-vulkan: Anderson2021 and Li2018) and compiles the fastest. With `measure`, the whole model
+    is also timed under each claim policy (and XNNPACK alone) and the fastest becomes the delegate's
+    default, so by default the fused model is never slower than LiteRT + XNNPACK here. Raises
+    ModelError on input the compiler cannot take."""
     from fusion.pipeline import plan_model
     from halide_gen.aot import compile_kernel, target_spec
     from halide_gen.block import build_block
@@ -108,8 +109,13 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         spec = target_spec(target)
     except ValueError as exc:
         raise ModelError(str(exc)) from None
-    if (measure or autoschedulers) and spec.family != "x86":
-        raise ModelError(f"--measure and --autoschedulers time blocks on this host; they cannot for target {target}")
+    if measure and spec.family != "x86":
+        raise ModelError(f"--measure times blocks against LiteRT on this host's CPU; it cannot for target {target}")
+    if autoschedulers:
+        try:
+            spec.jit_target()
+        except ValueError as exc:
+            raise ModelError(f"--autoschedulers times kernels here: {exc}") from None
     android = target.startswith("arm64-android")
     start = time.perf_counter()
     model = load(model_path)
@@ -136,7 +142,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         try:
             lowered = build_block(block.name, ops, block.outputs)
             if autoschedulers:
-                record.schedule = timings.best_schedule(block, ops)
+                record.schedule = timings.best_schedule(block, ops, target)
             artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir, schedule=record.schedule)
         except LoweringError as exc:
             record.skipped = f"no lowering: {exc}"
@@ -253,13 +259,14 @@ class _BlockTimings:
 
         return ":".join([kind, f"v{CODEGEN_VERSION}", *parts])
 
-    def best_schedule(self, block, ops) -> str:
-        """The fastest of the CPU templates and Halide's CPU autoschedulers for the block."""
+    def best_schedule(self, block, ops, target: str = "host") -> str:
+        """The fastest of the templates and Halide's autoschedulers for the block on `target`."""
         from halide_gen.profile import choose_schedule
 
-        key = self._key("schedule", block.signature)
+        key = self._key("schedule", target, block.signature)
         if key not in self.table:
-            self.table[key] = choose_schedule(ops, block.outputs, [t for t in block.inputs if not t.is_constant]).best
+            inputs = [t for t in block.inputs if not t.is_constant]
+            self.table[key] = choose_schedule(ops, block.outputs, inputs, target=target).best
         return str(self.table[key])
 
     def ratio(self, block, ops, schedule: str) -> float:
