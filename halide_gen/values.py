@@ -71,6 +71,11 @@ class Value:
     type: hl.Type
 
     @property
+    def read_type(self) -> hl.Type:
+        """The type of an element as read (half-precision storage reads as float32; see widen)."""
+        return hl.Float(32) if self.type == hl.Float(16) else self.type
+
+    @property
     def rank(self) -> int:
         """Number of TFLite axes."""
         return len(self.shape)
