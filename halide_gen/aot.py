@@ -38,11 +38,12 @@ import halide as hl
 from tflite_tools.ir import Operator, Tensor
 
 from .block import build_block
+from .lower import LoweringError
 from .schedule import schedule_for
 from .schedule.auto import schedule_auto
 
 # Bump when lowering or scheduling changes what a signature compiles to: old cache entries die.
-CODEGEN_VERSION = 6
+CODEGEN_VERSION = 7
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
 _X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
@@ -195,11 +196,17 @@ def compile_kernel(
         args = [arg.param for arg in kernel.arguments]
         pipeline = kernel.pipeline()
         targets = spec.targets()
-        if len(targets) > 1:
-            pipeline.compile_to_multitarget_static_library(str(tmp / fn), args, targets)
-        else:
-            pipeline.compile_to({hl.OutputFileType.static_library: str(tmp / f"{fn}.a"),
-                                 hl.OutputFileType.c_header: str(tmp / f"{fn}.h")}, args, fn, targets[0])
+        try:
+            if len(targets) > 1:
+                pipeline.compile_to_multitarget_static_library(str(tmp / fn), args, targets)
+            else:
+                pipeline.compile_to({hl.OutputFileType.static_library: str(tmp / f"{fn}.a"),
+                                     hl.OutputFileType.c_header: str(tmp / f"{fn}.h")}, args, fn, targets[0])
+        except hl.HalideError as exc:
+            # What the target cannot express (64-bit integers on Vulkan, say) leaves the block to
+            # TFLite, as an op without a lowering does.
+            reason = next((line for line in str(exc).splitlines() if line.strip()), "Halide error")
+            raise LoweringError(f"{spec.name} cannot compile it: {reason.removeprefix('Error: ')}") from None
         header = next(tmp.glob("*.h"))
         match = re.search(r"int (\w+)_argv\(void \*\*args\);", header.read_text())
         if match is None:

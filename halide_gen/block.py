@@ -72,6 +72,7 @@ class BlockKernel:
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
     accumulators: list[Accumulator] = field(default_factory=list)
     row_reductions: list[tuple[Value, Value]] = field(default_factory=list)  # (partials, totals), see OpContext
+    constants: list[hl.Buffer] = field(default_factory=list)  # tables compiled into the kernel
     op_helpers: list[list[Value]] = field(default_factory=list)  # per op, the helpers it materialises
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
     copied_from: dict[int, hl.Func] = field(default_factory=dict)  # id(output Func) -> the Func it copies
@@ -148,6 +149,7 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         kernel.materialize.extend(ctx.materialize)
         kernel.op_helpers.append(list(ctx.materialize))
         kernel.row_reductions.extend(ctx.row_reductions)
+        kernel.constants.extend(ctx.constants)
         kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r) for acc, kind, r in ctx.accumulators)
 
     for k, t in enumerate(outputs):

@@ -149,6 +149,17 @@ def test_unfused_model_is_declined_for_its_missing_fingerprint(fused, tmp_path):
     assert "no dnnfusion fingerprint" in read_claims(report)["declined"][0]["reason"]
 
 
+def test_recalibrated_int8_model_has_another_fingerprint():
+    # int8 kernels compile the scales in: a model converted again with other calibration data has
+    # the same structure but must not match the old bundle.
+    from tflite_tools.fingerprint import subgraph_fingerprint
+
+    model = tflite_tools.load(Path(__file__).parent / "models" / "int8_add.tflite")
+    before = subgraph_fingerprint(model.main)
+    model.main.outputs[0].quantization.scale = model.main.outputs[0].quantization.scale * np.float32(1.5)
+    assert subgraph_fingerprint(model.main) != before
+
+
 def test_two_interpreters_share_one_delegate(fused, tmp_path):
     result = fused("depthwise_residual")
     d, report = delegate(result, tmp_path, claim="all")

@@ -119,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for e in result.errors:
             print(f"{e.name}: max abs error {e.max_abs:.3g}, max rel error {e.max_rel:.3g} "
                   f"{'ok' if e.ok else 'OUTSIDE TOLERANCE'}")
-        print(f"tolerance: max|out - ref| <= {result.rtol:g} * max|ref| (float), exact (integer)")
+        print(f"tolerance: max|out - ref| <= {result.rtol:g} * max|ref| (float), 1 step (int8), exact (other integers)")
     return 1 if args.compare and not result.ok else 0
 
 

@@ -1,8 +1,9 @@
 """A model's structure as one hash: what a kernel bundle was built for.
 
 The fingerprint covers what the delegate's kernels depend on — operators (codes, options, which
-tensors they read and write, in order) and tensors (types, shapes, which are constants) — and
-not the weights, which the delegate reads from the model at run time. `tflite_tools fuse` stores
+tensors they read and write, in order) and tensors (types, shapes, which are constants, and the
+scales and zero points of quantized ones, which int8 kernels compile in) — and not the weights,
+which the delegate reads from the model at run time. `tflite_tools fuse` stores
 it in the fused model's metadata and in the delegate library; the delegate declines a model whose
 fingerprint differs.
 """
@@ -35,12 +36,23 @@ def _canonical(value: Any) -> Any:
     return {type(value).__name__: {k: _canonical(v) for k, v in sorted(vars(value).items())}}
 
 
+def _tensor_key(t) -> list:
+    """What a kernel depends on of a tensor (quantization only where there is some, so float
+    models keep the fingerprints they had)."""
+    key = [t.dtype, list(t.shape), t.is_constant]
+    q = t.quantization
+    if q is not None and q.scale is not None and len(q.scale):
+        zero_points = [] if q.zero_point is None else np.asarray(q.zero_point).tolist()
+        key.append([np.asarray(q.scale, np.float32).tolist(), zero_points, q.quantized_dimension])
+    return key
+
+
 def subgraph_fingerprint(sg: Subgraph) -> str:
     """The hex SHA-256 of the subgraph's structure (tensor indices are list positions, as the
     writer saves them)."""
     index = {id(t): i for i, t in enumerate(sg.tensors)}
     text = json.dumps({
-        "tensors": [[t.dtype, list(t.shape), t.is_constant] for t in sg.tensors],
+        "tensors": [_tensor_key(t) for t in sg.tensors],
         "operators": [[op.opcode.builtin, op.opcode.custom_code,
                        [index[id(t)] if t is not None else -1 for t in op.inputs],
                        [index[id(t)] for t in op.outputs],

@@ -2,10 +2,15 @@
 
 Each sums in float32 like TFLite's reference kernels (accumulate, then add the bias, then the
 fused activation); the order of the sum may differ, so results agree to float32 rounding, not bit
-for bit. Padding follows TFLite's ComputePaddingHeightWidth.
+for bit. Padding follows TFLite's ComputePaddingHeightWidth. The int8 forms of CONV_2D,
+DEPTHWISE_CONV_2D and FULLY_CONNECTED share these loops with another `Arithmetic`
+(lower/quantized.py): integer terms, an int32 sum, TFLite's fixed-point requantization.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 import halide as hl
 import numpy as np
@@ -29,14 +34,32 @@ def _padding(ctx: OpContext, in_hw, out_hw, strides, dilations, kernel) -> tuple
     return tuple(same_padding(i, o, s, d, k) for i, o, s, d, k in zip(in_hw, out_hw, strides, dilations, kernel))
 
 
+@dataclass
+class Arithmetic:
+    """How a convolution or matrix product turns its operands into a sum and the sum into its
+    output element: float32 here (`float_arithmetic`), int8 in quantized.py."""
+
+    source: Callable[[Value], Value]  # the data input as its terms read it
+    weight: Callable[[hl.Expr], hl.Expr]  # a weight as its terms read it
+    init: Callable[[hl.Expr], hl.Expr]  # the sum's start for output channel oc (the bias)
+    finish: Callable[[hl.Expr, hl.Expr], hl.Expr]  # (sum, output channel) -> output element
+
+
+def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
+    """Float32: operands as they are, the bias first, the fused activation last."""
+    bias, act = _bias(ctx, bias_index), ctx.op.fused_activation
+    return Arithmetic(lambda x: x, lambda w: w, bias, lambda acc, oc: activation(acc, act))
+
+
 def _zero_outside(x: Value, name: str) -> Value:
     """`x` read with zeros outside its H and W extent (the conv's implicit padding)."""
     n, h, w, c = x.shape
+    zero = hl.cast(x.read_type, 0)
 
     def body(b, y, xx, ch):
         inside = (y >= 0) & (y < h) & (xx >= 0) & (xx < w)
         # The channel clamp lets a schedule round channel loops up past the last channel.
-        return hl.select(inside, x(b, hl.clamp(y, 0, h - 1), hl.clamp(xx, 0, w - 1), hl.clamp(ch, 0, c - 1)), hl.f32(0))
+        return hl.select(inside, x(b, hl.clamp(y, 0, h - 1), hl.clamp(xx, 0, w - 1), hl.clamp(ch, 0, c - 1)), zero)
 
     f = hl.Func(name)
     b, y, xx, ch = (hl.Var(v) for v in ("n", "y", "x", "c"))
@@ -78,7 +101,12 @@ def _weights(ctx: OpContext, index: int, layout: str, matrix_vector: bool):
 @register("CONV_2D")
 def lower_conv2d(ctx: OpContext) -> list[Value]:
     """out[n,y,x,o] = act(bias[o] + sum_{ky,kx,i} in[n, y*s-p+ky*d, x*s-p+kx*d, g*Cin+i] * w[o,ky,kx,i])."""
-    x = ctx.value(0)
+    return conv2d(ctx, float_arithmetic(ctx, 2))
+
+
+def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
+    """CONV_2D's loops under an arithmetic (float32 or int8)."""
+    x = arith.source(ctx.value(0))
     cout, kh, kw, cin = ctx.op.inputs[1].shape
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
     weight = _weights(ctx, 1, "ohwi_to_hwio", matrix_vector=out[0] * out[1] * out[2] == 1)
@@ -91,20 +119,25 @@ def lower_conv2d(ctx: OpContext) -> list[Value]:
         src = _zero_outside(x, ctx.func_name("padded"))
         ctx.materialize.append(src)
     r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
-    bias, act = _bias(ctx, 2), ctx.op.fused_activation
 
     def update(n, y, xx, o):
         channel = (o / per_group) * cin + r[2] if groups > 1 else r[2]
-        return src(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * weight(o, r[0], r[1], r[2])
+        pixel = src(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel)
+        return pixel * arith.weight(weight(o, r[0], r[1], r[2]))
 
-    acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "conv", r)
-    return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
+    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, "conv", r)
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
 @register("DEPTHWISE_CONV_2D")
 def lower_depthwise(ctx: OpContext) -> list[Value]:
     """out[n,y,x,o] = act(bias[o] + sum_{ky,kx} in[n, y*s-p+ky*d, x*s-p+kx*d, o / mult] * w[0,ky,kx,o])."""
-    x = ctx.value(0)
+    return depthwise(ctx, float_arithmetic(ctx, 2))
+
+
+def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
+    """DEPTHWISE_CONV_2D's loops under an arithmetic (float32 or int8)."""
+    x = arith.source(ctx.value(0))
     _, kh, kw, cout = ctx.op.inputs[1].shape
     w = ctx.packed(1, "pad_channels") or ctx.value(1)
     mult = cout // x.shape[3]
@@ -112,14 +145,13 @@ def lower_depthwise(ctx: OpContext) -> list[Value]:
     padded = _zero_outside(x, ctx.func_name("padded"))
     ctx.materialize.append(padded)
     r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
-    bias, act = _bias(ctx, 2), ctx.op.fused_activation
 
     def update(n, y, xx, o):
         channel = o / mult if mult > 1 else o
-        return padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * w(0, r[0], r[1], o)
+        return padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * arith.weight(w(0, r[0], r[1], o))
 
-    acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "depthwise", r)
-    return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
+    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, "depthwise", r)
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
 @register("TRANSPOSE_CONV")
@@ -157,22 +189,26 @@ def lower_transpose_conv(ctx: OpContext) -> list[Value]:
 @register("FULLY_CONNECTED")
 def lower_fully_connected(ctx: OpContext) -> list[Value]:
     """out[b,u] = act(bias[u] + sum_k in_flat[b, k] * w[u, k]); the input is read as [batch, in]."""
+    return fully_connected(ctx, float_arithmetic(ctx, 2))
+
+
+def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
+    """FULLY_CONNECTED's loops under an arithmetic (float32 or int8)."""
     if int(ctx.option("weightsFormat", 0)) != 0:
         raise LoweringError("FULLY_CONNECTED with shuffled weights")
-    x = ctx.value(0)
+    x = arith.source(ctx.value(0))
     units, depth = ctx.op.inputs[1].shape
     out = ctx.out_shape()
     weight = _weights(ctx, 1, "oi_to_io", matrix_vector=int(np.prod(out[:-1])) == 1)
     r = hl.RDom([(0, depth)], ctx.func_name("r"))
-    bias, act = _bias(ctx, 2), ctx.op.fused_activation
 
     def update(*i):
         row = flat_index(out[:-1], i[:-1]) if len(out) > 1 else hl.Expr(0)
         src = unflatten(x.shape, row * depth + r[0]) if x.rank != 2 or x.shape[1] != depth else [row, r[0]]
-        return x.at(src) * weight(i[-1], r[0])
+        return x.at(src) * arith.weight(weight(i[-1], r[0]))
 
-    acc = accumulate(ctx, out, lambda *i: bias(i[-1]), update, "matmul", r)
-    return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
+    acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, "matmul", r)
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
 @register("BATCH_MATMUL")

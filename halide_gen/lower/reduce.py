@@ -12,12 +12,13 @@ from ..values import Value, define, dim_vars
 from .registry import LoweringError, OpContext, accumulate, read, register
 
 
-def _axes(ctx: OpContext, index: int, rank: int) -> list[int]:
+def reduction_axes(ctx: OpContext, index: int, rank: int) -> list[int]:
+    """The constant axes of input `index`, non-negative and sorted."""
     axes = sorted({int(a) % rank for a in np.atleast_1d(ctx.const(index))})
     return axes
 
 
-def _reduction(ctx: OpContext, x: Value, axes: list[int], name: str):
+def reduction_domain(ctx: OpContext, x: Value, axes: list[int], name: str):
     """An RDom over `axes` and a function mapping an output index to the input index."""
     r = hl.RDom([(0, x.shape[a]) for a in axes], name)
     out_rank = len(ctx.out_shape())
@@ -78,7 +79,7 @@ def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, ele
 def lower_reduce(ctx: OpContext) -> list[Value]:
     """Reduce over the constant axes (negative allowed), keep_dims or not; MEAN divides the sum."""
     x = ctx.value(0)
-    axes = _axes(ctx, 1, x.rank)
+    axes = reduction_axes(ctx, 1, x.rank)
     reducer = REDUCERS[ctx.op.name]
     count = int(np.prod([x.shape[a] for a in axes]))
     out = ctx.out_shape()
@@ -94,7 +95,7 @@ def lower_reduce(ctx: OpContext) -> list[Value]:
         keep = len(out) == x.rank
         return [define(ctx.func_name(), out,
                        lambda *i: finish(total.at((list(i[:-1]) if keep else list(i)) + [hl.Expr(0)])))]
-    r, source = _reduction(ctx, x, axes, ctx.func_name("r"))
+    r, source = reduction_domain(ctx, x, axes, ctx.func_name("r"))
     if ctx.op.name in ("SUM", "MEAN") and x.rank - 1 not in axes and x.type.is_float():
         # Over outer axes (global average pooling): an explicit accumulator a schedule vectorizes
         # along the innermost, untouched axis.

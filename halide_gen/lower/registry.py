@@ -33,6 +33,7 @@ class OpContext:
     value_of: Callable[..., Value]
     materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
     accumulators: list[tuple[hl.Func, str, hl.RDom]] = field(default_factory=list)  # (Func, kind, RDom)
+    constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
     # Two-stage innermost-axis reductions (reduce.row_reduce): (16-lane partials, row totals).
     row_reductions: list[tuple[Value, Value]] = field(default_factory=list)
 
@@ -101,29 +102,55 @@ def read(acc: hl.Func, idx) -> hl.Expr:
 
 Lowering = Callable[[OpContext], list[Value]]
 LOWERINGS: dict[str, Lowering] = {}
+# Ops on quantized int8 tensors have lowerings of their own (quantized.py): TFLite's integer
+# arithmetic is not its float arithmetic.
+QUANTIZED_LOWERINGS: dict[str, Lowering] = {}
+
+# Ops that only move elements: on quantized tensors they are the float lowering unchanged, as long
+# as input and output share one scale and zero point (TFLite requires it of these ops).
+MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "GATHER"}
 
 
-def register(*names: str) -> Callable[[Lowering], Lowering]:
-    """Registers a lowering for one or more TFLite builtins."""
+def register(*names: str, quantized: bool = False) -> Callable[[Lowering], Lowering]:
+    """Registers a lowering for one or more TFLite builtins (on int8 tensors if `quantized`)."""
+    table = QUANTIZED_LOWERINGS if quantized else LOWERINGS
 
     def add(fn: Lowering) -> Lowering:
         for name in names:
-            if name in LOWERINGS:
+            if name in table:
                 raise ValueError(f"two lowerings for {name}")
-            LOWERINGS[name] = fn
+            table[name] = fn
         return fn
 
     return add
 
 
+def quantized_tensors(ctx: OpContext) -> list:
+    """The op's inputs and outputs that hold quantized integers (int8 / uint8 / int16 with a scale)."""
+    return [t for t in (*ctx.op.inputs, *ctx.op.outputs)
+            if t is not None and t.type_name in ("INT8", "UINT8", "INT16") and t.quantization is not None
+            and t.quantization.scale is not None and len(t.quantization.scale)]
+
+
+def _same_quantization(tensors) -> bool:
+    params = {(tuple(np.asarray(t.quantization.scale).tolist()), tuple(np.asarray(t.quantization.zero_point).tolist()))
+              for t in tensors}
+    return len(params) == 1
+
+
 def lower(ctx: OpContext) -> list[Value]:
     """Lowers one op, or raises LoweringError naming what is unsupported."""
+    quantized = [] if ctx.op.name in ("QUANTIZE", "DEQUANTIZE") else quantized_tensors(ctx)
+    if quantized:
+        if any(t.type_name != "INT8" for t in quantized):
+            raise LoweringError(f"{ctx.op.name}: only int8 quantized kernels are generated")
+        fn = QUANTIZED_LOWERINGS.get(ctx.op.name)
+        if fn is None and ctx.op.name in MOVEMENT and _same_quantization(quantized):
+            fn = LOWERINGS[ctx.op.name]
+        if fn is None:
+            raise LoweringError(f"no int8 Halide lowering for {ctx.op.name}")
+        return fn(ctx)
     fn = LOWERINGS.get(ctx.op.name)
     if fn is None:
         raise LoweringError(f"no Halide lowering for {ctx.op.name}")
-    for t in (*ctx.op.inputs, *ctx.op.outputs):
-        if t is not None and t.quantization is not None and t.quantization.scale is not None and ctx.op.name not in (
-            "QUANTIZE", "DEQUANTIZE"
-        ) and t.type_name in ("INT8", "UINT8", "INT16"):
-            raise LoweringError(f"{ctx.op.name}: quantized {t.type_name} kernels are not generated yet")
     return fn(ctx)

@@ -1,0 +1,273 @@
+"""Int8 lowerings: TFLite's integer kernels, step for step.
+
+TFLite computes a quantized op in integers: each int8 operand minus its zero point, an int32 sum,
+then a fixed-point requantization — the real multiplier (say in_scale * w_scale / out_scale) held
+as a Q31 mantissa and a power-of-two exponent (`quantize_multiplier`, TFLite's QuantizeMultiplier)
+and applied with gemmlowp's rounding (SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT)
+— then the output zero point, clamped to the fused activation's quantized range. CONV_2D,
+DEPTHWISE_CONV_2D, FULLY_CONNECTED and ADD do exactly those integer steps, so they match LiteRT's
+reference kernels bit for bit. MEAN and SOFTMAX go through float in TFLite too,
+by formulas that differ between its reference and optimized kernels; here they are computed in
+float32 and rounded once, within one quantization step (1 LSB) of LiteRT — the bound the tests
+hold every int8 output to.
+
+The multipliers are compile-time constants of the kernel (per output channel where the weights
+are per-channel), so a kernel is specific to its tensors' scales and zero points: both the block
+signature and the model fingerprint include them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import halide as hl
+import numpy as np
+
+from tflite_tools.ir import Tensor
+
+from ..values import Value, define, read_broadcast
+from .elementwise import round_half_away
+from .nn import Arithmetic, conv2d, depthwise, fully_connected
+from .reduce import reduction_axes, reduction_domain, row_reduce
+from .registry import LoweringError, OpContext, register
+
+INT8_MIN, INT8_MAX = -128, 127
+ADD_LEFT_SHIFT = 20  # TFLite's headroom shift for int8 ADD (add.cc)
+
+
+def _round_half_away(value: float) -> int:
+    """std::round of a Python float (TfLiteRound)."""
+    return int(math.floor(value + 0.5)) if value >= 0 else -int(math.floor(-value + 0.5))
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """TFLite's QuantizeMultiplier: `real` = m * 2^(shift - 31), m a Q31 integer in [2^30, 2^31)."""
+    if real == 0:
+        return 0, 0
+    mantissa, shift = math.frexp(real)
+    m = _round_half_away(mantissa * (1 << 31))
+    if m == 1 << 31:
+        m //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    if shift > 30:
+        return (1 << 31) - 1, 30
+    return m, shift
+
+
+def srdhm(a: hl.Expr, b: hl.Expr) -> hl.Expr:
+    """gemmlowp's SaturatingRoundingDoublingHighMul as one Halide intrinsic.
+
+    gemmlowp adds a nudge of 2^30 (1 - 2^30 when a * b < 0) and truncates toward zero; for either
+    sign that equals floor((a * b + 2^30) / 2^31), and its one overflow (a = b = INT32_MIN) gives
+    INT32_MAX: exactly rounding_mul_shift_right(a, b, 31), which saturates. Halide lowers it to
+    each target's best form (ARM: SQRDMULH) and needs no 64-bit integers (Vulkan has none).
+    """
+    return hl.rounding_mul_shift_right(hl.cast(hl.Int(32), a), hl.cast(hl.Int(32), b), 31)
+
+
+def rounding_divide_by_pot(x: hl.Expr, exponent) -> hl.Expr:
+    """gemmlowp's RoundingDivideByPOT: x / 2^exponent, halves rounded away from zero."""
+    exponent = hl.cast(hl.Int(32), exponent)
+    mask = (hl.i32(1) << exponent) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + hl.select(x < 0, hl.i32(1), hl.i32(0))
+    return (x >> exponent) + hl.select(remainder > threshold, hl.i32(1), hl.i32(0))
+
+
+def multiply_by_quantized_multiplier(x: hl.Expr, m, shift) -> hl.Expr:
+    """TFLite's MultiplyByQuantizedMultiplier: x * m * 2^(shift - 31), rounded as gemmlowp does."""
+    shift = hl.cast(hl.Int(32), shift)
+    left = hl.max(shift, 0)
+    right = hl.max(-shift, 0)
+    return rounding_divide_by_pot(srdhm(x * (hl.i32(1) << left), m), right)
+
+
+# Tables hold a multiple of this many int32 entries. Halide embeds a constant buffer in the kernel
+# aligned to its size up to 64 bytes, but AVX-512 code loads 16 entries at a time with aligned
+# instructions: an 8-entry (32-byte) table segfaulted. 64-byte multiples are 64-byte aligned.
+TABLE_ENTRIES = 16
+
+
+def _channel_table(ctx: OpContext, values: Sequence[int], suffix: str):
+    """A function of the output channel giving values[channel] (a constant when all agree), read
+    from a table compiled into the kernel. The channel is clamped: schedules may round channel
+    loops up past the last channel."""
+    values = [int(v) for v in values]
+    if len(set(values)) == 1:
+        return lambda oc: hl.i32(values[0])
+    size = -(-len(values) // TABLE_ENTRIES) * TABLE_ENTRIES
+    table = hl.Buffer(hl.Int(32), [size], ctx.func_name(suffix))
+    for k in range(size):
+        table[k] = values[min(k, len(values) - 1)]
+    ctx.constants.append(table)
+    last = len(values) - 1
+    return lambda oc: table[hl.clamp(oc, 0, last)]
+
+
+def _scale_zp(t: Tensor) -> tuple[float, int]:
+    """A per-tensor quantized tensor's scale and zero point."""
+    q = t.quantization
+    if q is None or q.scale is None or len(q.scale) != 1:
+        raise LoweringError(f"{t.name!r}: expected one scale (per-tensor quantization)")
+    return float(q.scale[0]), int(q.zero_point[0]) if q.zero_point is not None else 0
+
+
+def activation_range(act: str | None, scale: float, zp: int) -> tuple[int, int]:
+    """TFLite's CalculateActivationRangeQuantized for an int8 output."""
+    def q(v: float) -> int:
+        return zp + _round_half_away(float(np.float32(v) / np.float32(scale)))
+
+    if act is None:
+        return INT8_MIN, INT8_MAX
+    if act == "RELU":
+        return max(INT8_MIN, q(0)), INT8_MAX
+    if act == "RELU6":
+        return max(INT8_MIN, q(0)), min(INT8_MAX, q(6))
+    if act == "RELU_N1_TO_1":
+        return max(INT8_MIN, q(-1)), min(INT8_MAX, q(1))
+    raise LoweringError(f"int8 fused activation {act}")
+
+
+def requantize(acc: hl.Expr, m: hl.Expr, shift: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
+    """An int32 sum as the int8 output: scaled, offset by the zero point, clamped."""
+    out = multiply_by_quantized_multiplier(acc, m, shift) + hl.i32(zp)
+    return hl.cast(hl.Int(8), hl.clamp(out, hl.i32(lo), hl.i32(hi)))
+
+
+def centred(ctx: OpContext, x: Value, zp: int) -> Value:
+    """x - zero_point as int16 (an int8 minus an int8 fits), read inline by the op's terms."""
+    return define(ctx.func_name("centred"), x.shape, lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
+
+
+def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool) -> Arithmetic:
+    """Integer terms, an int32 sum started at the int32 bias, TFLite's per-channel requantization.
+
+    `per_tensor_float_product`: TFLite's FULLY_CONNECTED with one weight scale forms
+    in_scale * w_scale in float32 before dividing in double (GetQuantizedConvolutionMultipler);
+    convolutions and per-channel weights multiply in double. The last bit depends on it.
+    """
+    x_t, w_t, out_t = ctx.op.inputs[0], ctx.op.inputs[1], ctx.op.outputs[0]
+    in_scale, in_zp = _scale_zp(x_t)
+    out_scale, out_zp = _scale_zp(out_t)
+    wq = w_t.quantization
+    if wq is None or wq.scale is None or w_t.type_name != "INT8":
+        raise LoweringError(f"{ctx.op.name}: int8 data needs int8 weights")
+    if wq.zero_point is not None and np.any(np.asarray(wq.zero_point) != 0):
+        raise LoweringError(f"{ctx.op.name}: weights with a nonzero zero point")
+    w_scales = [float(s) for s in wq.scale]
+    if per_tensor_float_product and len(w_scales) == 1:
+        reals = [float(np.float32(in_scale) * np.float32(w_scales[0])) / out_scale]
+    else:
+        reals = [in_scale * s / out_scale for s in w_scales]
+    mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
+    m, shift = _channel_table(ctx, mults, "mult"), _channel_table(ctx, shifts, "shift")
+    lo, hi = activation_range(ctx.op.fused_activation, out_scale, out_zp)
+    bias = None
+    if ctx.has_input(2):
+        if ctx.op.inputs[2].type_name != "INT32":
+            raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[2].type_name} bias")
+        bias = ctx.packed(2, "pad_channels") or ctx.value(2)
+    return Arithmetic(
+        source=lambda x: centred(ctx, x, in_zp),
+        weight=lambda w: hl.cast(hl.Int(32), w),
+        init=(lambda oc: bias(oc)) if bias is not None else (lambda oc: hl.i32(0)),
+        finish=lambda acc, oc: requantize(acc, m(oc), shift(oc), out_zp, lo, hi),
+    )
+
+
+@register("CONV_2D", quantized=True)
+def lower_conv2d_int8(ctx: OpContext) -> list[Value]:
+    """CONV_2D on int8 (per-channel weights), as TFLite's ConvPerChannel."""
+    return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False))
+
+
+@register("DEPTHWISE_CONV_2D", quantized=True)
+def lower_depthwise_int8(ctx: OpContext) -> list[Value]:
+    """DEPTHWISE_CONV_2D on int8, as TFLite's DepthwiseConvPerChannel."""
+    return depthwise(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False))
+
+
+@register("FULLY_CONNECTED", quantized=True)
+def lower_fully_connected_int8(ctx: OpContext) -> list[Value]:
+    """FULLY_CONNECTED on int8, as TFLite's integer FullyConnected (per-tensor or per-channel)."""
+    return fully_connected(ctx, _int8_arithmetic(ctx, per_tensor_float_product=True))
+
+
+@register("ADD", quantized=True)
+def lower_add_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's int8 ADD: both inputs shifted left by 20, rescaled to twice the larger input scale,
+    summed, rescaled to the output (add.cc / reference_integer_ops::Add), with broadcasting."""
+    (s1, zp1), (s2, zp2) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    twice_max = 2 * max(s1, s2)
+    m1, sh1 = quantize_multiplier(s1 / twice_max)
+    m2, sh2 = quantize_multiplier(s2 / twice_max)
+    m_out, sh_out = quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * s_out))
+    lo, hi = activation_range(ctx.op.fused_activation, s_out, zp_out)
+    a, b = ctx.value(0), ctx.value(1)
+    out = ctx.out_shape()
+
+    def scaled(v: hl.Expr, zp: int, m: int, sh: int) -> hl.Expr:
+        shifted = (hl.cast(hl.Int(32), v) - zp) * (1 << ADD_LEFT_SHIFT)
+        return multiply_by_quantized_multiplier(shifted, hl.i32(m), hl.i32(sh))
+
+    def body(*i):
+        total = scaled(read_broadcast(a, out, i), zp1, m1, sh1) + scaled(read_broadcast(b, out, i), zp2, m2, sh2)
+        return requantize(total, hl.i32(m_out), hl.i32(sh_out), zp_out, lo, hi)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+def _quantize_float(ctx: OpContext, value: hl.Expr, scale: float, zp: int) -> hl.Expr:
+    """A float32 real value rounded to the output's int8 step (halves away from zero), clamped."""
+    q = hl.cast(hl.Int(32), round_half_away(value * hl.f32(1.0 / scale))) + zp
+    return hl.cast(hl.Int(8), hl.clamp(q, INT8_MIN, INT8_MAX))
+
+
+@register("MEAN", quantized=True)
+def lower_mean_int8(ctx: OpContext) -> list[Value]:
+    """The int32 sum of the raw int8 values over the axes, then TFLite's float step
+    (QuantizedMeanOrSum): round(sum / n * in_scale / out_scale - in_zp * in_scale / out_scale) + out_zp."""
+    x = ctx.value(0)
+    (in_scale, in_zp), (out_scale, out_zp) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    axes = reduction_axes(ctx, 1, x.rank)
+    count = int(np.prod([x.shape[a] for a in axes]))
+    r, source = reduction_domain(ctx, x, axes, ctx.func_name("r"))
+    scale = np.float32(in_scale) / np.float32(out_scale)
+    bias = np.float32(-in_zp) * scale
+
+    def body(*i):
+        total = hl.sum(hl.cast(hl.Int(32), x.at(source(i))))
+        mean = hl.cast(hl.Float(32), total) / hl.f32(count)
+        q = hl.cast(hl.Int(32), round_half_away(mean * hl.f32(scale) + hl.f32(bias))) + out_zp
+        return hl.cast(hl.Int(8), hl.clamp(q, INT8_MIN, INT8_MAX))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("SOFTMAX", quantized=True)
+def lower_softmax_int8(ctx: OpContext) -> list[Value]:
+    """exp(beta * in_scale * (x - max)) / sum in float32 over the last axis, rounded to the output
+    step once (TFLite's int8 kernels use lookup tables or fixed point; within 1 LSB of both)."""
+    x = ctx.value(0)
+    in_scale, _ = _scale_zp(ctx.op.inputs[0])
+    out_scale, out_zp = _scale_zp(ctx.op.outputs[0])
+    factor = hl.f32(float(ctx.option("beta", 1.0)) * in_scale)
+    rows, depth = x.shape[:-1], x.shape[-1]
+    row_max = row_reduce(ctx, "max", rows, depth, lambda row, k: hl.cast(hl.Int(32), x.at(row + [k])), hl.maximum)
+
+    def exp_term(row, k):
+        return hl.exp(hl.cast(hl.Float(32), hl.cast(hl.Int(32), x.at(row + [k])) - row_max.at(row + [hl.Expr(0)])) * factor)
+
+    row_sum = row_reduce(ctx, "sum", rows, depth, exp_term, hl.sum)
+    ctx.materialize.extend([row_max, row_sum])
+
+    def body(*i):
+        row = list(i[:-1])
+        p = exp_term(row, i[-1]) / row_sum.at(row + [hl.Expr(0)])
+        return _quantize_float(ctx, p, out_scale, out_zp)
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]

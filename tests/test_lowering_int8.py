@@ -1,0 +1,191 @@
+"""Every int8 lowering against LiteRT, on random int8 inputs with awkward sizes and the option
+combinations of the quantized reference model (per-channel weights, nonzero zero points, fused
+RELU / RELU6, strides, dilation, depth multipliers, broadcasting).
+
+Tolerance: the integer-arithmetic ops (CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD) must equal
+LiteRT's reference kernels exactly, and every op must be within one quantization step (1 LSB) of
+LiteRT's optimized builtin kernels, which round a few requantizations differently. MEAN and SOFTMAX
+are computed in float and rounded once (halide_gen/lower/quantized.py), so they are held to the
+1 LSB bound alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import tflite_tools
+from halide_gen.block import build_block
+from halide_gen.jit import JitKernel
+from halide_gen.lower import LoweringError
+from halide_gen.lower.quantized import quantize_multiplier
+from tflite_tools import runtime
+from tflite_tools.builder import ModelBuilder, quantization
+
+rng = np.random.default_rng(11)
+
+
+def halide(model, inputs):
+    sg = model.main
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs))
+    return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
+
+
+def check(model, exact: bool, seeds=(0, 1)) -> None:
+    """Asserts the int8 outputs: within 1 LSB of the builtin kernels, equal to the reference
+    kernels when `exact`."""
+    data = tflite_tools.serialize(model)
+    for seed in seeds:
+        builtin = runtime.make_interpreter(data, resolver="builtin")
+        inputs = runtime.random_inputs(builtin, seed)
+        got = halide(model, inputs)
+        for ref, out in zip(runtime.run(builtin, inputs), got):
+            assert out.dtype == np.int8 and ref.shape == out.shape
+            diff = np.abs(ref.astype(np.int32) - out.astype(np.int32))
+            assert diff.max() <= 1, f"{int((diff > 1).sum())} elements more than 1 LSB off"
+            assert len(np.unique(ref)) > 3, "outputs saturated: the test's scales say nothing"
+        if exact:
+            reference = runtime.make_interpreter(data, resolver="reference")
+            for ref, out in zip(runtime.run(reference, inputs), got):
+                assert np.array_equal(ref, out), f"{int((ref != out).sum())} elements differ from the reference"
+
+
+def int8_weights(*shape):
+    return rng.integers(-127, 128, shape).astype(np.int8)
+
+
+def out_scale(in_scale: float, w_scale: float, taps: int) -> float:
+    """An output scale that puts a sum of `taps` random int8 products at ~40 steps (not saturated)."""
+    return in_scale * w_scale * (127 / math.sqrt(3)) ** 2 * math.sqrt(taps) / 40
+
+
+def conv_model(shape, cout, k, stride, padding, act="NONE", dilation=1, depthwise=False, mult=1):
+    b = ModelBuilder()
+    n, h, wd, cin = shape
+    x = b.input("x", shape, "int8", quant=quantization(0.02, -5))
+    cw = cin * mult if depthwise else cout
+    w_scales = rng.uniform(0.002, 0.01, cw).astype(np.float32)
+    if depthwise:
+        wt = b.const("w", int8_weights(1, k, k, cw), quant=quantization(w_scales, 0, 3))
+    else:
+        wt = b.const("w", int8_weights(cw, k, k, cin), quant=quantization(w_scales, 0, 0))
+    bias_scales = 0.02 * w_scales
+    bias = b.const("b", rng.integers(-2000, 2000, cw).astype(np.int32), quant=quantization(bias_scales, 0, 0))
+    eff = (k - 1) * dilation + 1
+    oh = -(-h // stride) if padding == "SAME" else (h - eff) // stride + 1
+    ow = -(-wd // stride) if padding == "SAME" else (wd - eff) // stride + 1
+    taps = k * k * (1 if depthwise else cin)
+    oq = quantization(out_scale(0.02, float(w_scales.mean()), taps), 3)
+    if depthwise:
+        y = b.op("DEPTHWISE_CONV_2D", [x, wt, bias], [n, oh, ow, cw], quant=oq, padding=padding, stride_h=stride,
+                 stride_w=stride, depth_multiplier=mult, dilation_h_factor=dilation, dilation_w_factor=dilation,
+                 fused_activation_function=act)
+    else:
+        y = b.op("CONV_2D", [x, wt, bias], [n, oh, ow, cw], quant=oq, padding=padding, stride_h=stride,
+                 stride_w=stride, dilation_h_factor=dilation, dilation_w_factor=dilation, fused_activation_function=act)
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("shape, cout, k, stride, padding, act, dilation", [
+    ((1, 9, 9, 3), 17, 3, 2, "SAME", "RELU6", 1),   # the stem: stride 2, RELU6
+    ((1, 7, 7, 17), 8, 1, 1, "VALID", "NONE", 1),   # a projection (1x1, no activation)
+    ((1, 8, 8, 5), 7, 3, 1, "VALID", "RELU", 1),
+    ((1, 9, 9, 4), 6, 3, 1, "SAME", "NONE", 2),     # dilation
+    ((1, 1, 1, 33), 20, 1, 1, "SAME", "NONE", 1),   # one pixel (tile-blocked weights)
+])
+def test_conv2d_int8(shape, cout, k, stride, padding, act, dilation):
+    check(conv_model(shape, cout, k, stride, padding, act, dilation), exact=True)
+
+
+@pytest.mark.parametrize("shape, k, stride, padding, mult, act", [
+    ((1, 9, 9, 17), 3, 1, "SAME", 1, "RELU6"),
+    ((1, 8, 8, 4), 3, 2, "VALID", 2, "NONE"),
+    ((1, 10, 10, 16), 3, 2, "SAME", 1, "RELU6"),
+])
+def test_depthwise_int8(shape, k, stride, padding, mult, act):
+    check(conv_model(shape, None, k, stride, padding, act, depthwise=True, mult=mult), exact=True)
+
+
+@pytest.mark.parametrize("in_shape, units, per_channel, bias, keep", [
+    ((2, 17), 10, False, True, False),
+    ((1, 33), 16, True, False, False),   # the classifier: per-channel, no bias
+    ((1, 4, 6), 5, True, True, True),
+])
+def test_fully_connected_int8(in_shape, units, per_channel, bias, keep):
+    b = ModelBuilder()
+    depth = in_shape[-1]
+    x = b.input("x", in_shape, "int8", quant=quantization(0.03, 7))
+    w_scales = rng.uniform(0.002, 0.01, units if per_channel else 1).astype(np.float32)
+    wt = b.const("w", int8_weights(units, depth), quant=quantization(w_scales, 0, 0))
+    inputs = [x, wt, b.const("b", rng.integers(-500, 500, units).astype(np.int32),
+                             quant=quantization(0.03 * w_scales, 0, 0)) if bias else None]
+    out = list(in_shape[:-1]) + [units] if keep else [int(np.prod(in_shape[:-1])), units]
+    b.output(b.op("FULLY_CONNECTED", inputs, out, quant=quantization(out_scale(0.03, float(w_scales.mean()), depth), -4),
+                  keep_num_dims=keep))
+    check(b.build(), exact=True)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, act", [
+    ((1, 4, 4, 8), (1, 4, 4, 8), "NONE"),
+    ((1, 3, 5, 17), (17,), "RELU"),       # broadcasting
+    ((2, 7), (2, 7), "RELU6"),
+])
+def test_add_int8(a_shape, b_shape, act):
+    b = ModelBuilder()
+    x = b.input("x", a_shape, "int8", quant=quantization(0.05, -3))
+    y = b.input("y", b_shape, "int8", quant=quantization(0.02, 6))
+    out = tuple(np.broadcast_shapes(a_shape, b_shape))
+    b.output(b.op("ADD", [x, y], out, quant=quantization(0.06, 2), fused_activation_function=act))
+    check(b.build(), exact=True)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_mean_int8(keep):
+    b = ModelBuilder()
+    x = b.input("x", (1, 5, 5, 19), "int8", quant=quantization(0.04, -2))
+    out = (1, 1, 1, 19) if keep else (1, 19)
+    b.output(b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], out, quant=quantization(0.01, 1),
+                  keep_dims=keep))
+    check(b.build(), exact=False)
+
+
+@pytest.mark.parametrize("shape", [(1, 16), (3, 37)])
+def test_softmax_int8(shape):
+    b = ModelBuilder()
+    x = b.input("x", shape, "int8", quant=quantization(0.05, -1))
+    b.output(b.op("SOFTMAX", [x], shape, quant=quantization(1 / 256, -128), beta=1.0))
+    check(b.build(), exact=False)
+
+
+def test_int8_movement_keeps_the_bytes():
+    b = ModelBuilder()
+    q = quantization(0.1, 4)
+    x = b.input("x", (1, 4, 6), "int8", quant=q)
+    b.output(b.op("RESHAPE", [x, b.const("shape", np.array([1, 24], np.int32))], (1, 24), quant=q, new_shape=[1, 24]))
+    model = b.build()
+    inputs = runtime.random_inputs(runtime.make_interpreter(tflite_tools.serialize(model), resolver="builtin"), 0)
+    (got,) = halide(model, inputs)
+    assert np.array_equal(got, inputs[0].reshape(1, 24))
+
+
+def test_int8_op_without_a_lowering_is_refused():
+    b = ModelBuilder()
+    x = b.input("x", (1, 8), "int8", quant=quantization(0.1, 0))
+    y = b.input("y", (1, 8), "int8", quant=quantization(0.1, 0))
+    b.output(b.op("MUL", [x, y], (1, 8), quant=quantization(0.2, 0)))
+    with pytest.raises(LoweringError, match="no int8 Halide lowering for MUL"):
+        build_block("b", b.build().main.operators, b.build().main.outputs)
+
+
+@pytest.mark.parametrize("real, expected", [
+    (0.5, (1 << 30, 0)),
+    (0.75, (3 << 29, 0)),
+    (1.0, (1 << 30, 1)),
+    (2.0 ** -40, (0, 0)),                        # below TFLite's range: zero
+    (0.1, (round(0.8 * 2 ** 31), -3)),
+])
+def test_quantize_multiplier_is_tflites(real, expected):
+    assert quantize_multiplier(real) == expected
