@@ -106,6 +106,17 @@ def test_default_claim_is_the_profitable_blocks(fused, tmp_path):
     assert read_claims(report)["claimed_nodes"] == profitable
 
 
+def test_int8_blocks_are_claimed_only_when_asked(fused, tmp_path):
+    # Unmeasured, int8 kernels (exact, but slower than XNNPACK's) are not claimed by default.
+    result = fused("mobilenet_v2_035_96_int8")
+    assert all(k.kernel and not k.profitable for k in result.kernels)
+    d, report = delegate(result, tmp_path)
+    runtime.make_interpreter(result.model, delegates=[d])
+    assert read_claims(report)["claimed_nodes"] == []
+    outcome = run(result.model, delegate=result.library, options={"claim": "all"})
+    assert outcome.ok and outcome.claims["claimed_nodes"] == planned_nodes(result)
+
+
 def test_unclaimed_nodes_still_go_to_xnnpack(fused, tmp_path):
     result = fused("mobilenet_v2_035_96")
     names = [k.block for k in result.kernels if k.kernel]

@@ -91,7 +91,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
          autoschedulers: bool = False) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
-    profitable; otherwise every compiled block counts as profitable. `debug_runtime` links Halide's
+    profitable; otherwise every compiled float block counts as profitable (int8 blocks do not:
+    see _quantized). `debug_runtime` links Halide's
     debug runtime, which traces device copies and kernel launches (delegate log_level:verbose).
     `autoschedulers` times Halide's autoschedulers against the templates per block where the
     target's kernels run here (the CPU for host; the OpenCL / Vulkan device for host-opencl /
@@ -153,7 +154,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             record.ratio = timings.ratio(block, ops, record.schedule)
             record.profitable = record.ratio < 1.0
         else:
-            record.profitable = True
+            record.profitable = not _quantized(ops)
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
     if timings is not None:
         timings.save()
@@ -231,6 +232,13 @@ def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
     built = project / name
     shutil.copy2(build / name, built)
     return built
+
+
+def _quantized(ops) -> bool:
+    """True for a block with int8 tensors. Unmeasured, such a block is not claimed by default: the
+    int8 kernels are exact but slower than XNNPACK's (MobileNetV2 int8: 4.5x, bench/RESULTS.md),
+    so claim:all or `fuse --measure` has to ask for them."""
+    return any(t is not None and t.type_name == "INT8" for op in ops for t in (*op.inputs, *op.outputs))
 
 
 def _check_interface(artifact, lowered) -> None:

@@ -40,7 +40,7 @@ class Arithmetic:
     output element: float32 here (`float_arithmetic`), int8 in quantized.py."""
 
     source: Callable[[Value], Value]  # the data input as its terms read it
-    weight: Callable[[hl.Expr], hl.Expr]  # a weight as its terms read it
+    term: Callable[[hl.Expr, hl.Expr], hl.Expr]  # (input element, weight) -> the summed product
     init: Callable[[hl.Expr], hl.Expr]  # the sum's start for output channel oc (the bias)
     finish: Callable[[hl.Expr, hl.Expr], hl.Expr]  # (sum, output channel) -> output element
 
@@ -48,7 +48,7 @@ class Arithmetic:
 def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
     """Float32: operands as they are, the bias first, the fused activation last."""
     bias, act = _bias(ctx, bias_index), ctx.op.fused_activation
-    return Arithmetic(lambda x: x, lambda w: w, bias, lambda acc, oc: activation(acc, act))
+    return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, oc: activation(acc, act))
 
 
 def _zero_outside(x: Value, name: str) -> Value:
@@ -123,7 +123,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     def update(n, y, xx, o):
         channel = (o / per_group) * cin + r[2] if groups > 1 else r[2]
         pixel = src(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel)
-        return pixel * arith.weight(weight(o, r[0], r[1], r[2]))
+        return arith.term(pixel, weight(o, r[0], r[1], r[2]))
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, "conv", r)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
@@ -148,7 +148,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
     def update(n, y, xx, o):
         channel = o / mult if mult > 1 else o
-        return padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel) * arith.weight(w(0, r[0], r[1], o))
+        return arith.term(padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel), w(0, r[0], r[1], o))
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, "depthwise", r)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
@@ -205,7 +205,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     def update(*i):
         row = flat_index(out[:-1], i[:-1]) if len(out) > 1 else hl.Expr(0)
         src = unflatten(x.shape, row * depth + r[0]) if x.rank != 2 or x.shape[1] != depth else [row, r[0]]
-        return x.at(src) * arith.weight(weight(i[-1], r[0]))
+        return arith.term(x.at(src), weight(i[-1], r[0]))
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, "matmul", r)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
