@@ -13,7 +13,7 @@ import numpy as np
 
 from tflite_tools import runtime
 from tflite_tools.fuse import FuseResult
-from tflite_tools.run import OutputError, compare
+from tflite_tools.run import OutputError, compare, reference_resolver
 
 INVOKE = Path(__file__).parent / "invoke_with_delegate.py"
 
@@ -28,7 +28,7 @@ def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess],
     """Runs `result` with its delegate through invoke_with_delegate.py in the Python `launch`
     starts (it gets the script's arguments), on seeded random inputs passed as .npy files; returns
     the outputs' errors against LiteRT's reference here and the delegate's last claims report."""
-    host = runtime.make_interpreter(result.model, "reference")
+    host = runtime.make_interpreter(result.model, reference_resolver(runtime.make_interpreter(result.model, "builtin")))
     inputs = runtime.random_inputs(host, seed=seed)
     paths = []
     for k, array in enumerate(inputs):
@@ -39,5 +39,6 @@ def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess],
     proc = launch([str(INVOKE), str(result.model), str(result.library), str(report), *map(str, paths), "--",
                    *map(str, outs)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    errors = compare([np.load(p) for p in outs], runtime.run(host, inputs), [str(p) for p in outs])
+    quantized = [d["dtype"] == np.int8 and d["quantization"][0] != 0 for d in host.get_output_details()]
+    errors = compare([np.load(p) for p in outs], runtime.run(host, inputs), [str(p) for p in outs], quantized=quantized)
     return errors, [json.loads(line) for line in report.read_text().splitlines()][-1]

@@ -16,8 +16,9 @@ from delegate_checks import invoke_elsewhere, planned_nodes
 from tflite_tools.fuse import fuse
 
 # One model per kind of block: convolutions with pools and transposed convs, an inverted residual
-# chain with depthwise convs, and a transformer layer (matmuls, softmax, layer norm, GELU).
-MODELS_ARM64 = ["unet_tiny", "depthwise_residual", "transformer_encoder", "fc_softmax"]
+# chain with depthwise convs, a transformer layer (matmuls, softmax, layer norm, GELU), and the int8
+# MobileNetV2 (integer requantization on NEON).
+MODELS_ARM64 = ["unet_tiny", "depthwise_residual", "transformer_encoder", "fc_softmax", "mobilenet_v2_035_96_int8"]
 
 
 def _missing(tool: str) -> bool:
