@@ -252,6 +252,19 @@ def test_cli_fuse_then_run_compare(tmp_path, capsys, model_path):
     assert "delegate: claimed 1 blocks" in text and " ok" in text
 
 
+def test_cli_fuse_emit_asm_keeps_every_kernels_assembly(tmp_path, capsys, model_path, monkeypatch):
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    assert cli.main(["fuse", str(model_path("swish_chain")), "-o", str(out), "--emit-asm"]) == 0
+    plan = json.loads((out / "plan.json").read_text())
+    blocks = [k["block"] for k in plan["kernels"] if k["kernel"]]
+    assert sorted(p.name for p in (out / "asm").iterdir()) == sorted(blocks)
+    files = list((out / "asm" / blocks[0]).iterdir())
+    # one .s and one .stmt per sub-target of the host's multitarget library
+    assert len([f for f in files if f.suffix == ".s"]) == len([f for f in files if f.suffix == ".stmt"]) >= 3
+    assert all(f.stat().st_size > 0 for f in files)
+
+
 def test_cli_run_with_npy_inputs(tmp_path, capsys, model_path):
     model = model_path("add_relu")
     interp = runtime.make_interpreter(model)

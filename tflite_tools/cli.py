@@ -59,7 +59,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
             target += "-fp16"  # halide_gen.aot: every GPU target has a half-precision variant
         result = fuse(args.model, args.out, target=target, fast_math=args.fast_math, measure=args.measure,
                       cost=cost, progress=_progress_printer(), debug_runtime=args.debug_runtime,
-                      autoschedulers=args.autoschedulers)
+                      autoschedulers=args.autoschedulers, emit_asm=args.emit_asm)
         with_kernel = [k for k in result.kernels if k.kernel]
         print(f"{args.model}: {len(result.kernels)} blocks, {len(with_kernel)} with Halide kernels "
               f"({result.claimable_nodes} operators), {sum(k.profitable for k in result.kernels)} claimed by default; "
@@ -195,6 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--autoschedulers", action="store_true",
                       help="time Halide's autoschedulers against the templates per block where the target's kernels "
                            "run here (CPU; host-opencl/host-vulkan: the GPU API's device); compile the fastest")
+    fuse.add_argument("--emit-asm", action="store_true",
+                      help="keep each kernel's assembly (.s) and Halide statement (.stmt) in OUT/asm/<block>/")
     fuse.add_argument("--debug-runtime", action="store_true",
                       help="link Halide's debug runtime: traces device copies and kernel launches (log_level:verbose)")
     fuse.set_defaults(run=cmd_fuse)

@@ -12,6 +12,8 @@ rewrite -> plan -> lower -> schedule -> compile -> package. OUT receives:
                                the NDK (built here too when $ANDROID_NDK is set)
     plan.json                  blocks, kernels, claims and measurements, for tools
     report.md                  the same for people
+    asm/<block>/               with emit_asm (--emit-asm): each kernel's assembly (.s) and Halide's
+                               lowered statement (.stmt), one pair per sub-target
 
 Like the CLI, this module is an outer layer that may call every stage (fusion, halide_gen);
 nothing in the stages calls back here. Files appear in OUT only once everything succeeded.
@@ -88,7 +90,7 @@ def _set_metadata(model: Model, name: str, value: bytes) -> None:
 def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str = "host", fast_math: bool = False,
          measure: bool = False, cost: object | None = None, cache_dir: Path | None = None,
          progress: Progress | None = None, debug_runtime: bool = False,
-         autoschedulers: bool = False) -> FuseResult:
+         autoschedulers: bool = False, emit_asm: bool = False) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
     profitable; otherwise every compiled float block counts as profitable (int8 blocks do not:
@@ -99,7 +101,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     host-vulkan: Anderson2021 and Li2018) and compiles the fastest. With `measure`, the whole model
     is also timed under each claim policy (and XNNPACK alone) and the fastest becomes the delegate's
     default, so by default the fused model is never slower than LiteRT + XNNPACK here. Raises
-    ModelError on input the compiler cannot take."""
+    ModelError on input the compiler cannot take. `emit_asm` keeps every kernel's .s and .stmt in
+    OUT/asm/<block>/."""
     from fusion.pipeline import plan_model
     from halide_gen.aot import compile_kernel, target_spec
     from halide_gen.block import build_block
@@ -144,7 +147,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             lowered = build_block(block.name, ops, block.outputs)
             if autoschedulers:
                 record.schedule = timings.best_schedule(block, ops, target)
-            artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir, schedule=record.schedule)
+            artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir, emit_asm=emit_asm,
+                                      schedule=record.schedule)
         except LoweringError as exc:
             record.skipped = f"no lowering: {exc}"
             continue
@@ -177,6 +181,10 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         else:
             link_delegate(source, blocks, target, library, cache_dir, debug_runtime)
         save(model, tmp / "model.fused.tflite")
+        for block in blocks:
+            for path in block.artifact.extra:
+                (tmp / "asm" / block.name).mkdir(parents=True, exist_ok=True)
+                shutil.copy2(path, tmp / "asm" / block.name / path.name)
         whole_model: dict[str, float] = {}
         if measure and blocks and not android:
             if progress:
