@@ -85,6 +85,20 @@ class BlockKernel:
         """True when `f` can be computed inside its output's copy: an output no op of the block reads."""
         return self.is_output(f) and id(f) not in self.read_in_block
 
+    def broadcast_sources(self) -> list[Value]:
+        """Op results a later op of the block reads broadcast into an output at least 4x larger.
+        Inlined, they would be recomputed for every element of the larger output (a squeeze-excite
+        gate's sigmoid once per pixel: 3.4x XNNPACK's time on EfficientNet), so schedules compute
+        them once, at the root; they are small by construction."""
+        produced = {id(t): v for op, values in zip(self.ops, self.op_values) for t, v in zip(op.outputs, values)}
+        sources: dict[int, Value] = {}
+        for op in self.ops:
+            size = int(np.prod(op.outputs[0].shape))
+            for t in op.inputs:
+                if t is not None and id(t) in produced and 4 * int(np.prod(t.shape)) <= size:
+                    sources[id(t)] = produced[id(t)]
+        return list(sources.values())
+
     def output_funcs(self) -> list[hl.Func]:
         """The pipeline's output Funcs, in block-output order."""
         return [v.func for _, v in self.outputs]

@@ -121,3 +121,30 @@ def test_streamed_inverted_residual_matches_litert():
     kernel = build_block("ir", model.main.operators, model.main.outputs)
     assert _conv_chain(kernel) is not None
     compare(model)
+
+
+def test_squeeze_excite_gate_is_computed_once():
+    # The gate (pool -> conv -> conv -> sigmoid, 16 values) is read broadcast by the MUL over the
+    # whole feature map: schedules compute it once at the root instead of once per pixel.
+    from opcheck import compare
+    from tflite_tools.builder import ModelBuilder
+
+    rng = np.random.default_rng(5)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
+
+    b = ModelBuilder()
+    x = b.input("x", [1, 8, 8, 16])
+    pooled = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], [1, 1, 1, 16], keep_dims=True)
+    squeezed = b.op("CONV_2D", [pooled, b.const("w1", w(4, 1, 1, 16)), b.const("b1", w(4))], [1, 1, 1, 4],
+                    padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU")
+    excited = b.op("CONV_2D", [squeezed, b.const("w2", w(16, 1, 1, 4)), b.const("b2", w(16))], [1, 1, 1, 16],
+                   padding="SAME", stride_h=1, stride_w=1)
+    gate = b.op("LOGISTIC", [excited], [1, 1, 1, 16])
+    b.output(b.op("MUL", [x, gate], [1, 8, 8, 16]))
+    model = b.build()
+    kernel = build_block("se", model.main.operators, model.main.outputs)
+    gate_value = kernel.op_values[3][0]
+    assert any(v.func is gate_value.func for v in kernel.broadcast_sources())
+    compare(model)

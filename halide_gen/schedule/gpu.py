@@ -75,6 +75,7 @@ def schedule_gpu(kernel: BlockKernel) -> None:
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM:
             roots += [v for v in values if not kernel.inline_into_output(v.func)]
+    roots += [v for v in kernel.broadcast_sources() if not kernel.inline_into_output(v.func)]
     seen = set(shared)
     for v in roots + [v for _, v in kernel.outputs]:
         f = v.func
