@@ -22,7 +22,8 @@ from fusion.rewrite import rewrite
 from halide_gen.block import build_block
 from halide_gen.jit import JitKernel
 from tflite_tools import runtime
-from opcheck import BLOCK_FP16_RTOL, FLOAT_RTOL
+from opcheck import BLOCK_FP16_RTOL, FLOAT_RTOL, compare
+from tflite_tools.builder import ModelBuilder
 
 RTOL = {"fp32": FLOAT_RTOL, "fp16": BLOCK_FP16_RTOL}
 
@@ -96,18 +97,18 @@ def test_every_block_kind_is_covered(model_path):
     assert expected <= set(kinds), kinds
 
 
+def random_weights(seed: int, scale: float):
+    """w(*shape): seeded normal float32 weights of the given scale."""
+    rng = np.random.default_rng(seed)
+    return lambda *shape: (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
 def test_streamed_inverted_residual_matches_litert():
     # Large enough (48x48x144 intermediates, > STREAM_BYTES) that the CPU schedule streams the
     # expand conv and the depthwise input through sliding row buffers.
     from halide_gen.schedule.cpu import _conv_chain
-    from opcheck import compare
-    from tflite_tools.builder import ModelBuilder
 
-    rng = np.random.default_rng(3)
-
-    def w(*shape):
-        return (rng.standard_normal(shape) * 0.2).astype(np.float32)
-
+    w = random_weights(seed=3, scale=0.2)
     b = ModelBuilder()
     x = b.input("x", [1, 48, 48, 24])
     e = b.op("CONV_2D", [x, b.const("we", w(144, 1, 1, 24)), b.const("be", w(144))], [1, 48, 48, 144],
@@ -126,14 +127,7 @@ def test_streamed_inverted_residual_matches_litert():
 def test_squeeze_excite_gate_is_computed_once():
     # The gate (pool -> conv -> conv -> sigmoid, 16 values) is read broadcast by the MUL over the
     # whole feature map: schedules compute it once at the root instead of once per pixel.
-    from opcheck import compare
-    from tflite_tools.builder import ModelBuilder
-
-    rng = np.random.default_rng(5)
-
-    def w(*shape):
-        return (rng.standard_normal(shape) * 0.3).astype(np.float32)
-
+    w = random_weights(seed=5, scale=0.3)
     b = ModelBuilder()
     x = b.input("x", [1, 8, 8, 16])
     pooled = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], [1, 1, 1, 16], keep_dims=True)
