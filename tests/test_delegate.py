@@ -117,6 +117,19 @@ def test_int8_blocks_are_claimed_only_when_asked(fused, tmp_path):
     assert outcome.ok and outcome.claims["claimed_nodes"] == planned_nodes(result)
 
 
+def test_only_int8_activations_make_a_block_int8():
+    # A float model whose int8 weights are dequantized in the graph keeps its default claim.
+    from tflite_tools.builder import ModelBuilder, quantization
+    from tflite_tools.fuse import _quantized
+
+    b = ModelBuilder()
+    wq = b.const("wq", np.ones((4, 3), np.int8), quant=quantization(0.1, 0))
+    d = b.op("DEQUANTIZE", [wq], [4, 3], dtype="float32")
+    b.output(b.op("MUL", [b.input("x", [4, 3]), d], [4, 3]))
+    assert not _quantized(b.build().main.operators)
+    assert _quantized(tflite_tools.load(Path(__file__).parent / "models" / "int8_add.tflite").main.operators)
+
+
 def test_unclaimed_nodes_still_go_to_xnnpack(fused, tmp_path):
     result = fused("mobilenet_v2_035_96")
     names = [k.block for k in result.kernels if k.kernel]

@@ -243,10 +243,12 @@ def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
 
 
 def _quantized(ops) -> bool:
-    """True for a block with int8 tensors. Unmeasured, such a block is not claimed by default: the
-    int8 kernels are exact but slower than XNNPACK's (MobileNetV2 int8: 4.5x, bench/RESULTS.md),
-    so claim:all or `fuse --measure` has to ask for them."""
-    return any(t is not None and t.type_name == "INT8" for op in ops for t in (*op.inputs, *op.outputs))
+    """True for a block computing on int8 activations (int8 weights dequantized into a float model
+    do not count). Unmeasured, such a block is not claimed by default: the int8 kernels are exact
+    but slower than XNNPACK's (MobileNetV2 int8: 4x, bench/RESULTS.md), so claim:all or
+    `fuse --measure` has to ask for them."""
+    return any(t is not None and t.type_name == "INT8" and not t.is_constant
+               for op in ops for t in (*op.inputs, *op.outputs))
 
 
 def _check_interface(artifact, lowered) -> None:
