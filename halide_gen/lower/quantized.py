@@ -222,9 +222,10 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, body)]
 
 
-def _quantize_float(ctx: OpContext, value: hl.Expr, scale: float, zp: int) -> hl.Expr:
-    """A float32 real value rounded to the output's int8 step (halves away from zero), clamped."""
-    q = hl.cast(hl.Int(32), round_half_away(value * hl.f32(1.0 / scale))) + zp
+def _round_to_int8(steps: hl.Expr, zp: int) -> hl.Expr:
+    """A float32 count of output quantization steps rounded (halves away from zero, as TfLiteRound),
+    offset by the zero point and clamped to int8."""
+    q = hl.cast(hl.Int(32), round_half_away(steps)) + zp
     return hl.cast(hl.Int(8), hl.clamp(q, INT8_MIN, INT8_MAX))
 
 
@@ -243,8 +244,7 @@ def lower_mean_int8(ctx: OpContext) -> list[Value]:
     def body(*i):
         total = hl.sum(hl.cast(hl.Int(32), x.at(source(i))))
         mean = hl.cast(hl.Float(32), total) / hl.f32(count)
-        q = hl.cast(hl.Int(32), round_half_away(mean * hl.f32(scale) + hl.f32(bias))) + out_zp
-        return hl.cast(hl.Int(8), hl.clamp(q, INT8_MIN, INT8_MAX))
+        return _round_to_int8(mean * hl.f32(scale) + hl.f32(bias), out_zp)
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
@@ -269,6 +269,6 @@ def lower_softmax_int8(ctx: OpContext) -> list[Value]:
     def body(*i):
         row = list(i[:-1])
         p = exp_term(row, i[-1]) / row_sum.at(row + [hl.Expr(0)])
-        return _quantize_float(ctx, p, out_scale, out_zp)
+        return _round_to_int8(p * hl.f32(1.0 / out_scale), out_zp)
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
