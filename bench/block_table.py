@@ -34,12 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     from fusion.ecg import build_ecg
     from fusion.plan import plan_fusion
     from fusion.rewrite import rewrite
-    from halide_gen.block import build_block
-    from halide_gen.jit import JitKernel
     from halide_gen.lower import LoweringError
-    from halide_gen.profile import choose_schedule, time_block
-    from halide_gen.schedule import schedule_cpu
-    from halide_gen.schedule.auto import schedule_auto
+    from halide_gen.profile import choose_schedule, jit_kernel, time_block
     from tflite_tools.stats import flops
 
     paths = args.models or sorted((REPO.parent / "shared" / "models").glob("*.tflite"))
@@ -60,8 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 source = "template"
                 if args.autoschedulers:
                     source = choose_schedule(ops, block.outputs, block.inputs).best
-                schedule = schedule_cpu if source == "template" else (lambda k, s=source: schedule_auto(k, s))
-                kernel = JitKernel(build_block(block.name, ops, block.outputs), schedule=schedule)
+                kernel = jit_kernel(block.name, ops, block.outputs, source)
                 t = time_block(ops, block.inputs, block.outputs, kernel, threads=args.threads)
             except (LoweringError, RuntimeError, ValueError) as exc:
                 print(f"| {block.name} | {names} | - | - | - | not generated: {str(exc).splitlines()[0][:60]} |")

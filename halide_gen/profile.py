@@ -25,9 +25,9 @@ from tflite_tools import runtime
 from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
 
 from .aot import VULKAN_ALLOC_CONFIG, target_spec
-from .block import BlockKernel, build_block
+from .block import build_block
 from .jit import JitKernel
-from .schedule import schedule_cpu, schedule_for
+from .schedule import schedule_for
 from .schedule.auto import CPU_AUTOSCHEDULERS, GPU_AUTOSCHEDULERS, schedule_auto
 
 
@@ -114,19 +114,12 @@ def _kernel_seconds(kernel: JitKernel, inputs: Sequence[Tensor], min_seconds: fl
     return statistics.median(_time(kernel.run, min_seconds) for _ in range(3))
 
 
-def cpu_schedule(source: str) -> Callable[[BlockKernel], None]:
-    """The scheduling function of a schedule source: "template" (halide_gen.schedule's CPU
-    templates) or the name of one of Halide's autoschedulers."""
-    return schedule_cpu if source == "template" else (lambda k: schedule_auto(k, source))
-
-
 def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], source: str = "template",
                target: str = "host") -> JitKernel:
     """The block JIT-compiled to run here for `target` (this host's CPU, or its OpenCL / Vulkan
-    device for host-opencl / host-vulkan) under a schedule source."""
+    device for host-opencl / host-vulkan) under a schedule source: "template" (the target's
+    schedule family) or the name of one of Halide's autoschedulers."""
     spec = target_spec(target)
-    if spec.family == "x86":
-        return JitKernel(build_block(name, ops, outputs), schedule=cpu_schedule(source))
     if spec.gpu_api == "vulkan":  # the allocator settings the delegate uses (aot.VULKAN_ALLOC_CONFIG)
         os.environ.setdefault("HL_VK_ALLOC_CONFIG", VULKAN_ALLOC_CONFIG)
     jit = spec.jit_target()
