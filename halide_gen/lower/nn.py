@@ -47,7 +47,7 @@ class Arithmetic:
 
 def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
     """Float32: operands as they are, the bias first, the fused activation last."""
-    bias, act = _bias(ctx, bias_index), ctx.op.fused_activation
+    bias, act = channel_bias(ctx, bias_index), ctx.op.fused_activation
     return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, oc: activation(acc, act))
 
 
@@ -75,10 +75,11 @@ def _conv_geometry(ctx: OpContext, x: Value, kh: int, kw: int):
     return out, strides, dilations, pads
 
 
-def _bias(ctx: OpContext, index: int):
-    """The bias as a function of the output channel (packed: padded with zeros), or 0."""
+def channel_bias(ctx: OpContext, index: int, zero: hl.Expr | None = None):
+    """The bias as a function of the output channel (packed: padded with zeros), or `zero`
+    (float32 0 unless given) when the op has none."""
     if not ctx.has_input(index):
-        return lambda oc: hl.f32(0)
+        return lambda oc: hl.f32(0) if zero is None else zero
     bias = ctx.packed(index, "pad_channels") or ctx.value(index)
     return lambda oc: bias(oc)
 
@@ -180,7 +181,7 @@ def lower_transpose_conv(ctx: OpContext) -> list[Value]:
     # the reduction walks those alone: ceil(k / s) taps per axis instead of k (a 2x2 stride-2
     # kernel: one tap instead of four, three of them empty).
     r = hl.RDom([(0, -(-kh // sh)), (0, -(-kw // sw)), (0, cin)], ctx.func_name("r"))
-    bias, act = _bias(ctx, 3), ctx.op.fused_activation
+    bias, act = channel_bias(ctx, 3), ctx.op.fused_activation
 
     def update(n, y, xx, o):
         ky, kx = (y + ph) % sh + r[0] * sh, (xx + pw) % sw + r[1] * sw

@@ -28,7 +28,7 @@ from tflite_tools.ir import Tensor
 
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
-from .nn import Arithmetic, conv2d, depthwise, fully_connected
+from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
 
@@ -165,16 +165,13 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool) -> Arithmet
     mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
     m, shift = _channel_table(ctx, mults, "mult"), _channel_table(ctx, shifts, "shift")
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, out_zp)
-    bias = None
-    if ctx.has_input(2):
-        if ctx.op.inputs[2].type_name != "INT32":
-            raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[2].type_name} bias")
-        bias = ctx.packed(2, "pad_channels") or ctx.value(2)
+    if ctx.has_input(2) and ctx.op.inputs[2].type_name != "INT32":
+        raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[2].type_name} bias")
     return Arithmetic(
         source=lambda x: centred(ctx, x, in_zp),
         # int16 x int16 -> int32: one widening multiply (x86 VPMADDWD / ARM SMLAL), not an int32 one.
         term=lambda v, w: hl.widening_mul(v, hl.cast(hl.Int(16), w)),
-        init=(lambda oc: bias(oc)) if bias is not None else (lambda oc: hl.i32(0)),
+        init=channel_bias(ctx, 2, zero=hl.i32(0)),
         finish=lambda acc, oc: requantize(acc, m(oc), shift(oc), out_zp, lo, hi),
     )
 
