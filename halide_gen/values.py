@@ -52,9 +52,15 @@ def narrow(expr: hl.Expr, storage: hl.Type) -> hl.Expr:
     return hl.cast(storage, expr)
 
 
+def read_type(stored: hl.Type) -> hl.Type:
+    """The type lowerings compute with for a stored type: half precision reads as float32."""
+    return hl.Float(32) if stored == hl.Float(16) else stored
+
+
 def widen(expr: hl.Expr) -> hl.Expr:
-    """A stored element as lowerings compute with it: half precision read as float32."""
-    return hl.cast(hl.Float(32), expr) if expr.type() == hl.Float(16) else expr
+    """A stored element as lowerings compute with it (see read_type)."""
+    wide = read_type(expr.type())
+    return expr if wide == expr.type() else hl.cast(wide, expr)
 
 
 def dim_vars(rank: int) -> list[hl.Var]:
@@ -72,8 +78,8 @@ class Value:
 
     @property
     def read_type(self) -> hl.Type:
-        """The type of an element as read (half-precision storage reads as float32; see widen)."""
-        return hl.Float(32) if self.type == hl.Float(16) else self.type
+        """The type of an element as read (see the module's read_type)."""
+        return read_type(self.type)
 
     @property
     def rank(self) -> int:
