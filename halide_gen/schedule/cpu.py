@@ -269,16 +269,15 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             packed = any(a.pack for a in kernel.arguments if a.tensor in kernel.ops[acc.op_index].inputs)
             _register_tile(home, acc, lanes, params.mm_channels, params.mm_rows, None, unroll_taps=False,
                            round_up_channels=packed)
+    # Many-to-Many results no template covers, and small results read broadcast (computed once, not
+    # once per element of their consumer), are computed at the root.
+    roots = [v for k, (op, values) in enumerate(zip(kernel.ops, kernel.op_values))
+             if op_mapping(op) == MtM and not any(a.op_index == k for a in kernel.accumulators)
+             for v in values if not kernel.inline_into_output(v.func) and id(v.func) not in streamed]
+    roots += [v for v in kernel.broadcast_sources() if not kernel.is_output(v.func)]
     rooted = {id(v.func) for v in kernel.materialize} | {id(a.value.func) for a in kernel.accumulators} | tiled
-    for op, values in zip(kernel.ops, kernel.op_values):
-        if op_mapping(op) == MtM and not any(a.op_index == kernel.ops.index(op) for a in kernel.accumulators):
-            for v in values:
-                if not kernel.inline_into_output(v.func) and id(v.func) not in streamed:
-                    v.func.compute_root()
-                    _vectorize_inner(v.func, v.shape, lanes)
-                    rooted.add(id(v.func))
-    for v in kernel.broadcast_sources():
-        if id(v.func) not in rooted and not kernel.is_output(v.func):
+    for v in roots:
+        if id(v.func) not in rooted:
             v.func.compute_root()
             _vectorize_inner(v.func, v.shape, lanes)
             rooted.add(id(v.func))
