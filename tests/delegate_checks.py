@@ -13,7 +13,7 @@ import numpy as np
 
 from tflite_tools import runtime
 from tflite_tools.fuse import FuseResult
-from tflite_tools.run import OutputError, compare, reference_resolver
+from tflite_tools.run import OutputError, compare, quantized_outputs, reference_resolver
 
 INVOKE = Path(__file__).parent / "invoke_with_delegate.py"
 
@@ -39,6 +39,6 @@ def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess],
     proc = launch([str(INVOKE), str(result.model), str(result.library), str(report), *map(str, paths), "--",
                    *map(str, outs)])
     assert proc.returncode == 0, proc.stderr[-3000:]
-    quantized = [d["dtype"] == np.int8 and d["quantization"][0] != 0 for d in host.get_output_details()]
-    errors = compare([np.load(p) for p in outs], runtime.run(host, inputs), [str(p) for p in outs], quantized=quantized)
+    errors = compare([np.load(p) for p in outs], runtime.run(host, inputs), [str(p) for p in outs],
+                     quantized=quantized_outputs(host))
     return errors, [json.loads(line) for line in report.read_text().splitlines()][-1]

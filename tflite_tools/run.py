@@ -124,6 +124,12 @@ def tolerance(claims: dict | None) -> float:
     return RTOL
 
 
+def quantized_outputs(interp) -> list[bool]:
+    """Per output of an interpreter: whether it holds quantized integers (compared to 1 LSB)."""
+    return [np.dtype(d["dtype"]) in (np.int8, np.uint8, np.int16) and d["quantization"][0] != 0
+            for d in interp.get_output_details()]
+
+
 def reference_resolver(interp) -> str:
     """"reference", or "builtin" for a model with quantized tensors (see the module docstring)."""
     quantized = any(np.dtype(t["dtype"]) in (np.int8, np.uint8) and t["quantization"][0] != 0
@@ -161,9 +167,7 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
         result.claims = read_claims(report) if delegate is not None else None
     if compare_reference:
         ref = runtime.make_interpreter(model, reference_resolver(interp), 1)
-        details = interp.get_output_details()
-        names = [d["name"] for d in details]
-        quantized = [d["dtype"] in (np.int8, np.uint8, np.int16) and d["quantization"][0] != 0 for d in details]
+        names = [d["name"] for d in interp.get_output_details()]
         result.rtol = tolerance(result.claims)
-        result.errors = compare(result.outputs, runtime.run(ref, arrays), names, result.rtol, quantized)
+        result.errors = compare(result.outputs, runtime.run(ref, arrays), names, result.rtol, quantized_outputs(interp))
     return result
