@@ -63,7 +63,8 @@ def srdhm(a: hl.Expr, b: hl.Expr) -> hl.Expr:
     gemmlowp adds a nudge of 2^30 (1 - 2^30 when a * b < 0) and truncates toward zero; for either
     sign that equals floor((a * b + 2^30) / 2^31), and its one overflow (a = b = INT32_MIN) gives
     INT32_MAX: exactly rounding_mul_shift_right(a, b, 31), which saturates. Halide lowers it to
-    each target's best form (ARM: SQRDMULH) and needs no 64-bit integers (Vulkan has none).
+    each target's best form (ARM: SQRDMULH); on Vulkan that form still needs 64-bit integers, so
+    int8 blocks are refused there (aot.compile_kernel turns the error into a LoweringError).
     """
     return hl.rounding_mul_shift_right(hl.cast(hl.Int(32), a), hl.cast(hl.Int(32), b), 31)
 
