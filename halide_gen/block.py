@@ -17,7 +17,7 @@ from tflite_tools.ir import Operator, Tensor
 
 from .lower import LoweringError, OpContext, lower
 from .pack import PACKERS, pack
-from .values import Value, float_storage, halide_type
+from .values import DIM_NAMES, Value, float_storage, halide_type
 
 
 _BUILDS = itertools.count()
@@ -46,6 +46,26 @@ class Argument:
     def data_from(self, value: np.ndarray) -> np.ndarray:
         """The array to pass for this argument, given the tensor's TFLite data."""
         return pack(self.pack, value)
+
+
+def _edge_clamped(arg: Argument) -> hl.Func:
+    """A block input read with every axis but the innermost clamped to its extent.
+
+    Halide may evaluate a producer over more rows than any output needs: a sliding window over a
+    streamed strip warms up by rewinding its loop into rows before the strip, rows -2..-1 of the
+    first strip (row -4 for a padded 5x5 depthwise whose input is streamed). A padded convolution reads its own input
+    through a clamp (nn._zero_outside), but an elementwise op fused in front of it that also reads
+    a block input (a residual ADD) then indexed that input out of bounds. Clamping at the input is
+    Halide's own idiom (a boundary condition on every input): the values read out there are never
+    used, and no schedule can make a kernel read outside what TFLite passes it. The innermost axis
+    stays exact (it is the vectorized one, and no schedule computes past its extent).
+    """
+    f = hl.Func(f"{arg.param.name()}_clamped")
+    shape = arg.shape
+    vars_ = [hl.Var(n) for n in DIM_NAMES[: len(shape)]]
+    index = [vars_[0]] + [hl.clamp(hl.likely(v), 0, int(extent) - 1) for v, extent in zip(vars_[1:], reversed(shape[:-1]))]
+    f[vars_] = arg.param[index]
+    return f
 
 
 @dataclass
@@ -145,7 +165,9 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
             for k, extent in enumerate(reversed(arg.shape)):
                 arg.param.dim(k).set_bounds(0, int(extent))
             kernel.arguments.append(arg)
-            params[key] = Value(hl.Func(arg.param), arg.shape, arg.param.type())
+            # Packed constants are weights, read only at indices a reduction walks.
+            func = hl.Func(arg.param) if packing or len(arg.shape) < 2 else _edge_clamped(arg)
+            params[key] = Value(func, arg.shape, arg.param.type())
             if packing is None:
                 kernel.values[id(t)] = params[key]
         return params[key]

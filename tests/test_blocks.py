@@ -1,11 +1,5 @@
 """Every block of real converter output (fused, or a single op a kernel could claim), lowered to
-Halide and checked against LiteRT.
-
-The model is rewritten and planned; LiteRT's reference kernels run the rewritten model with all
-intermediate tensors kept; each fused block's Halide kernel is fed the block's inputs from that run
-and must reproduce the block's outputs (tolerance: opcheck.FLOAT_RTOL). The int8 model runs on
-LiteRT's builtin kernels instead (its reference int8 SOFTMAX aborts the process) and its blocks must
-be within one quantization step of them (tests/test_lowering_int8.py says why).
+Halide and checked against LiteRT (tests/blockcheck.py says how).
 """
 
 from __future__ import annotations
@@ -15,66 +9,13 @@ from collections import Counter
 import numpy as np
 import pytest
 
-import tflite_tools
-from fusion.ecg import build_ecg
-from fusion.plan import plan_fusion
-from fusion.rewrite import rewrite
+from blockcheck import check_model_blocks
 from halide_gen.block import build_block
-from halide_gen.jit import JitKernel
-from tflite_tools import runtime
-from opcheck import BLOCK_FP16_RTOL, FLOAT_RTOL, compare
+from opcheck import compare
 from tflite_tools.builder import ModelBuilder
-
-RTOL = {"fp32": FLOAT_RTOL, "fp16": BLOCK_FP16_RTOL}
 
 MODELS = ["transformer_encoder", "mobilenet_v2_035_96", "unet_tiny", "conv_fp16_weights", "swish_chain",
           "depthwise_residual", "reshape_transpose", "mobilenet_v2_035_96_int8"]
-
-
-def block_kind(names: list[str]) -> str:
-    """A coarse label of what a block computes, for coverage."""
-    s = set(names)
-    if {"CONV_2D", "DEPTHWISE_CONV_2D"} <= s:
-        return "inverted residual"
-    for heavy in ("CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV", "FULLY_CONNECTED", "BATCH_MATMUL"):
-        if heavy in s:
-            return heavy.lower() + " + epilogue"
-    if s & {"MEAN", "SUM", "SOFTMAX", "MAX_POOL_2D", "AVERAGE_POOL_2D"}:
-        return "reduction / normalisation"
-    if s <= {"RESHAPE", "TRANSPOSE", "CONCATENATION", "SLICE", "GATHER", "SQUEEZE", "EXPAND_DIMS"}:
-        return "data movement"
-    return "elementwise chain"
-
-
-def check_model_blocks(path, precision: str = "fp32") -> Counter:
-    model = tflite_tools.load(path)
-    rewrite(model)
-    data = tflite_tools.serialize(model)
-    model = tflite_tools.parse(data)
-    sg = model.main
-    index = {id(t): k for k, t in enumerate(sg.tensors)}
-    quantized = any(t.type_name == "INT8" for t in sg.tensors)
-    interp = runtime.make_interpreter(data, resolver="builtin" if quantized else "reference", preserve_all_tensors=True)
-    runtime.run(interp, runtime.random_inputs(interp, 3))
-    plan = plan_fusion(build_ecg(sg))
-    kinds: Counter = Counter()
-    for block in plan.blocks:
-        if block.opaque_reason:
-            continue
-        ops = [plan.ecg.nodes[i].op for i in block.ops]
-        jit = JitKernel(build_block(block.name, ops, block.outputs, precision))
-        got = jit(jit.inputs_from({id(t): interp.get_tensor(index[id(t)]) for t in block.inputs}))
-        for t, out in zip(block.outputs, got):
-            ref = interp.get_tensor(index[id(t)])
-            if ref.dtype.kind == "f":
-                err = np.abs(ref.astype(np.float64) - out).max() / max(float(np.abs(ref).max()), 1e-30)
-                assert err <= RTOL[precision], f"{block.name} {[o.name for o in ops]}: {t.name} error {err:.3g}"
-            elif t.type_name == "INT8":  # quantized: within one step of the builtin kernels
-                assert np.abs(ref.astype(np.int32) - out).max() <= 1, f"{block.name}: {t.name}"
-            else:
-                assert np.array_equal(ref, out), f"{block.name}: {t.name}"
-        kinds[block_kind([op.name for op in ops])] += 1
-    return kinds
 
 
 # The random-weight MobileNet's activations shrink to 1e-9 by its last blocks, below fp16's smallest
@@ -104,7 +45,7 @@ def random_weights(seed: int, scale: float):
 
 
 def test_streamed_inverted_residual_matches_litert():
-    # Large enough (48x48x144 intermediates, > STREAM_BYTES) that the CPU schedule streams the
+    # Large enough (48x48x144 intermediates, > CpuParams.stream_bytes) that the CPU schedule streams the
     # expand conv and the depthwise input through sliding row buffers.
     from halide_gen.schedule.cpu import _conv_chain
 

@@ -11,7 +11,7 @@ import math
 import halide as hl
 
 from ..values import Value, define, read_broadcast
-from .registry import LoweringError, OpContext, register
+from .registry import LOWERINGS, LoweringError, OpContext, register
 
 SQRT1_2 = 1.0 / math.sqrt(2.0)
 
@@ -270,3 +270,10 @@ def lower_quantize(ctx: OpContext) -> list[Value]:
         return hl.cast(target, hl.clamp(q, target.min(), target.max()))
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+# Every op this module lowers: each output element reads its inputs at its own index (broadcast
+# operands at the broadcast index), so a schedule may compute such an op inside any tile of its
+# consumer. Data movement that is One-to-One in the paper's sense (CONCATENATION, SLICE, PAD) shifts
+# indices and is not in this set.
+ELEMENTWISE = frozenset(name for name, fn in LOWERINGS.items() if fn.__module__ == __name__)

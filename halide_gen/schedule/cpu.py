@@ -23,9 +23,10 @@ from dataclasses import dataclass
 import halide as hl
 import numpy as np
 
-from fusion.mapping import MtM, OtO, op_mapping
+from fusion.mapping import MtM, op_mapping
 
 from ..block import Accumulator, BlockKernel
+from ..lower.elementwise import ELEMENTWISE
 from ..pack import padded
 
 
@@ -40,6 +41,13 @@ class CpuParams:
     dw_pixels: int
     mm_channels: int  # fully-connected / batch-matmul: output columns per tile
     mm_rows: int
+    # Smallest float32 intermediates (bytes, summed over a conv chain) worth streaming through row
+    # buffers: below that, strips only add halo recomputation (MobileNetV2's 14x14 and 7x7 blocks:
+    # 5-20% slower streamed). Tests set 0 to stream small chains.
+    stream_bytes: int = 1 << 20
+    # Fewest output rows per streamed strip (a few coarse tasks, little halo: schedules.md, lesson
+    # 4). Tests set 2 so that small maps are cut into several strips too.
+    strip_rows: int = 8
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
@@ -170,25 +178,23 @@ def _tile_for(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool
                        unroll_taps=False, round_up_channels=True, parallel=parallel)
 
 
-# Smallest float32 intermediate (bytes) worth streaming through row buffers.
-STREAM_BYTES = 1 << 20
-
-
-def _conv_chain(kernel: BlockKernel) -> list[Accumulator] | None:
+def _conv_chain(kernel: BlockKernel, stream_bytes: int = X86.stream_bytes) -> list[Accumulator] | None:
     """The accumulators of a block that chains convolutions (MobileNet's inverted residual:
     pointwise -> depthwise -> pointwise, then bias / activation / residual add), or None."""
     accs = kernel.accumulators
     if len(accs) < 2 or any(a.kind not in ("conv", "depthwise") or len(a.value.shape) != 4 for a in accs):
         return None
     # The last convolution must feed only the elementwise epilogue of the block's one output
-    # (bias, activation, residual ADD), which is then computed in its register tile.
+    # (bias, activation, residual ADD), which is then computed in its register tile: at the
+    # convolution's own indices, so no index-shifting op (a CONCATENATION made a tile read channels
+    # past the packed bias) and no broadcast to a larger shape.
+    last = accs[-1].value.shape
     after = kernel.ops[accs[-1].op_index + 1:]
-    if len(kernel.outputs) != 1 or any(op_mapping(op) != OtO for op in after):
+    if len(kernel.outputs) != 1 or any(op.name not in ELEMENTWISE or tuple(op.outputs[0].shape) != last for op in after):
         return None
-    # Streaming pays when the intermediates would not stay in cache; below that, strips only add
-    # halo recomputation (MobileNetV2's 14x14 and 7x7 blocks: 5-20% slower streamed).
+    # Streaming pays when the intermediates would not stay in cache (CpuParams.stream_bytes).
     intermediate = sum(4 * int(np.prod(a.value.shape)) for a in accs[:-1])
-    return accs if intermediate >= STREAM_BYTES else None
+    return accs if intermediate >= stream_bytes else None
 
 
 def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: CpuParams) -> set[int]:
@@ -206,7 +212,7 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
     y = _vars(home)[2]
     yo, yi = hl.Var("y_strip"), hl.Var("y_row")
     rows = last.value.shape[1]
-    strip = max(8, -(-rows // 4))  # a few coarse tasks (schedules.md, lesson 4), little halo
+    strip = max(params.strip_rows, -(-rows // 4))
     home.split(y, yo, yi, strip, hl.TailStrategy.GuardWithIf).parallel(yo)
     done = {id(home)}
     for acc in chain[:-1]:
@@ -243,7 +249,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     """Applies the CPU templates in place; what no template covers is computed at the root
     (Many-to-Many results) or inlined, and vectorized along the innermost axis."""
     lanes = params.lanes
-    chain = _conv_chain(kernel)
+    chain = _conv_chain(kernel, params.stream_bytes)
     streamed = _schedule_conv_chain(kernel, chain, params) if chain else set()
     for v in kernel.materialize:
         if id(v.func) in streamed:
