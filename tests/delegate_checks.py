@@ -28,7 +28,7 @@ def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess],
     """Runs `result` with its delegate through invoke_with_delegate.py in the Python `launch`
     starts (it gets the script's arguments), on seeded random inputs passed as .npy files; returns
     the outputs' errors against LiteRT's reference here and the delegate's last claims report."""
-    host = runtime.make_interpreter(result.model, reference_resolver(runtime.make_interpreter(result.model, "builtin")))
+    host = runtime.make_interpreter(result.model, reference_resolver(result.model))
     inputs = runtime.random_inputs(host, seed=seed)
     paths = []
     for k, array in enumerate(inputs):

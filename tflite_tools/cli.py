@@ -96,7 +96,7 @@ def _progress_printer() -> Callable[[int, int, str], None]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Runs a model (through a delegate if given) and compares its outputs with LiteRT's reference."""
-    from .run import run
+    from .run import REFERENCE_NAMES, run
 
     options = {}
     for item in args.option:
@@ -108,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                  seed=args.seed)
     if args.json:
         print(json.dumps({"model": args.model, "ok": result.ok, "claims": result.claims, "rtol": result.rtol,
-                          "outputs": [vars(e) for e in result.errors]}, indent=2))
+                          "reference": result.reference, "outputs": [vars(e) for e in result.errors]}, indent=2))
     else:
         if result.claims is not None:
             c = result.claims
@@ -119,6 +119,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         for e in result.errors:
             print(f"{e.name}: max abs error {e.max_abs:.3g}, max rel error {e.max_rel:.3g} "
                   f"{'ok' if e.ok else 'OUTSIDE TOLERANCE'}")
+        if result.reference:
+            print(f"reference: {REFERENCE_NAMES[result.reference]}")
         print(f"tolerance: max|out - ref| <= {result.rtol:g} * max|ref| (float), 1 step (int8), exact (other integers)")
     return 1 if args.compare and not result.ok else 0
 

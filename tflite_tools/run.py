@@ -21,9 +21,11 @@ RTOL_FP16 instead: measured at most 4.1e-4 on the test models (unet_tiny on lava
 on ../shared/models (bert_small), so 1e-2 leaves a margin and still catches a wrong kernel, whose
 error is O(1). The delegate's report names its bundle's target, which says the precision.
 
-The reference is LiteRT's BUILTIN_REF resolver, except for models with quantized (int8/uint8)
-tensors: LiteRT 2.3's reference kernels abort the process on some of those (a quantized MobileNetV2
-does), so they are compared with the optimized builtin kernels (no XNNPACK) instead.
+The reference is LiteRT's BUILTIN_REF resolver (its reference kernels), with two exceptions
+(`reference_resolver`): an int8 model with an op whose reference kernel aborts the process (LiteRT
+2.3's int8 SOFTMAX on a quantized MobileNetV2) is compared with the optimized builtin kernels (no
+XNNPACK), and a model with custom ops, which neither kernel set can run, with LiteRT + XNNPACK.
+The result names the reference it used (`RunResult.reference`; the CLI prints it).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import numpy as np
 
 from . import runtime
 from .errors import ModelError
+from .ir import Model
+from .reader import load, parse
 
 RTOL = 1e-4
 RTOL_FP16 = 1e-2
@@ -63,6 +67,7 @@ class RunResult:
     errors: list[OutputError] = field(default_factory=list)
     claims: dict | None = None  # the delegate's report for the main graph
     rtol: float = RTOL  # the float tolerance the outputs were held to
+    reference: str | None = None  # the resolver the outputs were compared with (REFERENCE_NAMES)
 
     @property
     def ok(self) -> bool:
@@ -130,11 +135,39 @@ def quantized_outputs(interp) -> list[bool]:
             for d in interp.get_output_details()]
 
 
-def reference_resolver(interp) -> str:
-    """"reference", or "builtin" for a model with quantized tensors (see the module docstring)."""
-    quantized = any(np.dtype(t["dtype"]) in (np.int8, np.uint8) and t["quantization"][0] != 0
-                    for t in interp.get_tensor_details())
-    return "builtin" if quantized else "reference"
+# Ops whose LiteRT reference kernel aborts the process (not an error status) on int8 tensors: LiteRT
+# 2.3's reference int8 SOFTMAX does on a quantized MobileNetV2's 1000 classes.
+REFERENCE_ABORTS = frozenset({"SOFTMAX"})
+
+# What each resolver name means in a report.
+REFERENCE_NAMES = {
+    "reference": "LiteRT reference kernels",
+    "builtin": "LiteRT builtin kernels",
+    "xnnpack": "LiteRT + XNNPACK",
+}
+
+
+def reference_resolver(model: str | os.PathLike | bytes | Model) -> str:
+    """The LiteRT kernels a model's outputs are checked against: its reference kernels (the ground
+    truth), except
+    - "builtin" (the optimized kernels, no XNNPACK) when an int8 op's reference kernel would abort
+      the process (REFERENCE_ABORTS);
+    - "xnnpack" when the model has custom ops: neither kernel set registers any, while XNNPACK
+      claims MediaPipe's (Convolution2DTransposeBias, MaxPoolingWithArgmax2D, MaxUnpooling2D), so
+      LiteRT + XNNPACK is what runs such a model in stock LiteRT."""
+    if not isinstance(model, Model):
+        model = parse(bytes(model)) if isinstance(model, (bytes, bytearray)) else load(model)
+    ops = [op for sg in model.subgraphs for op in sg.operators]
+    if any(op.opcode.is_custom for op in ops):
+        return "xnnpack"
+    if any(op.name in REFERENCE_ABORTS and _has_quantized(op) for op in ops):
+        return "builtin"
+    return "reference"
+
+
+def _has_quantized(op) -> bool:
+    return any(t is not None and t.type_name in ("INT8", "UINT8", "INT16") and t.quantization is not None
+               and t.quantization.scale is not None and len(t.quantization.scale) for t in (*op.inputs, *op.outputs))
 
 
 def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inputs: Sequence[str] = (),
@@ -166,7 +199,8 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
             raise ModelError(f"{model}: invoke failed: {' '.join(str(exc).split())}") from None
         result.claims = read_claims(report) if delegate is not None else None
     if compare_reference:
-        ref = runtime.make_interpreter(model, reference_resolver(interp), 1)
+        result.reference = reference_resolver(model)
+        ref = runtime.make_interpreter(model, result.reference, 1)
         names = [d["name"] for d in interp.get_output_details()]
         result.rtol = tolerance(result.claims)
         result.errors = compare(result.outputs, runtime.run(ref, arrays), names, result.rtol, quantized_outputs(interp))
