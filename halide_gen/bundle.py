@@ -138,7 +138,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         f"  static const Bundle b = {{{_c_string(info.model)}, {_c_string(info.target)}, "
         f"{_c_string(info.fingerprint)}, {CHANNEL_TILE}, {len(info.tensors)}, {len(info.operators)}, kGraphCodes,",
         f"                            kTensors, {len(tensors)}, kNodes, kNodeTensors, kArgs, kOutputs, kBlocks, "
-        f"{len(blocks)}, {CLAIM_CODES[info.default_claim]}}};",
+        f"{len(blocks)}, {CLAIM_CODES[info.default_claim]}, {int(any(op.opcode.is_custom for op in info.operators))}}};",
         "  return b;",
         "}",
         "",

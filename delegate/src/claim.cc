@@ -4,6 +4,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "gpu_caps.h"
 
@@ -169,6 +172,100 @@ Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& o
   return claim;
 }
 
+namespace {
+
+// The graph's nodes as producers and consumers of tensors (node indices of the execution plan).
+struct Dataflow {
+  std::map<int, int> producer;                 // tensor -> node writing it
+  std::map<int, std::vector<int>> consumers;  // tensor -> nodes reading it
+  std::map<int, TfLiteNode*> nodes;
+  std::map<int, TfLiteRegistration*> registrations;
+};
+
+Dataflow ReadDataflow(TfLiteContext* context) {
+  Dataflow flow;
+  TfLiteIntArray* plan = nullptr;
+  if (context->GetExecutionPlan == nullptr || context->GetNodeAndRegistration == nullptr ||
+      context->GetExecutionPlan(context, &plan) != kTfLiteOk) {
+    return flow;
+  }
+  for (int i = 0; i < plan->size; ++i) {
+    TfLiteNode* node = nullptr;
+    TfLiteRegistration* registration = nullptr;
+    if (context->GetNodeAndRegistration(context, plan->data[i], &node, &registration) != kTfLiteOk) continue;
+    flow.nodes[plan->data[i]] = node;
+    flow.registrations[plan->data[i]] = registration;
+    for (int k = 0; k < node->outputs->size; ++k) flow.producer[node->outputs->data[k]] = plan->data[i];
+    for (int k = 0; k < node->inputs->size; ++k) {
+      if (node->inputs->data[k] >= 0) flow.consumers[node->inputs->data[k]].push_back(plan->data[i]);
+    }
+  }
+  return flow;
+}
+
+// Nodes reachable from `start` along the dataflow, forward (consumers) or backward (producers).
+std::set<int> Reachable(const Dataflow& flow, const std::vector<int>& start, bool forward) {
+  std::set<int> seen;
+  std::vector<int> stack(start);
+  while (!stack.empty()) {
+    const int n = stack.back();
+    stack.pop_back();
+    const auto node = flow.nodes.find(n);
+    if (node == flow.nodes.end()) continue;
+    const TfLiteIntArray* tensors = forward ? node->second->outputs : node->second->inputs;
+    for (int k = 0; k < tensors->size; ++k) {
+      std::vector<int> next;
+      if (forward) {
+        const auto c = flow.consumers.find(tensors->data[k]);
+        if (c != flow.consumers.end()) next = c->second;
+      } else {
+        const auto p = flow.producer.find(tensors->data[k]);
+        if (p != flow.producer.end()) next = {p->second};
+      }
+      for (int m : next) {
+        if (seen.insert(m).second) stack.push_back(m);
+      }
+    }
+  }
+  return seen;
+}
+
+// Why TFLite would split `block`: the unclaimed nodes its later nodes wait on. TFLite's partitioner
+// emits a delegate partition only once every node it waits on has run, so an unclaimed node that
+// one of the block's nodes reads (directly or through other unclaimed nodes), but its first node
+// does not wait on, puts the block's nodes into two partitions: a node on a path out of the block
+// and back into it, or a node that simply runs later.
+std::string SplitReason(const Dataflow& flow, const Bundle& bundle, const BlockSpec& block,
+                        const std::vector<int>& claimed) {
+  std::vector<int> members;
+  for (int k = 0; k < block.n_nodes; ++k) members.push_back(bundle.nodes[block.first_node + k].index);
+  const std::set<int> first = Reachable(flow, {members.front()}, /*forward=*/false);
+  std::set<int> culprits;
+  for (int m : members) {
+    const TfLiteNode* node = flow.nodes.count(m) ? flow.nodes.at(m) : nullptr;
+    for (int k = 0; node != nullptr && k < node->inputs->size; ++k) {
+      const auto p = flow.producer.find(node->inputs->data[k]);
+      if (p == flow.producer.end() || first.count(p->second) ||
+          std::binary_search(claimed.begin(), claimed.end(), p->second)) {
+        continue;
+      }
+      culprits.insert(p->second);
+    }
+  }
+  std::string named;
+  for (int n : culprits) {
+    const TfLiteRegistration* r = flow.registrations.at(n);
+    const std::string what = r->custom_name != nullptr ? std::string("custom op ") + r->custom_name
+                                                       : "builtin code " + std::to_string(r->builtin_code);
+    named += (named.empty() ? "" : ", ") + ("node " + std::to_string(n) + " (" + what + ")");
+  }
+  return "TFLite would split it across delegate partitions: " +
+         (named.empty() ? std::string("a node it waits on is left to TFLite")
+                        : "it waits on " + named + ", left to TFLite");
+}
+
+}  // namespace
+
 void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim) {
   if (context->PreviewDelegatePartitioning == nullptr) return;
   for (bool changed = true; changed && !claim->nodes.empty();) {
@@ -198,8 +295,7 @@ void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim)
       if (whole) {
         kept.push_back(b);
       } else {
-        claim->declined.push_back({b, "TFLite would split it across delegate partitions (a node it waits on is "
-                                      "left to TFLite)"});
+        claim->declined.push_back({b, SplitReason(ReadDataflow(context), bundle, block, claim->nodes)});
         changed = true;
       }
     }

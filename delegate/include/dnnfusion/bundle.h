@@ -82,6 +82,9 @@ struct Bundle {
   // The claim policy when the options name none (ClaimPolicy: 0 profitable, 1 all, 2 none):
   // `fuse --measure` picks whichever ran the whole model fastest here, XNNPACK alone included.
   int32_t default_claim;
+  // 1 when the model has custom ops: only a delegate applied after this one (XNNPACK, for
+  // MediaPipe's) may run them, so TFLite must not prepare the graph before that (plugin.cc).
+  int32_t has_custom_ops;
 };
 
 // Defined by the generated bundle source linked into each delegate library.
