@@ -273,3 +273,27 @@ def test_trace_reports_each_pass():
     assert any(line.startswith("double_negation") for line in lines)
     assert [line.split(":")[0] for line in lines if line.startswith("after")] == [
         "after cleanup", "after algebraic", "after cleanup", "after prune"]
+
+
+def test_very_sparse_fp16_weights_fold_through_densify_and_dequantize():
+    # A detector's 1x1 conv weights: fp16, 95% zeros, stored sparse (DENSIFY -> DEQUANTIZE ->
+    # CONV_2D). The dense result is 20x the sparse bytes; it used to exceed the fold's growth bound
+    # and stay a DENSIFY nobody can fuse (the blocks around it were left to TFLite).
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((32, 1, 1, 64)).astype(np.float16)
+    w[rng.random(w.shape) < 0.95] = 0
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 4, 64])
+    dense = b.op("DENSIFY", [b.sparse_const("w_sparse", w, "float16")], w.shape, dtype="float16")
+    weights = b.op("DEQUANTIZE", [dense], w.shape, dtype="float32")
+    b.output(b.op("CONV_2D", [x, weights, b.const("b", np.zeros(32, np.float32))], [1, 4, 4, 32], padding="SAME",
+                  stride_h=1, stride_w=1))
+    original = tflite_tools.serialize(b.build())
+    model = tflite_tools.parse(original)
+    rewrite(model)
+    (conv,) = model.main.operators
+    assert conv.name == "CONV_2D" and np.array_equal(conv.inputs[1].data, w.astype(np.float32))
+    a = runtime.make_interpreter(original, resolver="reference")
+    inputs = runtime.random_inputs(a)
+    folded = runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference")
+    assert runtime.run(a, inputs)[0].tobytes() == runtime.run(folded, inputs)[0].tobytes()

@@ -111,6 +111,33 @@ class ModelBuilder:
         t.data = np.require(arr, requirements="C")  # keeps 0-d scalars 0-d
         return t
 
+    def sparse_const(self, name: str, value: Any, dtype: DType = "float32") -> Tensor:
+        """A new constant stored sparse, as the converter's sparsity optimization writes weights:
+        every axis dense but the last, which is compressed (CSR: per row its segment of the
+        non-zero values and their column indices). TFLite's DENSIFY restores the dense tensor."""
+        dense = np.asarray(value, dtype=schema.NUMPY_DTYPES[tensor_type(dtype)])
+        rows = dense.reshape(-1, dense.shape[-1])
+        segments, indices = [0], []
+        for row in rows:
+            indices.extend(np.flatnonzero(row).tolist())
+            segments.append(len(indices))
+        dims = []
+        for extent in dense.shape[:-1]:
+            dims.append(fb.DimensionMetadataT())
+            dims[-1].format, dims[-1].denseSize = fb.DimensionType.DENSE, int(extent)
+        last = fb.DimensionMetadataT()
+        last.format = fb.DimensionType.SPARSE_CSR
+        last.arraySegmentsType = last.arrayIndicesType = fb.SparseIndexVector.Int32Vector
+        last.arraySegments, last.arrayIndices = fb.Int32VectorT(), fb.Int32VectorT()
+        last.arraySegments.values, last.arrayIndices.values = segments, indices
+        sparsity = fb.SparsityParametersT()
+        sparsity.traversalOrder = list(range(dense.ndim))
+        sparsity.dimMetadata = dims + [last]
+        t = self.tensor(name, dense.shape, dense.dtype)
+        t.sparsity = sparsity
+        t.data = np.frombuffer(rows[rows != 0].tobytes(), np.uint8)  # sparse data stays raw bytes (ir.Tensor)
+        return t
+
     def op(
         self,
         op: str,

@@ -19,6 +19,10 @@ EXTRA_FOLDABLE = {"DENSIFY", "SHAPE", "RANGE", "FILL", "ZEROS_LIKE", "ONES_LIKE"
 
 # A fold must not turn a small constant into a large one (BROADCAST_TO / TILE of a scalar).
 MAX_GROWTH = 4
+# Except where TFLite materialises the result anyway: DENSIFY writes its dense weights into a
+# persistent tensor at Prepare, so folding it costs file size, not memory. A weight sparser than
+# 1 in MAX_GROWTH stayed a DENSIFY before and left its conv (and the blocks around it) to TFLite.
+GROWTH_UNLIMITED = {"DENSIFY"}
 
 
 def foldable(op: Operator) -> bool:
@@ -61,7 +65,7 @@ def fold(op: Operator, graph_outputs: set[int]) -> bool:
         return False
     in_bytes = sum(t.data.nbytes for t in op.inputs if t is not None)
     out_bytes = sum(t.nbytes for t in op.outputs)
-    if out_bytes > MAX_GROWTH * max(in_bytes, 64):
+    if op.name not in GROWTH_UNLIMITED and out_bytes > MAX_GROWTH * max(in_bytes, 64):
         return False
     values = evaluate(op)
     if values is None:
