@@ -77,7 +77,7 @@ class ECG:
 
 
 def _opaque_reason(op: Operator, mapping: MappingType | None) -> str | None:
-    if op.opcode.is_custom:
+    if mapping is None and op.opcode.is_custom:
         return f"custom op {op.opcode.custom_code}"
     if mapping is None:
         return f"{op.name} has no mapping type (opaque)"

@@ -134,12 +134,18 @@ OPS: dict[str, OpInfo] = {
     "RESHAPE": OpInfo(REORG), "SQUEEZE": OpInfo(REORG), "EXPAND_DIMS": OpInfo(REORG),
     # Shuffle
     "TRANSPOSE": OpInfo(SHUFFLE), "DEPTH_TO_SPACE": OpInfo(SHUFFLE), "SPACE_TO_DEPTH": OpInfo(SHUFFLE),
+    # MediaPipe's custom CNN ops (segmentation models carry them; XNNPACK runs them in stock LiteRT):
+    # a transpose convolution with bias, max pooling that also returns where each maximum was, and
+    # the unpooling that puts values back there.
+    "CUSTOM:Convolution2DTransposeBias": OpInfo(MtM), "CUSTOM:MaxPoolingWithArgmax2D": OpInfo(MtM),
+    "CUSTOM:MaxUnpooling2D": OpInfo(OtM),
 }
 
 
 def op_info(op: Operator) -> OpInfo | None:
-    """The table entry for `op`, or None when the op is opaque (custom, control flow, unknown)."""
-    return None if op.opcode.is_custom else OPS.get(op.name)
+    """The table entry for `op`, or None when the op is opaque (control flow, unknown builtins and
+    custom ops other than MediaPipe's three above)."""
+    return OPS.get(op.name)
 
 
 def is_scalar(t: Tensor) -> bool:

@@ -12,6 +12,7 @@ from halide_gen.jit import JitKernel
 from halide_gen.values import FLOAT16_MAX
 from tflite_tools import runtime
 from tflite_tools.ir import Model
+from tflite_tools.run import reference_resolver
 
 # Float tolerance, relative to the output's scale: max |halide - ref| <= FLOAT_RTOL * max |ref|.
 # Halide sums and evaluates transcendentals in a different order / with different polynomials than
@@ -34,11 +35,12 @@ PRECISION = "fp32"
 
 
 def reference(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Outputs from LiteRT's reference kernels (the builtin kernels for the few ops, such as CEIL,
-    that the reference resolver does not register)."""
+    """Outputs from the LiteRT kernels `run.reference_resolver` names (its reference kernels, as a
+    rule), or the builtin kernels for the few ops, such as CEIL, the reference resolver does not
+    register."""
     data = tflite_tools.serialize(model)
     try:
-        interp = runtime.make_interpreter(data, resolver="reference")
+        interp = runtime.make_interpreter(data, resolver=reference_resolver(model))
     except ValueError as exc:
         if "Didn't find op" not in str(exc):
             raise
@@ -62,7 +64,7 @@ def compare(model: Model, make_inputs: Callable[[np.random.Generator], list[np.n
     worst = 0.0
     for seed in seeds:
         if make_inputs is None:
-            interp = runtime.make_interpreter(tflite_tools.serialize(model), resolver="builtin")
+            interp = runtime.make_interpreter(tflite_tools.serialize(model), resolver=reference_resolver(model))
             inputs = runtime.random_inputs(interp, seed)
         else:
             inputs = make_inputs(np.random.default_rng(seed))

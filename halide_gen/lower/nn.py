@@ -165,23 +165,33 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
 @register("TRANSPOSE_CONV")
 def lower_transpose_conv(ctx: OpContext) -> list[Value]:
-    """The gather form of TFLite's scatter: each output pixel sums the input pixels whose
-    stride-spaced kernel footprint covers it. Inputs: output shape, weights [O,kh,kw,I], input, bias."""
-    x = ctx.value(2)
-    cout, kh, kw, cin = ctx.op.inputs[1].shape
-    packed = ctx.packed(1, "ohwi_to_hwio")
-    w = packed or ctx.value(1)
+    """TFLite's TRANSPOSE_CONV. Inputs: output shape, weights [O,kh,kw,I], input, bias."""
+    _, kh, kw, _ = ctx.op.inputs[1].shape
+    out, in_shape = ctx.out_shape(), ctx.op.inputs[2].shape
+    strides = int(ctx.option("strideH", 1)), int(ctx.option("strideW", 1))
+    # TFLite computes the padding as if the output were the input of a forward conv.
+    pads = _padding(ctx, out[1:3], in_shape[1:3], strides, (1, 1), (kh, kw))
+    return transpose_conv(ctx, 2, 1, 3, strides, pads, ctx.op.fused_activation)
+
+
+def transpose_conv(ctx: OpContext, data: int, weights: int, bias_index: int, strides: tuple[int, int],
+                   pads: tuple[int, int], act: str | None) -> list[Value]:
+    """The gather form of a transpose convolution's scatter: each output pixel sums the input
+    pixels whose stride-spaced kernel footprint covers it; `pads` are the output's leading
+    (top, left) padding, inputs are given by index (TFLite's op and MediaPipe's order them apart)."""
+    x = ctx.value(data)
+    cout, kh, kw, cin = ctx.op.inputs[weights].shape
+    packed = ctx.packed(weights, "ohwi_to_hwio")
+    w = packed or ctx.value(weights)
     weight = (lambda o, ky, kx, i: packed(ky, kx, i, o)) if packed else (lambda o, ky, kx, i: w(o, ky, kx, i))
     out = ctx.out_shape()
-    sh, sw = int(ctx.option("strideH", 1)), int(ctx.option("strideW", 1))
-    # TFLite computes the padding as if the output were the input of a forward conv.
-    ph, pw = _padding(ctx, out[1:3], x.shape[1:3], (sh, sw), (1, 1), (kh, kw))
+    (sh, sw), (ph, pw) = strides, pads
     _, h, wd, _ = x.shape
     # Only taps with ky = (y + pad) mod stride (+ multiples of the stride) reach output row y, so
     # the reduction walks those alone: ceil(k / s) taps per axis instead of k (a 2x2 stride-2
     # kernel: one tap instead of four, three of them empty).
     r = hl.RDom([(0, -(-kh // sh)), (0, -(-kw // sw)), (0, cin)], ctx.func_name("r"))
-    bias, act = channel_bias(ctx, 3), ctx.op.fused_activation
+    bias = channel_bias(ctx, bias_index)
 
     def update(n, y, xx, o):
         ky, kx = (y + ph) % sh + r[0] * sh, (xx + pw) % sw + r[1] * sw
