@@ -16,7 +16,7 @@ from conftest import NOT_RUNNABLE, model_id, project_model_paths
 from delegate_checks import planned_nodes
 from tflite_tools import cli, runtime
 from tflite_tools.fuse import FuseResult, fuse
-from tflite_tools.run import compare, read_claims, reference_resolver, run
+from tflite_tools.run import compare, quantized_outputs, read_claims, reference_resolver, run
 
 RUNNABLE = [p for p in project_model_paths() if p.stem not in NOT_RUNNABLE]
 
@@ -53,8 +53,8 @@ def reference_outputs(model: Path, inputs):
     return runtime.run(runtime.make_interpreter(model, resolver), inputs)
 
 
-def assert_close(outputs, reference):
-    errors = compare(outputs, reference, [str(i) for i in range(len(outputs))])
+def assert_close(outputs, reference, quantized=()):
+    errors = compare(outputs, reference, [str(i) for i in range(len(outputs))], quantized=quantized)
     assert all(e.ok for e in errors), errors
 
 
@@ -72,6 +72,19 @@ def test_every_test_model_matches_litert(path, fused, tmp_path):
     assert claims["graph_matches"]
     assert claims["claimed_nodes"] == planned_nodes(result)  # exactly the planned blocks with kernels
     assert claims["declined"] == []
+
+
+@pytest.mark.parametrize("path", RUNNABLE, ids=model_id)
+def test_never_worse_with_the_default_claim(path, fused, tmp_path):
+    # What stock LiteRT + XNNPACK runs (dynamic dimensions, several subgraphs and custom ops
+    # included), the fused model with the delegate under its default policy runs and matches.
+    result = fused(path.stem)
+    d, report = delegate(result, tmp_path)
+    interp = runtime.make_interpreter(result.model, "xnnpack", delegates=[d])
+    inputs = runtime.random_inputs(interp, seed=2)
+    # Unclaimed int8 nodes run on XNNPACK, whose rounding may differ from the reference by 1 LSB.
+    assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs), quantized_outputs(interp))
+    assert set(read_claims(report)["claimed_nodes"]) <= set(planned_nodes(result))
 
 
 def test_cnn_logits_match_litert(kernel_cache, tmp_path):
