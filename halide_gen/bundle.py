@@ -70,6 +70,43 @@ class BundleBlock:
     outputs: Sequence[Tensor]
     artifact: KernelArtifact
     profitable: bool
+    group: int = 0  # claimed together with the blocks of the same nonzero group (claim_groups)
+
+
+# MediaPipe's argmax pooling writes indices in an encoding of its kernels' own (XNNPACK's and ours
+# agree, MediaPipe's kernel differs): whoever reads them must be the same runtime.
+ARGMAX_POOL = "CUSTOM:MaxPoolingWithArgmax2D"
+
+
+def claim_groups(operators: Sequence[Operator], blocks: Sequence[BundleBlock]) -> dict[str, str]:
+    """Sets each block's claim group: an argmax pooling's block and the blocks of every node that
+    reads its indices are claimed together or not at all (the delegate enforces it, claim.cc).
+    Returns, by block name, why a block cannot be claimed at all: a reader of its indices (or
+    their producer) has no kernel."""
+    block_of = {n: b for b in blocks for n in b.nodes}
+    readers: dict[int, list[int]] = {}
+    for n, op in enumerate(operators):
+        for t in op.inputs:
+            if t is not None:
+                readers.setdefault(id(t), []).append(n)
+    unclaimable: dict[str, str] = {}
+    for n, op in enumerate(operators):
+        if op.name != ARGMAX_POOL or len(op.outputs) < 2:
+            continue
+        members = [n, *readers.get(id(op.outputs[1]), [])]
+        without = [m for m in members if m not in block_of]
+        group = [block_of[m] for m in members if m in block_of]
+        # An unpooling reading two poolings' indices joins their groups into one.
+        joined = {b.group for b in group if b.group}
+        number = min(joined) if joined else 1 + max((b.group for b in blocks), default=0)
+        for b in blocks:
+            if any(b is g for g in group) or b.group in joined:
+                b.group = number
+        for b in group:
+            if without:
+                unclaimable[b.name] = (f"it shares MediaPipe argmax indices with node {without[0]} "
+                                       f"({operators[without[0]].name}), which has no kernel")
+    return unclaimable
 
 
 def _c_string(text: str) -> str:
@@ -107,7 +144,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
             outputs.append(str(idx(t)))
         rows.append(f"{{{_c_string(b.name)}, {_c_string(b.artifact.function)}, {b.artifact.function}_argv, "
                      f"{int(b.profitable)}, {first_node}, {len(b.nodes)}, {first_arg}, {len(b.arguments)}, "
-                     f"{first_out}, {len(b.outputs)}}}")
+                     f"{first_out}, {len(b.outputs)}, {b.group}}}")
     tensors = [f"{{{i}, {TFLITE_TYPES[t.type_name]}, {len(t.shape)}, {_dims(t.shape)}}}" for i, t in sorted(touched.items())]
     functions = sorted({b.artifact.function for b in blocks})
 
@@ -131,7 +168,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         table("int32_t", "kNodeTensors", [str(i) for i in node_io] or ["0"]),
         table("ArgSpec", "kArgs", args or ["{}"]),
         table("int32_t", "kOutputs", outputs or ["0"]),
-        table("BlockSpec", "kBlocks", rows or ['{"", "", nullptr, 0, 0, 0, 0, 0, 0, 0}']),
+        table("BlockSpec", "kBlocks", rows or ['{"", "", nullptr, 0, 0, 0, 0, 0, 0, 0, 0}']),
         "}  // namespace",
         "",
         "const Bundle& bundle() {",

@@ -145,3 +145,32 @@ def test_pooling_xnnpack_refuses_is_left_to_tflite(tmp_path, options, reason):
     result = fuse(tmp_path / "m.tflite", tmp_path / "out", cache_dir=tmp_path / "cache")
     (record,) = result.kernels
     assert record.kernel is None and reason in record.skipped
+
+
+def test_argmax_pooling_and_its_unpooling_are_claimed_together(tmp_path):
+    # Their index encoding is their kernels' own: claiming the pooling's block without the
+    # unpooling's would hand our indices to another runtime's kernel. Asked for one alone, the
+    # delegate declines it, names the other, and the model still matches.
+    source = segmenter(tmp_path / "segmenter.tflite")
+    result = fuse(source, tmp_path / "out", cache_dir=tmp_path / "cache")
+    pool = next(k for k in result.kernels if "CUSTOM:MaxPoolingWithArgmax2D" in k.ops)
+    unpool = next(k for k in result.kernels if "CUSTOM:MaxUnpooling2D" in k.ops)
+    assert pool.block != unpool.block
+    outcome = run(result.model, result.library, options={"claim": "all", "blocks": pool.block})
+    assert outcome.ok and outcome.claims["claimed_blocks"] == []
+    (declined,) = outcome.claims["declined"]
+    assert declined["block"] == pool.block and f"argmax indices with {unpool.block}" in declined["reason"]
+    both = run(result.model, result.library, options={"claim": "all", "blocks": f"{pool.block},{unpool.block}"})
+    assert both.ok and both.claims["claimed_blocks"] == [pool.block, unpool.block]
+
+
+def test_resizing_a_custom_op_model_fails_with_the_reason(tmp_path):
+    # Models with custom ops keep the graph mutable (see the delegate's flags), so a resize reaches
+    # the claimed kernels, whose shapes are fixed: Prepare refuses with the reason, nothing crashes.
+    source = segmenter(tmp_path / "segmenter.tflite")
+    result = fuse(source, tmp_path / "out", cache_dir=tmp_path / "cache")
+    d = runtime.load_delegate(str(result.library), options={"claim": "all"})
+    interp = runtime.make_interpreter(result.model, delegates=[d])
+    interp.resize_tensor_input(interp.get_input_details()[0]["index"], [1, 16, 16, 3])
+    with pytest.raises(RuntimeError, match="compiled for static shapes"):
+        interp.allocate_tensors()

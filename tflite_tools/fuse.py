@@ -106,7 +106,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     from fusion.pipeline import plan_model
     from halide_gen.aot import compile_kernel, target_spec
     from halide_gen.block import build_block
-    from halide_gen.bundle import BundleBlock, BundleInfo, bundle_source, link_delegate, write_cmake_project
+    from halide_gen.bundle import (BundleBlock, BundleInfo, bundle_source, claim_groups, link_delegate,
+                                   write_cmake_project)
     from halide_gen.lower import LoweringError
 
     try:
@@ -160,6 +161,10 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         else:
             record.profitable = not _quantized(ops)
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
+    for name, why in claim_groups(sg.operators, blocks).items():
+        record = next(r for r in records if r.block == name)
+        record.kernel, record.profitable, record.skipped = None, False, why
+        blocks = [b for b in blocks if b.name != name]
     if timings is not None:
         timings.save()
     if progress:

@@ -266,47 +266,86 @@ std::string SplitReason(const Dataflow& flow, const Bundle& bundle, const BlockS
 
 }  // namespace
 
+namespace {
+
+// The claimed blocks TFLite would keep in one partition each (declining the others with the node
+// that splits them); all of them when the context has no partitioning preview.
+std::vector<int> WholeBlocks(TfLiteContext* context, const Bundle& bundle, Claim* claim) {
+  if (context->PreviewDelegatePartitioning == nullptr || claim->nodes.empty()) return claim->blocks;
+  TfLiteIntArray* nodes = static_cast<TfLiteIntArray*>(std::malloc(sizeof(int) * (1 + claim->nodes.size())));
+  if (nodes == nullptr) return claim->blocks;
+  nodes->size = static_cast<int>(claim->nodes.size());
+  std::copy(claim->nodes.begin(), claim->nodes.end(), nodes->data);
+  TfLiteDelegateParams* partitions = nullptr;
+  int count = 0;
+  const TfLiteStatus status = context->PreviewDelegatePartitioning(context, nodes, &partitions, &count);
+  std::free(nodes);
+  if (status != kTfLiteOk) return claim->blocks;
+  std::map<int, int> partition_of;
+  for (int p = 0; p < count; ++p) {
+    const TfLiteIntArray* members = partitions[p].nodes_to_replace;
+    for (int i = 0; i < members->size; ++i) partition_of[members->data[i]] = p;
+  }
+  std::vector<int> kept;
+  for (int b : claim->blocks) {
+    const BlockSpec& block = bundle.blocks[b];
+    bool whole = true;
+    for (int k = 1; k < block.n_nodes; ++k) {
+      whole = whole && partition_of[bundle.nodes[block.first_node + k].index] ==
+                           partition_of[bundle.nodes[block.first_node].index];
+    }
+    if (whole) {
+      kept.push_back(b);
+    } else {
+      claim->declined.push_back({b, SplitReason(ReadDataflow(context), bundle, block, claim->nodes)});
+    }
+  }
+  return kept;
+}
+
+// The claimed blocks whose group (BlockSpec::group) is claimed whole; the others are declined
+// naming the group's unclaimed blocks. MediaPipe's argmax pooling and its unpoolings share an
+// index encoding that only the kernels of one runtime agree on (halide_gen/lower/mediapipe.py).
+std::vector<int> WholeGroups(const Bundle& bundle, Claim* claim) {
+  std::vector<int> kept;
+  for (int b : claim->blocks) {
+    const int group = bundle.blocks[b].group;
+    std::string missing;
+    for (int other = 0; group != 0 && other < bundle.n_blocks; ++other) {
+      if (bundle.blocks[other].group == group &&
+          std::find(claim->blocks.begin(), claim->blocks.end(), other) == claim->blocks.end()) {
+        missing += std::string(missing.empty() ? "" : ", ") + bundle.blocks[other].name;
+      }
+    }
+    if (missing.empty()) {
+      kept.push_back(b);
+    } else {
+      claim->declined.push_back({b, "it shares MediaPipe argmax indices with " + missing +
+                                        ", left to TFLite: their kernels could encode the indices otherwise"});
+    }
+  }
+  return kept;
+}
+
+void SetBlocks(const Bundle& bundle, const std::vector<int>& blocks, Claim* claim) {
+  claim->blocks = blocks;
+  claim->nodes.clear();
+  for (int b : blocks) {
+    const BlockSpec& block = bundle.blocks[b];
+    for (int k = 0; k < block.n_nodes; ++k) claim->nodes.push_back(bundle.nodes[block.first_node + k].index);
+  }
+  std::sort(claim->nodes.begin(), claim->nodes.end());
+}
+
+}  // namespace
+
 void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim) {
-  if (context->PreviewDelegatePartitioning == nullptr) return;
-  for (bool changed = true; changed && !claim->nodes.empty();) {
-    changed = false;
-    TfLiteIntArray* nodes = static_cast<TfLiteIntArray*>(std::malloc(sizeof(int) * (1 + claim->nodes.size())));
-    if (nodes == nullptr) return;
-    nodes->size = static_cast<int>(claim->nodes.size());
-    std::copy(claim->nodes.begin(), claim->nodes.end(), nodes->data);
-    TfLiteDelegateParams* partitions = nullptr;
-    int count = 0;
-    const TfLiteStatus status = context->PreviewDelegatePartitioning(context, nodes, &partitions, &count);
-    std::free(nodes);
-    if (status != kTfLiteOk) return;
-    std::map<int, int> partition_of;
-    for (int p = 0; p < count; ++p) {
-      const TfLiteIntArray* members = partitions[p].nodes_to_replace;
-      for (int i = 0; i < members->size; ++i) partition_of[members->data[i]] = p;
-    }
-    std::vector<int> kept;
-    for (int b : claim->blocks) {
-      const BlockSpec& block = bundle.blocks[b];
-      bool whole = true;
-      for (int k = 1; k < block.n_nodes; ++k) {
-        whole = whole && partition_of[bundle.nodes[block.first_node + k].index] ==
-                             partition_of[bundle.nodes[block.first_node].index];
-      }
-      if (whole) {
-        kept.push_back(b);
-      } else {
-        claim->declined.push_back({b, SplitReason(ReadDataflow(context), bundle, block, claim->nodes)});
-        changed = true;
-      }
-    }
-    if (!changed) break;
-    claim->blocks = kept;
-    claim->nodes.clear();
-    for (int b : kept) {
-      const BlockSpec& block = bundle.blocks[b];
-      for (int k = 0; k < block.n_nodes; ++k) claim->nodes.push_back(bundle.nodes[block.first_node + k].index);
-    }
-    std::sort(claim->nodes.begin(), claim->nodes.end());
+  // Declining one block can split another or break a group: repeat until nothing changes.
+  for (bool changed = true; changed && !claim->blocks.empty();) {
+    std::vector<int> kept = WholeGroups(bundle, claim);
+    if (kept.size() == claim->blocks.size()) kept = WholeBlocks(context, bundle, claim);
+    changed = kept.size() != claim->blocks.size();
+    SetBlocks(bundle, kept, claim);
   }
 }
 

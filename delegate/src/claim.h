@@ -31,7 +31,8 @@ Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& o
 
 // Drops claimed blocks that TFLite would split across delegate partitions (it partitions the
 // claimed nodes itself: a block whose later node also waits on a node left to TFLite lands in two
-// partitions), until none is split. Uses the context's partitioning preview.
+// partitions), and blocks of a group (BlockSpec::group) not claimed whole, until none is left.
+// Uses the context's partitioning preview.
 void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim);
 
 // The shape of tensor `t` as text, e.g. "[1,8,8,3]".

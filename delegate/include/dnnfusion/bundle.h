@@ -61,6 +61,9 @@ struct BlockSpec {
   int32_t first_node, n_nodes;      // slice of Bundle::nodes
   int32_t first_arg, n_args;        // slice of Bundle::args
   int32_t first_output, n_outputs;  // slice of Bundle::outputs (tensor indices)
+  // Blocks with the same nonzero group are claimed together or not at all: a MediaPipe argmax
+  // pooling and the unpoolings that read its indices (their encoding is the kernels' own).
+  int32_t group;
 };
 
 struct Bundle {
