@@ -1,0 +1,332 @@
+"""The converter corpus: architectures converted with TensorFlow (random weights, no downloads),
+then fused and run with the delegate, per model: does it fuse, does it match, what is claimed,
+what is declined and why.
+
+    python bench/corpus.py build --out bench/corpus [--only NAME ...]    # needs TensorFlow
+    python bench/corpus.py check bench/corpus [--only NAME ...] [--write-results]
+
+`build` needs only TensorFlow and numpy (`pip install -e '.[models]'`, or any venv with
+tensorflow-cpu: run this file with that venv's Python). `check` runs in the project's venv: for each
+model that stock LiteRT + XNNPACK runs it fuses for the host, runs the fused model with the delegate
+under claim:all and the default policy on seeded inputs, and compares with the kernels
+`tflite_tools.run.reference_resolver` names. `--write-results` replaces the corpus table in
+bench/RESULTS.md. Models are cached in the output folder (not committed: bench/corpus/ is ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+# name -> recipe(tf) returning (keras model, converter settings). Inputs are small (the corpus
+# checks structure: every op pattern these architectures emit, not speed).
+RECIPES: dict[str, Callable] = {}
+
+
+def recipe(name: str):
+    """Registers a corpus model under `name`."""
+    def add(fn: Callable) -> Callable:
+        RECIPES[name] = fn
+        return fn
+    return add
+
+
+def _image(tf, size: int, channels: int = 3):
+    return tf.keras.Input((size, size, channels), batch_size=1)
+
+
+def _application(builder: str, size: int, **kwargs):
+    def make(tf):
+        app = getattr(tf.keras.applications, builder)
+        return app(input_tensor=_image(tf, size), weights=None, **kwargs), {}
+    return make
+
+
+for _name, _builder, _size, _kwargs in [
+    ("resnet50v2", "ResNet50V2", 64, {}),
+    ("inception_v3", "InceptionV3", 75, {}),
+    ("densenet121", "DenseNet121", 64, {}),
+    ("xception", "Xception", 71, {}),
+    ("nasnet_mobile", "NASNetMobile", 64, {"include_top": False, "pooling": "avg"}),
+    ("mobilenet_v3_large", "MobileNetV3Large", 64, {}),
+    ("efficientnet_v2_b0", "EfficientNetV2B0", 64, {}),
+    ("convnext_tiny", "ConvNeXtTiny", 64, {}),
+    ("mobilenet_v1", "MobileNet", 64, {}),
+    ("mobilenet_v2_128", "MobileNetV2", 128, {}),
+]:
+    recipe(_name)(_application(_builder, _size, **_kwargs))
+
+
+@recipe("blazeface_like")
+def _blazeface(tf):
+    """BlazeFace-style: PRELU, 5x5 depthwise residual blocks, channel-padding for the skip."""
+    layers = tf.keras.layers
+    x = inputs = _image(tf, 64)
+    x = layers.PReLU(shared_axes=[1, 2])(layers.Conv2D(16, 5, strides=2, padding="same")(x))
+    for channels, stride in [(16, 1), (24, 1), (32, 2), (32, 1)]:
+        y = layers.DepthwiseConv2D(5, strides=stride, padding="same")(x)
+        y = layers.Conv2D(channels, 1)(y)
+        skip = layers.MaxPooling2D(2)(x) if stride == 2 else x
+        extra = channels - skip.shape[-1]
+        if extra:
+            skip = tf.keras.ops.pad(skip, [[0, 0], [0, 0], [0, 0], [0, extra]])
+        x = layers.PReLU(shared_axes=[1, 2])(layers.Add()([y, skip]))
+    boxes = layers.Reshape((-1, 16))(layers.Conv2D(32, 1)(x))
+    return tf.keras.Model(inputs, boxes), {}
+
+
+@recipe("deeplab_like")
+def _deeplab(tf):
+    """DeepLab-style: dilated convs (an ASPP head) and a bilinear resize back to the input."""
+    layers = tf.keras.layers
+    x = inputs = _image(tf, 64)
+    x = layers.Conv2D(32, 3, strides=4, padding="same", activation="relu")(x)
+    branches = [layers.Conv2D(16, 1, activation="relu")(x)]
+    branches += [layers.Conv2D(16, 3, padding="same", dilation_rate=r, activation="relu")(x) for r in (2, 4)]
+    x = layers.Conv2D(8, 1)(layers.Concatenate()(branches))
+    x = layers.Resizing(64, 64, interpolation="bilinear")(x)
+    return tf.keras.Model(inputs, layers.Softmax()(x)), {}
+
+
+@recipe("unet_transpose")
+def _unet(tf):
+    """A two-level U-Net with TRANSPOSE_CONV upsampling and concatenated skips."""
+    layers = tf.keras.layers
+    x = inputs = _image(tf, 64)
+    skips = []
+    for channels in (16, 32):
+        x = layers.Conv2D(channels, 3, padding="same", activation="relu")(x)
+        skips.append(x)
+        x = layers.MaxPooling2D()(x)
+    x = layers.Conv2D(64, 3, padding="same", activation="relu")(x)
+    for channels, skip in zip((32, 16), reversed(skips)):
+        x = layers.Conv2DTranspose(channels, 2, strides=2)(x)
+        x = layers.Conv2D(channels, 3, padding="same", activation="relu")(layers.Concatenate()([x, skip]))
+    return tf.keras.Model(inputs, layers.Conv2D(2, 1, activation="sigmoid")(x)), {}
+
+
+def _transformer(tf, h, causal: bool, blocks: int = 2, heads: int = 4):
+    """Learned positions added to `h` [1, length, width], then pre-LN encoder blocks (MultiHeadAttention,
+    a GELU feed-forward)."""
+    layers = tf.keras.layers
+    length, width = h.shape[1], h.shape[2]
+    h = h + layers.Embedding(length, width)(tf.range(length)[tf.newaxis, :])
+    for _ in range(blocks):
+        n = layers.LayerNormalization(epsilon=1e-6)(h)
+        h = h + layers.MultiHeadAttention(heads, width // heads)(n, n, use_causal_mask=causal)
+        n = layers.LayerNormalization(epsilon=1e-6)(h)
+        h = h + layers.Dense(width)(layers.Dense(2 * width, activation="gelu")(n))
+    return h
+
+
+@recipe("vit_tiny")
+def _vit(tf):
+    """ViT-tiny-style: 8x8 patches as a strided conv, learned positions, 2 pre-LN blocks."""
+    layers = tf.keras.layers
+    inputs = _image(tf, 32)
+    h = _transformer(tf, layers.Reshape((16, 64))(layers.Conv2D(64, 8, strides=8)(inputs)), causal=False)
+    return tf.keras.Model(inputs, layers.Dense(10)(layers.GlobalAveragePooling1D()(h))), {}
+
+
+@recipe("causal_decoder")
+def _decoder(tf):
+    """A causal transformer decoder over token ids (GATHER embedding, masked attention)."""
+    layers = tf.keras.layers
+    tokens = tf.keras.Input((32,), batch_size=1, dtype="int32")
+    h = _transformer(tf, layers.Embedding(500, 64)(tokens), causal=True)
+    return tf.keras.Model(tokens, layers.Dense(500)(layers.LayerNormalization()(h))), {}
+
+
+@recipe("speech_conv1d")
+def _speech(tf):
+    """A 1-D conv speech model: Conv1D stacks over 100 frames of 40 features, pooling, a classifier."""
+    layers = tf.keras.layers
+    x = inputs = tf.keras.Input((100, 40), batch_size=1)
+    for channels in (64, 64, 96):
+        x = layers.Conv1D(channels, 5, padding="same", activation="relu")(x)
+        x = layers.MaxPooling1D(2)(x)
+    return tf.keras.Model(inputs, layers.Dense(12, activation="softmax")(layers.GlobalAveragePooling1D()(x))), {}
+
+
+@recipe("cnn_fp16_weights")
+def _fp16(tf):
+    """A small CNN with fp16 weights (DEQUANTIZE in front of every conv)."""
+    layers = tf.keras.layers
+    x = inputs = _image(tf, 32)
+    for channels in (16, 32):
+        x = layers.Conv2D(channels, 3, padding="same", activation="relu")(x)
+        x = layers.DepthwiseConv2D(3, padding="same", activation="relu")(x)
+    spec = tf.lite.TargetSpec()
+    spec.supported_types = [tf.float16]
+    return tf.keras.Model(inputs, x), {"optimizations": [tf.lite.Optimize.DEFAULT], "target_spec": spec}
+
+
+@recipe("cnn_sparse_weights")
+def _sparse(tf):
+    """A small CNN whose conv weights are 90% zeros, converted with the sparsity optimization."""
+    import numpy as np
+
+    layers = tf.keras.layers
+    x = inputs = _image(tf, 32)
+    convs = [layers.Conv2D(c, 3, padding="same", activation="relu") for c in (32, 32)]
+    for conv in convs:
+        x = conv(x)
+    model = tf.keras.Model(inputs, x)
+    rng = np.random.default_rng(0)
+    for conv in convs:
+        w, b = conv.get_weights()
+        conv.set_weights([w * (rng.random(w.shape) < 0.1), b])
+    return model, {"optimizations": [tf.lite.Optimize.EXPERIMENTAL_SPARSITY]}
+
+
+def _int8(base: str):
+    """The full-integer (int8 in and out) variant of a float recipe."""
+    def make(tf):
+        import numpy as np
+
+        model, _ = RECIPES[base](tf)
+        shapes = [tuple(d or 1 for d in t.shape) for t in model.inputs]
+
+        def representative():
+            rng = np.random.default_rng(0)
+            for _ in range(16):
+                yield [rng.uniform(-1, 1, s).astype(np.float32) for s in shapes]
+
+        spec = tf.lite.TargetSpec()
+        spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        return model, {"optimizations": [tf.lite.Optimize.DEFAULT], "representative_dataset": representative,
+                       "target_spec": spec, "inference_input_type": tf.int8, "inference_output_type": tf.int8}
+    return make
+
+
+for _base in ("mobilenet_v2_128", "unet_transpose", "vit_tiny"):
+    recipe(f"{_base}_int8")(_int8(_base))
+
+
+def build(out: Path, only: list[str]) -> None:
+    """Converts the recipes into `out` (skipping files already there)."""
+    import tensorflow as tf
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name in only or RECIPES:
+        path = out / f"{name}.tflite"
+        if path.exists():
+            continue
+        tf.keras.utils.set_random_seed(0)
+        try:
+            model, settings = RECIPES[name](tf)
+            converter = tf.lite.TFLiteConverter.from_keras_model(model)
+            for key, value in settings.items():
+                setattr(converter, key, value)
+            path.write_bytes(converter.convert())
+        except Exception as exc:  # one recipe the converter refuses must not stop the others
+            print(f"corpus: {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
+            continue
+        print(f"wrote {path}", file=sys.stderr, flush=True)
+
+
+def check_model(path: Path, work: Path) -> dict:
+    """One corpus row: fuse, run with the delegate (claim:all and default), compare."""
+    from tflite_tools import runtime
+    from tflite_tools.errors import ModelError
+    from tflite_tools.fuse import fuse
+    from tflite_tools.run import run
+
+    row = {"model": path.stem, "ops": None, "fused": False, "matches": {}, "claimed": None, "declined": [],
+           "note": ""}
+    try:
+        runtime.run(stock := runtime.make_interpreter(path, "xnnpack"), runtime.random_inputs(stock))
+    except (RuntimeError, ValueError) as exc:
+        row["note"] = f"stock LiteRT cannot run it: {str(exc).splitlines()[0]}"
+        return row
+    start = time.perf_counter()
+    try:
+        result = fuse(path, work / path.stem, cache_dir=work / "cache")
+    except ModelError as exc:
+        row["note"] = f"fuse refused it: {exc}"
+        return row
+    row["fused"], row["seconds"] = True, round(time.perf_counter() - start, 1)
+    row["ops"] = sum(len(k.nodes) for k in result.kernels)
+    row["blocks_without_kernel"] = sorted({k.skipped for k in result.kernels if not k.kernel})
+    for claim in ("all", None):
+        try:
+            outcome = run(result.model, result.library, options={"claim": claim} if claim else {})
+        except ModelError as exc:
+            row["matches"][claim or "default"] = False
+            row["note"] = str(exc)
+            continue
+        row["matches"][claim or "default"] = outcome.ok
+        if claim == "all":
+            row["claimed"] = len(outcome.claims["claimed_nodes"])
+            row["declined"] = [f"{d['block']}: {d['reason']}" for d in outcome.claims["declined"]]
+            row["reference"] = outcome.reference
+    return row
+
+
+def table(rows: list[dict]) -> str:
+    """The Markdown table of check results."""
+    lines = ["| model | fused | matches (claim:all / default) | nodes claimed (claim:all) / in blocks | "
+             "declined, and blocks without a kernel | note |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        match = " / ".join({True: "yes", False: "NO"}[r["matches"].get(k)] if k in r["matches"] else "-"
+                           for k in ("all", "default"))
+        why = "; ".join(r["declined"] + [f"no kernel: {s}" for s in r.get("blocks_without_kernel", [])]) or "-"
+        lines.append(f"| {r['model']} | {'yes' if r['fused'] else 'no'} | {match} | {r['claimed']} / {r['ops']} | "
+                     f"{why} | {r['note']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """build or check."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build")
+    b.add_argument("--out", type=Path, default=REPO / "bench" / "corpus")
+    b.add_argument("--only", nargs="*", default=[], choices=sorted(RECIPES))
+    c = sub.add_parser("check")
+    c.add_argument("folder", type=Path, nargs="?", default=REPO / "bench" / "corpus")
+    c.add_argument("--only", nargs="*", default=[])
+    c.add_argument("--write-results", action="store_true")
+    args = parser.parse_args(argv)
+    if args.command == "build":
+        build(args.out, args.only)
+        return 0
+    paths = [p for p in sorted(args.folder.glob("*.tflite")) if not args.only or p.stem in args.only]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="dnnfusion-corpus-") as tmp:
+        for path in paths:
+            rows.append(check_model(path, Path(tmp)))
+            print(table(rows[-1:]).splitlines()[-1], flush=True)
+    print(table(rows))
+    if args.write_results:
+        write_results(table(rows))
+    return 0 if all(all(r["matches"].values()) for r in rows if r["fused"]) else 1
+
+
+RESULTS = REPO / "bench" / "RESULTS.md"
+HEADING = "## Converter corpus"
+
+
+def write_results(text: str) -> None:
+    """Replaces the corpus section of bench/RESULTS.md (appended when missing)."""
+    body = RESULTS.read_text()
+    section = f"{HEADING}\n\n`python bench/corpus.py build` (TensorFlow 2.21), then `python bench/corpus.py check " \
+              f"--write-results`:\n\n{text}\n"
+    if HEADING in body:
+        start = body.index(HEADING)
+        end = body.find("\n## ", start + len(HEADING))
+        body = body[:start] + section + (body[end + 1:] if end >= 0 else "")
+    else:
+        body = body.rstrip("\n") + "\n\n" + section
+    RESULTS.write_text(body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
