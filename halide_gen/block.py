@@ -52,10 +52,10 @@ def _edge_clamped(arg: Argument) -> hl.Func:
     """A block input read with every axis but the innermost clamped to its extent.
 
     Halide may evaluate a producer over more rows than any output needs: a sliding window over a
-    streamed strip warms up by rewinding its loop into rows before the strip, rows -2..-1 of the
-    first strip (row -4 for a padded 5x5 depthwise whose input is streamed). A padded convolution reads its own input
-    through a clamp (nn._zero_outside), but an elementwise op fused in front of it that also reads
-    a block input (a residual ADD) then indexed that input out of bounds. Clamping at the input is
+    streamed strip warms up by rewinding its loop into rows before the strip (rows -4..-1 of the
+    first strip for a padded 5x5 depthwise whose input is streamed). A padded convolution reads its
+    own input through a clamp (nn._zero_outside), but an elementwise op fused in front of it that
+    also reads a block input (a residual ADD) then indexed that input out of bounds. Clamping at the input is
     Halide's own idiom (a boundary condition on every input): the values read out there are never
     used, and no schedule can make a kernel read outside what TFLite passes it. The innermost axis
     stays exact (it is the vectorized one, and no schedule computes past its extent).
