@@ -229,20 +229,23 @@ def _round_to_int8(steps: hl.Expr, zp: int) -> hl.Expr:
 
 @register("MEAN", quantized=True)
 def lower_mean_int8(ctx: OpContext) -> list[Value]:
-    """The int32 sum of the raw int8 values over the axes, then TFLite's float step
-    (QuantizedMeanOrSum): round(sum / n * in_scale / out_scale - in_zp * in_scale / out_scale) + out_zp."""
+    """TFLite's reference int8 MEAN (reference_ops::QuantizedMeanOrSum), bit for bit: the int32 sum
+    of the raw values minus in_zp * N, requantized by in_scale / out_scale with 1/N folded into the
+    Q31 multiplier (shifted up by floor(log2 N), then divided by N, truncating), plus out_zp,
+    clamped. LiteRT's optimized kernel for 4-D means over H and W rounds in float instead and may
+    differ by 1 LSB."""
     x = ctx.value(0)
     (in_scale, in_zp), (out_scale, out_zp) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
     axes = reduction_axes(ctx, 1, x.rank)
     count = int(np.prod([x.shape[a] for a in axes]))
     r, source = reduction_domain(ctx, x, axes, ctx.func_name("r"))
-    scale = np.float32(in_scale) / np.float32(out_scale)
-    bias = np.float32(-in_zp) * scale
+    multiplier, shift = quantize_multiplier(in_scale / out_scale)
+    up = max(0, min(count.bit_length() - 1, 32, 31 + shift))
+    multiplier, shift = (multiplier << up) // count, shift - up
 
     def body(*i):
-        total = hl.sum(hl.cast(hl.Int(32), x.at(source(i))))
-        mean = hl.cast(hl.Float(32), total) / hl.f32(count)
-        return _round_to_int8(mean * hl.f32(scale) + hl.f32(bias), out_zp)
+        total = hl.sum(hl.cast(hl.Int(32), x.at(source(i)))) - hl.i32(in_zp * count)
+        return requantize(total, hl.i32(multiplier), hl.i32(shift), out_zp, INT8_MIN, INT8_MAX)
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
