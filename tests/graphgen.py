@@ -201,7 +201,9 @@ def pool(draw, g: Graph, x: Tensor):
                         filter_height=kh, filter_width=kw, fused_activation_function=act)
 
 
-UNARY = ("RELU", "RELU6", "LOGISTIC", "TANH", "HARD_SWISH", "ABS", "NEG", "EXP", "RELU_N1_TO_1")
+# No EXP: after a few convolutions it overflows to inf, and what TFLite makes of inf (a fused RELU
+# clamps it to FLT_MAX) is a question of TFLite's NaN and Inf semantics per op, not of fusion.
+UNARY = ("RELU", "RELU6", "LOGISTIC", "TANH", "HARD_SWISH", "ABS", "NEG", "SQUARE", "RELU_N1_TO_1")
 
 
 def unary(draw, g: Graph, x: Tensor):
@@ -389,9 +391,11 @@ _COMMON = (conv_2d, depthwise_conv_2d, unary, binary, residual_block)
 FLOAT_OPS = 3 * _COMMON + (transpose_conv, pool, pad, concatenation, reshape, transpose, resize, strided_slice,
                            space_depth, mean, softmax, fully_connected)
 # Ops with int8 kernels, and the data movement that keeps one scale (claimed as float lowerings);
-# pooling, padding and concatenation run on TFLite's kernels and cut blocks.
-INT8_OPS = 3 * (conv_2d, depthwise_conv_2d, binary, residual_block) + (mean, softmax, fully_connected, reshape, transpose,
-                                                       strided_slice, pool, pad, concatenation)
+# pooling, padding and concatenation run on TFLite's kernels and cut blocks. Every int8 kernel here
+# equals LiteRT's reference kernels bit for bit, so any difference is a bug. Not SOFTMAX: it is
+# within 1 LSB only, and a later op with a finer output scale magnifies that step (tested per op).
+INT8_OPS = 3 * (conv_2d, depthwise_conv_2d, binary, residual_block) + (mean, fully_connected, reshape, transpose,
+                                                                      strided_slice, pool, pad, concatenation)
 
 # Feature maps stay small: per-op tests and the fuzzer check lowering and scheduling, not speed.
 MAX_ELEMENTS = 4096

@@ -9,8 +9,8 @@ Two checks per graph family:
 
 CI runs a fixed, derandomized budget. By hand, thousands (figures in bench/RESULTS.md):
 
-    DNNFUSION_FUZZ_EXAMPLES=5000 python -m pytest tests/test_fuzz_blocks.py -k "blocks and float" -p no:cacheprovider
-    DNNFUSION_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz_blocks.py -k "blocks and int8"
+    DNNFUSION_FUZZ_EXAMPLES=5000 python -m pytest tests/test_fuzz_blocks.py -k test_blocks_float -p no:cacheprovider
+    DNNFUSION_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz_blocks.py -k test_blocks_int8
 
 (add DNNFUSION_FUZZ_SEED=N for another derandomized sequence, or DNNFUSION_FUZZ_RANDOM=1 for a new
 one each run). A failure prints the shrunk graph's ops; save it with `DNNFUSION_FUZZ_SAVE=DIR`, then
