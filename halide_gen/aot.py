@@ -43,7 +43,7 @@ from .schedule import schedule_for
 from .schedule.auto import schedule_auto
 
 # Bump when lowering or scheduling changes what a signature compiles to: old cache entries die.
-CODEGEN_VERSION = 12
+CODEGEN_VERSION = 13
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
 _X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"

@@ -80,6 +80,19 @@ def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
     return acc.value.func
 
 
+def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int, round_up: bool) -> None:
+    """Aligns the channels an op's own Func is computed over to its tile, when tiles round up.
+
+    A result computed at the root (not inside a block output) is realized over what its consumers
+    read, which may start mid-tile (a STRIDED_SLICE from channel 1 of a depthwise conv): tiles
+    rounded up from there ran past the packed bias (channels padded to pack.CHANNEL_TILE, which
+    every tile size divides). Aligned, every tile lies inside the packing. Block outputs are
+    realized from 0 already (and their bounds are the caller's).
+    """
+    if round_up and home is acc.value.func:
+        home.align_bounds(c, channels)
+
+
 def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, pixels: int,
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
                    parallel: bool = True) -> None:
@@ -90,6 +103,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
     co, ci = hl.Var(c.name() + "_o"), hl.Var(c.name() + "_i")
     guard = hl.TailStrategy.GuardWithIf
     if len(v) == 1:
+        _align_to_packing(home, acc, c, channels, round_up_channels)
         home.split(c, co, ci, channels, guard).vectorize(ci, lanes)
         acc.acc.compute_at(home, co).vectorize(_vars(acc.acc)[0], lanes, hl.TailStrategy.RoundUp)
         return
@@ -102,6 +116,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
         # Keep the accumulator count: fewer pixels, more channels (a one-row GEMV gets 8x the
         # channels). With rounded-up channels the tile must divide the packed channel count.
         channels = _widened(channels, channels * requested // pixels, acc.value.shape[-1], round_up_channels)
+    _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
     home.vectorize(ci, lanes).unroll(ci).unroll(xi)  # unroll(ci) unrolls the vectors left after vectorize
