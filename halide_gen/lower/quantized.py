@@ -5,11 +5,10 @@ then a fixed-point requantization — the real multiplier (say in_scale * w_scal
 as a Q31 mantissa and a power-of-two exponent (`quantize_multiplier`, TFLite's QuantizeMultiplier)
 and applied with gemmlowp's rounding (SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT)
 — then the output zero point, clamped to the fused activation's quantized range. CONV_2D,
-DEPTHWISE_CONV_2D, FULLY_CONNECTED and ADD do exactly those integer steps, so they match LiteRT's
-reference kernels bit for bit. MEAN and SOFTMAX go through float in TFLite too,
-by formulas that differ between its reference and optimized kernels; here they are computed in
-float32 and rounded once, within one quantization step (1 LSB) of LiteRT — the bound the tests
-hold every int8 output to.
+DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD and MEAN do exactly those integer steps, so they match
+LiteRT's reference kernels bit for bit. SOFTMAX differs between TFLite's reference and optimized
+kernels (lookup tables, fixed point); here it is computed in float32 and rounded once, within one
+quantization step (1 LSB) of LiteRT — the bound the tests hold every int8 output to.
 
 The multipliers are compile-time constants of the kernel (per output channel where the weights
 are per-channel), so a kernel is specific to its tensors' scales and zero points: both the block
