@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -92,14 +91,14 @@ def check_model_blocks(model: Model | str | Path, precision: str = "fp32", param
 
 
 def check_fused_model(source: Path, out: Path, cache: Path, options: dict[str, str] | None = None,
-                      seed: int = 0, fuse: Callable | None = None) -> dict:
+                      seed: int = 0) -> dict:
     """Fuses `source` into `out` for the host, runs the fused model with its delegate (claim:all
     unless `options` say otherwise) on seeded inputs, and asserts its outputs match LiteRT's
     reference kernels running the *original* model; returns the delegate's claims report."""
-    from tflite_tools.fuse import fuse as fuse_model
+    from tflite_tools.fuse import fuse
     from tflite_tools.run import run
 
-    result = (fuse or fuse_model)(source, out, target="host", cache_dir=cache)
+    result = fuse(source, out, target="host", cache_dir=cache)
     reference = runtime.make_interpreter(source, reference_resolver(source))
     inputs = runtime.random_inputs(reference, seed)
     for k, array in enumerate(inputs):

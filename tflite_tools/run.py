@@ -135,8 +135,10 @@ def quantized_outputs(interp) -> list[bool]:
             for d in interp.get_output_details()]
 
 
-# Ops whose LiteRT reference kernel aborts the process (not an error status) on int8 tensors: LiteRT
-# 2.3's reference int8 SOFTMAX does on a quantized MobileNetV2's 1000 classes.
+# Ops whose LiteRT reference kernel is taken to abort the process (not an error status) on int8
+# tensors: LiteRT 2.3's reference kernels abort on the quantized MobileNetV2s, SOFTMAX is the suspect
+# (a lone int8 SOFTMAX of 12 to 1000 classes runs), so any int8 SOFTMAX sends a model to the builtin
+# kernels until the trigger is pinned down.
 REFERENCE_ABORTS = frozenset({"SOFTMAX"})
 
 # What each resolver name means in a report.
