@@ -18,17 +18,17 @@ fp16 feature enabled (`cl_half`: cl_khr_fp16; `vk_float16`: shaderFloat16 + 16-b
 Kernels are compiled without the Halide runtime (`no_runtime`); `compile_runtime` emits it once
 per target for a bundle. Each kernel's function is named after its block signature, so identical
 blocks share one kernel and one cache entry. Halide's argv / metadata entry points
-(`<name>_argv`, `<name>_metadata`) come with every kernel.
+(`<name>_argv`, `<name>_metadata`) come with every kernel. Cache entries are verified before use
+(halide_gen.cache) and keyed by the generator's own source, so editing a lowering or a schedule
+retires every kernel it may have changed without anyone remembering to.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
-import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -38,12 +38,22 @@ import halide as hl
 from tflite_tools.ir import Operator, Tensor
 
 from .block import build_block
+from .cache import cached_entry
 from .lower import LoweringError
 from .schedule import schedule_for
 from .schedule.auto import schedule_auto
 
-# Bump when lowering or scheduling changes what a signature compiles to: old cache entries die.
-CODEGEN_VERSION = 13
+
+
+@functools.cache
+def generator_digest() -> str:
+    """SHA-256 (16 hex digits) of the code generator's own source (this package's Python files)
+    and Halide's version: what, besides a block and a target, decides the code a kernel holds."""
+    digest = hashlib.sha256(hl.__version__.encode() if hasattr(hl, "__version__") else b"")
+    package = Path(__file__).parent
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
 _X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
@@ -144,8 +154,7 @@ def kernel_name(signature: str) -> str:
 def cache_key(signature: str, spec: TargetSpec, emit_asm: bool, schedule: str = "template") -> str:
     """What a compiled kernel depends on: the block, the target, the schedule source, the
     generator and Halide."""
-    text = json.dumps([signature, spec.halide, CODEGEN_VERSION, hl.__version__ if hasattr(hl, "__version__") else "",
-                       emit_asm, schedule])
+    text = json.dumps([signature, spec.halide, generator_digest(), emit_asm, schedule])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -174,14 +183,23 @@ def compile_kernel(
     `schedule` is "template" (the hand-written families in halide_gen.schedule) or the name of
     one of Halide's autoschedulers (halide_gen.profile.choose_schedule says which is faster).
 
-    The cache entry is written to a temporary folder and renamed into place, so an interrupted
-    compile never leaves a half-written kernel behind.
+    The cache entry (halide_gen.cache) is verified before use and rebuilt when damaged.
     """
     spec = target_spec(target)
     root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
-    entry = root / f"{spec.name}-{cache_key(signature, spec, emit_asm, schedule)}"
-    if (entry / "kernel.json").exists():
-        return _load(entry, cached=True)
+    name = f"{spec.name}-{cache_key(signature, spec, emit_asm, schedule)}"
+
+    def build(folder: Path) -> None:
+        _compile_into(folder, ops, outputs, signature, spec, emit_asm, schedule)
+
+    entry, cached = cached_entry(root, name, build)
+    return _load(entry, cached)
+
+
+def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tensor], signature: str,
+                  spec: TargetSpec, emit_asm: bool, schedule: str) -> None:
+    """Lowers, schedules and compiles a block into `folder`: the static library, its header,
+    kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files."""
     kernel = build_block(kernel_name(signature), ops, outputs, spec.precision)
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
@@ -190,54 +208,42 @@ def compile_kernel(
         schedule_for(kernel, spec)
     else:
         schedule_auto(kernel, schedule, spec.targets()[0])
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root, prefix=".tmp-"))
+    args = [arg.param for arg in kernel.arguments]
+    pipeline = kernel.pipeline()
+    targets = spec.targets()
     try:
-        args = [arg.param for arg in kernel.arguments]
-        pipeline = kernel.pipeline()
-        targets = spec.targets()
-        try:
-            if len(targets) > 1:
-                pipeline.compile_to_multitarget_static_library(str(tmp / fn), args, targets)
-            else:
-                pipeline.compile_to({hl.OutputFileType.static_library: str(tmp / f"{fn}.a"),
-                                     hl.OutputFileType.c_header: str(tmp / f"{fn}.h")}, args, fn, targets[0])
-        except hl.HalideError as exc:
-            # What the target cannot express (64-bit integers on Vulkan, say) leaves the block to
-            # TFLite, as an op without a lowering does.
-            reason = next((line for line in str(exc).splitlines() if line.strip()), "Halide error")
-            raise LoweringError(f"{spec.name} cannot compile it: {reason.removeprefix('Error: ')}") from None
-        header = next(tmp.glob("*.h"))
-        match = re.search(r"int (\w+)_argv\(void \*\*args\);", header.read_text())
-        if match is None:
-            raise RuntimeError(f"{header}: no argv entry point")
-        function = match.group(1)
-        extra = []
-        if emit_asm:
-            for k, t in enumerate(targets):
-                suffix = f"_{k}" if len(targets) > 1 else ""
-                pipeline.compile_to({hl.OutputFileType.assembly: str(tmp / f"{fn}{suffix}.s"),
-                                     hl.OutputFileType.stmt: str(tmp / f"{fn}{suffix}.stmt")}, args, fn, t)
-                extra += [f"{fn}{suffix}.s", f"{fn}{suffix}.stmt"]
-        meta = {
-            "function": function,
-            "library": next(tmp.glob("*.a")).name,
-            "header": header.name,
-            "target": spec.name,
-            "halide_targets": list(spec.halide),
-            "arguments": [{**_describe(a.tensor), "shape": list(a.shape), "pack": a.pack} for a in kernel.arguments],
-            "outputs": [_describe(t) for t, _ in kernel.outputs],
-            "extra": extra,
-        }
-        (tmp / "kernel.json").write_text(json.dumps(meta, indent=1))
-        try:
-            os.replace(tmp, entry)
-        except OSError:  # another process compiled the same kernel first: keep theirs
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return _load(entry, cached=False)
+        if len(targets) > 1:
+            pipeline.compile_to_multitarget_static_library(str(folder / fn), args, targets)
+        else:
+            pipeline.compile_to({hl.OutputFileType.static_library: str(folder / f"{fn}.a"),
+                                 hl.OutputFileType.c_header: str(folder / f"{fn}.h")}, args, fn, targets[0])
+    except hl.HalideError as exc:
+        # What the target cannot express (64-bit integers on Vulkan, say) leaves the block to
+        # TFLite, as an op without a lowering does.
+        reason = next((line for line in str(exc).splitlines() if line.strip()), "Halide error")
+        raise LoweringError(f"{spec.name} cannot compile it: {reason.removeprefix('Error: ')}") from None
+    header = next(folder.glob("*.h"))
+    match = re.search(r"int (\w+)_argv\(void \*\*args\);", header.read_text())
+    if match is None:
+        raise RuntimeError(f"{header}: no argv entry point")
+    extra = []
+    if emit_asm:
+        for k, t in enumerate(targets):
+            suffix = f"_{k}" if len(targets) > 1 else ""
+            pipeline.compile_to({hl.OutputFileType.assembly: str(folder / f"{fn}{suffix}.s"),
+                                 hl.OutputFileType.stmt: str(folder / f"{fn}{suffix}.stmt")}, args, fn, t)
+            extra += [f"{fn}{suffix}.s", f"{fn}{suffix}.stmt"]
+    meta = {
+        "function": match.group(1),
+        "library": next(folder.glob("*.a")).name,
+        "header": header.name,
+        "target": spec.name,
+        "halide_targets": list(spec.halide),
+        "arguments": [{**_describe(a.tensor), "shape": list(a.shape), "pack": a.pack} for a in kernel.arguments],
+        "outputs": [_describe(t) for t, _ in kernel.outputs],
+        "extra": extra,
+    }
+    (folder / "kernel.json").write_text(json.dumps(meta, indent=1))
 
 
 def _load(entry: Path, cached: bool) -> KernelArtifact:
@@ -261,20 +267,14 @@ def compile_runtime(target: str, cache_dir: Path | None = None, debug: bool = Fa
     """
     spec = target_spec(target)
     root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
-    key = hashlib.sha256(json.dumps([spec.halide, CODEGEN_VERSION, debug]).encode()).hexdigest()[:16]
-    path = root / f"runtime-{spec.name}{'-debug' if debug else ''}-{key}.o"
-    if not path.exists():
-        root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-runtime-", suffix=".o")
-        os.close(fd)
-        try:
-            # The baseline (last) target's runtime serves a multitarget library's every variant.
-            runtime_target = hl.Target(spec.halide[-1])
-            if debug:
-                runtime_target = runtime_target.with_feature(hl.TargetFeature.Debug)
-            hl.compile_standalone_runtime(tmp, runtime_target)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return path
+    key = hashlib.sha256(json.dumps([spec.halide, generator_digest(), debug]).encode()).hexdigest()[:16]
+
+    def build(folder: Path) -> None:
+        # The baseline (last) target's runtime serves a multitarget library's every variant.
+        runtime_target = hl.Target(spec.halide[-1])
+        if debug:
+            runtime_target = runtime_target.with_feature(hl.TargetFeature.Debug)
+        hl.compile_standalone_runtime(str(folder / "halide_runtime.o"), runtime_target)
+
+    entry, _ = cached_entry(root, f"runtime-{spec.name}{'-debug' if debug else ''}-{key}", build)
+    return entry / "halide_runtime.o"

@@ -133,6 +133,10 @@ class BlockKernel:
 PRECISIONS = {"fp32": hl.Float(32), "fp16": hl.Float(16)}
 
 
+# The largest buffer a kernel may touch: Halide's limit without the large_buffers feature.
+MAX_BUFFER_BYTES = 2**31 - 1
+
+
 def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32") -> BlockKernel:
     """Lowers `ops` (in execution order) into one pipeline producing `outputs`.
 
@@ -142,7 +146,21 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], p
         return _build_block(name, ops, outputs)
 
 
+def _check_addressable(ops: Sequence[Operator]) -> None:
+    """Halide indexes a buffer with 32-bit integers and, without its large_buffers feature, refuses
+    one over 2^31 - 1 bytes at run time: a block touching such a tensor would compile into a kernel
+    that can only fail (Halide says "guaranteed to fail an assertion"), so it is no kernel."""
+    for op in ops:
+        for t in (*op.inputs, *op.outputs):
+            if t is None or t.is_dynamic:
+                continue
+            if t.nbytes > MAX_BUFFER_BYTES:
+                raise LoweringError(f"{t.name!r} is {t.nbytes} bytes, over what a Halide buffer can address "
+                                    f"({MAX_BUFFER_BYTES})")
+
+
 def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
+    _check_addressable(ops)
     kernel = BlockKernel(_ident(name), list(ops), [], [])
     produced = {id(t) for op in ops for t in op.outputs}
     params: dict[tuple[int, str | None], Value] = {}

@@ -25,10 +25,12 @@ from typing import Sequence
 
 import halide as hl
 
+from tflite_tools.errors import ToolchainError
 from tflite_tools.ir import Operator, Tensor
 
 from .aot import KernelArtifact, compile_runtime, default_kernel_cache, target_spec
 from .block import Argument
+from .cache import cached_entry
 from .pack import CHANNEL_TILE
 
 DELEGATE_DIR = Path(__file__).resolve().parent.parent / "delegate"
@@ -196,7 +198,8 @@ def compiler_for(target: str) -> str:
     compiler = os.environ.get("DNNFUSION_CXX_" + family.upper()) or COMPILERS[family]
     if shutil.which(compiler) is None:
         package = "g++-aarch64-linux-gnu" if family == "arm64" else "g++"
-        raise FileNotFoundError(f"{compiler} not found (apt-get install {package})")
+        raise ToolchainError(f"{compiler} not found (apt-get install {package}, or name one in "
+                             f"DNNFUSION_CXX_{family.upper()})")
     return compiler
 
 
@@ -206,9 +209,15 @@ def _flags() -> list[str]:
 
 
 def _run(cmd: list[str], what: str) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    """Runs a compiler; ToolchainError with the compiler's last words when it fails."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+    except OSError as exc:
+        raise ToolchainError(f"{what}: cannot run {cmd[0]}: {exc.strerror or exc}") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"{what} failed:\n{' '.join(cmd)}\n{proc.stderr.strip()[-4000:]}")
+        last = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
+        raise ToolchainError(f"{what} failed ({cmd[0]} exit {proc.returncode}): "
+                             f"{last[-1] if last else 'no message'}")
 
 
 def runtime_objects(target: str, cache_dir: Path | None = None) -> list[Path]:
@@ -221,23 +230,13 @@ def runtime_objects(target: str, cache_dir: Path | None = None) -> list[Path]:
             digest.update(path.name.encode() + path.read_bytes())
     digest.update(" ".join([compiler, *_flags()[:4]]).encode())
     cache = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
-    root = cache / f"delegate-{target_spec(target).name}-{digest.hexdigest()[:16]}"
-    objects = [root / (src.stem + ".o") for src in sources]
-    if all(o.exists() for o in objects):
-        return objects
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=".tmp-delegate-"))
-    try:
+
+    def build(folder: Path) -> None:
         for src in sources:
-            _run([compiler, *_flags(), "-c", str(src), "-o", str(tmp / (src.stem + ".o"))], f"compiling {src.name}")
-        try:
-            os.replace(tmp, root)
-        except OSError:  # built meanwhile by another process
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return objects
+            _run([compiler, *_flags(), "-c", str(src), "-o", str(folder / (src.stem + ".o"))], f"compiling {src.name}")
+
+    entry, _ = cached_entry(cache, f"delegate-{target_spec(target).name}-{digest.hexdigest()[:16]}", build)
+    return [entry / (src.stem + ".o") for src in sources]
 
 
 def link_delegate(source: str, blocks: Sequence[BundleBlock], target: str, library: Path,
@@ -321,6 +320,6 @@ def build_cmake_project(folder: Path, build: Path, cmake_args: Sequence[str]) ->
     """Configures and builds a project written by write_cmake_project (a clear error on failure)."""
     cmake = shutil.which("cmake")
     if cmake is None:
-        raise FileNotFoundError("cmake not found (pip install cmake, or apt-get install cmake)")
+        raise ToolchainError("cmake not found (pip install cmake, or apt-get install cmake)")
     _run([cmake, "-S", str(folder), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *cmake_args], "cmake configure")
     _run([cmake, "--build", str(build), "--parallel", "2"], "cmake build")

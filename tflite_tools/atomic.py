@@ -1,8 +1,11 @@
-"""Atomic file writes: a reader sees the old file or the complete new one, never a partial one."""
+"""Atomic file writes (a reader sees the old file or the complete new one, never a partial one),
+and the two checks that make leftovers safe to judge: a file's hash, and whether the process
+that named a temporary file is still running."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import tempfile
@@ -58,3 +61,26 @@ def save_json_table(path: str | os.PathLike, table: dict) -> bool:
     except OSError:
         return False
     return True
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of a file's bytes, read in blocks (kernel libraries run to megabytes)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def process_gone(pid: int) -> bool:
+    """True when no process `pid` runs here any more (a temporary file it named is a leftover);
+    False for this process and for live processes of other users."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False

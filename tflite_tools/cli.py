@@ -11,6 +11,7 @@ import json
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -232,14 +233,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     run: Callable[[argparse.Namespace], int] = args.run
-    try:
-        return run(args)
-    except ModelError as exc:
-        print(f"tflite_tools: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("tflite_tools: interrupted", file=sys.stderr)
-        return 130
+    with warnings.catch_warnings():
+        warnings.showwarning = _show_warning
+        try:
+            return run(args)
+        except ModelError as exc:
+            print(f"tflite_tools: error: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:  # the machine's side: a cache or output folder, a full disk, no compiler
+            print(f"tflite_tools: error: {_os_error_line(exc)}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            print("tflite_tools: interrupted", file=sys.stderr)
+            return 130
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as one line each (a damaged cache entry being rebuilt, say), not Python's two."""
+    print(f"tflite_tools: warning: {message}", file=sys.stderr)
+
+
+def _os_error_line(exc: OSError) -> str:
+    """An OSError as a user reads it: what failed, on which path."""
+    what = exc.strerror or str(exc)
+    return f"{what}: {exc.filename}" if exc.filename else what
 
 
 if __name__ == "__main__":  # pragma: no cover

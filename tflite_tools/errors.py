@@ -7,3 +7,8 @@ class ModelError(Exception):
     Everything the tools reject on purpose raises this (or a subclass), so callers and the CLI
     can tell a bad input from a bug: the CLI prints the message and exits with code 2.
     """
+
+
+class ToolchainError(ModelError):
+    """This machine cannot build what was asked: no C++ compiler, a compiler that fails, a full
+    disk. Not the model's fault, but as much the user's to act on, so it is reported the same way."""

@@ -16,7 +16,9 @@ rewrite -> plan -> lower -> schedule -> compile -> package. OUT receives:
                                lowered statement (.stmt), one pair per sub-target
 
 Like the CLI, this module is an outer layer that may call every stage (fusion, halide_gen);
-nothing in the stages calls back here. Files appear in OUT only once everything succeeded.
+nothing in the stages calls back here. OUT switches from its old contents to the new set in one
+step once everything succeeded, and is never a folder with files fuse did not write
+(tflite_tools.outdir).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Callable
 
 from .atomic import load_json_table, save_json_table
 from .errors import ModelError
+from .outdir import OutputFolder
 from .fingerprint import METADATA_NAME, subgraph_fingerprint
 from .ir import Model
 from .reader import load
@@ -126,59 +128,59 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     model = load(model_path)
     if len(model.subgraphs) == 0:
         raise ModelError(f"{model_path}: the model has no subgraph")
-    summary = plan_model(model, fast_math=fast_math, cost=cost)
-    sg = model.main
-    fingerprint = subgraph_fingerprint(sg)
-    _set_metadata(model, METADATA_NAME, fingerprint.encode())
-
-    timings = _BlockTimings(cache_dir) if measure or autoschedulers else None
-    records: list[KernelRecord] = []
-    blocks: list[BundleBlock] = []
-    plan_blocks = summary.plan.blocks
-    for done, block in enumerate(plan_blocks):
-        ops = [sg.operators[i] for i in block.ops]
-        record = KernelRecord(block.name, [op.name for op in ops], list(block.ops))
-        records.append(record)
-        if progress:
-            progress(done, len(plan_blocks), f"{block.name} ({'+'.join(record.ops[:4])}{'+...' if len(ops) > 4 else ''})")
-        if block.opaque_reason:
-            record.skipped = block.opaque_reason
-            continue
-        try:
-            lowered = build_block(block.name, ops, block.outputs)
-            if autoschedulers:
-                record.schedule = timings.best_schedule(block, ops, target)
-            artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir, emit_asm=emit_asm,
-                                      schedule=record.schedule)
-        except LoweringError as exc:
-            record.skipped = f"no lowering: {exc}"
-            continue
-        _check_interface(artifact, lowered)
-        record.kernel, record.cached = artifact.function, artifact.cached
-        if measure:
-            record.ratio = timings.ratio(block, ops, record.schedule)
-            record.profitable = record.ratio < 1.0
-        else:
-            record.profitable = not _quantized(ops)
-        blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
-    for name, why in claim_groups(sg.operators, blocks).items():
-        record = next(r for r in records if r.block == name)
-        record.kernel, record.profitable, record.skipped = None, False, why
-        blocks = [b for b in blocks if b.name != name]
-    if timings is not None:
-        timings.save()
-    if progress:
-        progress(len(plan_blocks), len(plan_blocks), "linking")
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    name = library_name(model_path)
-    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".tmp-fuse-"))
+    # The output location is checked before hours of compiling, not after.
+    staging = OutputFolder.prepare(out_dir)
+    out, tmp = staging.out, staging.path
     try:
+        summary = plan_model(model, fast_math=fast_math, cost=cost)
+        sg = model.main
+        fingerprint = subgraph_fingerprint(sg)
+        _set_metadata(model, METADATA_NAME, fingerprint.encode())
+
+        timings = _BlockTimings(cache_dir) if measure or autoschedulers else None
+        records: list[KernelRecord] = []
+        blocks: list[BundleBlock] = []
+        plan_blocks = summary.plan.blocks
+        for done, block in enumerate(plan_blocks):
+            ops = [sg.operators[i] for i in block.ops]
+            record = KernelRecord(block.name, [op.name for op in ops], list(block.ops))
+            records.append(record)
+            if progress:
+                progress(done, len(plan_blocks), f"{block.name} ({'+'.join(record.ops[:4])}{'+...' if len(ops) > 4 else ''})")
+            if block.opaque_reason:
+                record.skipped = block.opaque_reason
+                continue
+            try:
+                lowered = build_block(block.name, ops, block.outputs)
+                if autoschedulers:
+                    record.schedule = timings.best_schedule(block, ops, target)
+                artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir, emit_asm=emit_asm,
+                                          schedule=record.schedule)
+            except LoweringError as exc:
+                record.skipped = f"no lowering: {exc}"
+                continue
+            _check_interface(artifact, lowered)
+            record.kernel, record.cached = artifact.function, artifact.cached
+            if measure:
+                record.ratio = timings.ratio(block, ops, record.schedule)
+                record.profitable = record.ratio < 1.0
+            else:
+                record.profitable = not _quantized(ops)
+            blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
+        for name, why in claim_groups(sg.operators, blocks).items():
+            record = next(r for r in records if r.block == name)
+            record.kernel, record.profitable, record.skipped = None, False, why
+            blocks = [b for b in blocks if b.name != name]
+        if timings is not None:
+            timings.save()
+        if progress:
+            progress(len(plan_blocks), len(plan_blocks), "linking")
+
         # A library even when no block has a kernel: it loads, claims nothing and says so, so
         # scripts need no special case.
         info = BundleInfo(Path(model_path).name, spec.name, fingerprint, sg.tensors, sg.operators)
         source = bundle_source(info, blocks)
+        name = library_name(model_path)
         library: Path | None = tmp / name
         if android:
             project = write_cmake_project(source, blocks, target, tmp / "android" / "arm64-v8a", name, cache_dir)
@@ -207,12 +209,9 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
                 "whole_model_ms": whole_model, **summary.to_json(), "kernels": [vars(r) for r in records]}
         (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
         (tmp / "report.md").write_text(format_report(result, summary, str(model_path), spec.name))
-        for path in tmp.iterdir():
-            if (out / path.name).is_dir():
-                shutil.rmtree(out / path.name)
-            os.replace(path, out / path.name)
+        staging.commit()
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        staging.discard()
     return result
 
 
@@ -278,16 +277,17 @@ class _BlockTimings:
     @staticmethod
     def _key(kind: str, *parts: str) -> str:
         # Measurements die with the code generator that made the kernels they timed.
-        from halide_gen.aot import CODEGEN_VERSION
+        from halide_gen.aot import generator_digest
 
-        return ":".join([kind, f"v{CODEGEN_VERSION}", *parts])
+        return ":".join([kind, generator_digest(), *parts])
 
     def best_schedule(self, block, ops, target: str = "host") -> str:
         """The fastest of the templates and Halide's autoschedulers for the block on `target`."""
-        from halide_gen.profile import choose_schedule
+        from halide_gen.profile import choose_schedule, schedule_sources
 
         key = self._key("schedule", target, block.signature)
-        if key not in self.table:
+        # A value that is not one of the sources is a damaged table: measure again.
+        if self.table.get(key) not in schedule_sources(target):
             inputs = [t for t in block.inputs if not t.is_constant]
             self.table[key] = choose_schedule(ops, block.outputs, inputs, target=target).best
         return str(self.table[key])
@@ -297,7 +297,8 @@ class _BlockTimings:
         from halide_gen.profile import jit_kernel, time_block
 
         key = self._key("ratio", block.signature, schedule)
-        if key not in self.table:
+        value = self.table.get(key)
+        if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
             kernel = jit_kernel(block.name, ops, block.outputs, schedule)
             self.table[key] = time_block(ops, block.inputs, block.outputs, kernel).ratio
         return float(self.table[key])

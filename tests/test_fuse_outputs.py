@@ -1,0 +1,176 @@
+"""`fuse -o OUT` as a hostile but fair user meets it: OUT switches all at once, nothing of the
+user's is deleted, a damaged compile cache is rebuilt, and every failure of the machine's side (the
+output location, the cache location, the compiler) is one line and exit code 2."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tflite_tools import cli
+from tflite_tools.outdir import OWNER_FILE, OutputFolder
+from tflite_tools.run import run
+
+MODEL = "conv_relu6"
+LIBRARY = "libconv_relu6_dnnfusion.so"
+
+
+@pytest.fixture(autouse=True)
+def shared_cache(tmp_path_factory, monkeypatch):
+    """One compile cache for this module (the model has one small block), private to it."""
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "outputs-cache"))
+
+
+def fuse_cli(capsys, model: Path, out: Path, *extra: str) -> tuple[int, str]:
+    code = cli.main(["fuse", str(model), "-o", str(out), *extra])
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    return code, captured.err
+
+
+def one_error_line(err: str) -> str:
+    lines = [line for line in err.splitlines() if not line.startswith("[")]  # progress lines
+    assert len(lines) == 1 and lines[0].startswith("tflite_tools: error: "), err
+    return lines[0]
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_out_records_what_fuse_wrote(capsys, tmp_path, model_path):
+    out = tmp_path / "out"
+    assert fuse_cli(capsys, model_path(MODEL), out)[0] == 0
+    record = json.loads((out / OWNER_FILE).read_text())
+    assert sorted(record["files"]) == sorted(["model.fused.tflite", LIBRARY, "plan.json", "report.md"])
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging folder left beside it
+
+
+def test_refuse_replaces_the_whole_set_and_drops_old_files(capsys, tmp_path, model_path):
+    out = tmp_path / "out"
+    assert fuse_cli(capsys, model_path(MODEL), out, "--emit-asm")[0] == 0
+    assert (out / "asm").is_dir()
+    assert fuse_cli(capsys, model_path(MODEL), out)[0] == 0
+    assert not (out / "asm").exists()  # ours, from the earlier run: gone with it
+    assert run(out / "model.fused.tflite", delegate=out / LIBRARY).ok
+
+
+@pytest.mark.parametrize("user_file", ["asm/mine.s", "android/app/build.gradle", "notes.txt"])
+def test_a_file_fuse_did_not_write_is_never_deleted(capsys, tmp_path, model_path, user_file):
+    out = tmp_path / "out"
+    assert fuse_cli(capsys, model_path(MODEL), out)[0] == 0
+    (out / user_file).parent.mkdir(parents=True, exist_ok=True)
+    (out / user_file).write_text("mine")
+    before = snapshot(out)
+    code, err = fuse_cli(capsys, model_path(MODEL), out, "--emit-asm")
+    assert code == 2 and user_file in one_error_line(err)
+    assert snapshot(out) == before
+
+
+def test_a_foreign_folder_is_refused_an_empty_one_taken(capsys, tmp_path, model_path):
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "main.py").write_text("print()")
+    code, err = fuse_cli(capsys, model_path(MODEL), project)
+    assert code == 2 and "main.py" in one_error_line(err)
+    assert snapshot(project) == {"main.py": b"print()"}
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert fuse_cli(capsys, model_path(MODEL), empty)[0] == 0
+    assert (empty / LIBRARY).exists()
+
+
+@pytest.mark.parametrize("where", ["at a file", "under a file", "unwritable"])
+def test_bad_output_location_fails_before_compiling(capsys, tmp_path, model_path, monkeypatch, where):
+    (tmp_path / "file").write_text("x")
+    out = {"at a file": tmp_path / "file", "under a file": tmp_path / "file" / "out",
+           "unwritable": Path("/proc/dnnfusion-test/out")}[where]
+    import halide_gen.aot
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("compiled before checking the output location")
+
+    monkeypatch.setattr(halide_gen.aot, "compile_kernel", no_compiling)
+    code, err = fuse_cli(capsys, model_path(MODEL), out)
+    assert code == 2 and str(out.name) in one_error_line(err)
+    assert (tmp_path / "file").read_text() == "x"
+
+
+def test_a_failed_fuse_leaves_out_as_it_was(capsys, tmp_path, model_path, monkeypatch):
+    out = tmp_path / "out"
+    assert fuse_cli(capsys, model_path(MODEL), out)[0] == 0
+    before = snapshot(out)
+    import halide_gen.bundle
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / LIBRARY))
+
+    monkeypatch.setattr(halide_gen.bundle, "link_delegate", full_disk)
+    code, err = fuse_cli(capsys, model_path(MODEL), out)
+    assert code == 2 and "No space left on device" in one_error_line(err)
+    assert snapshot(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+    code, _ = fuse_cli(capsys, model_path(MODEL), tmp_path / "new")
+    assert code == 2 and not (tmp_path / "new").exists()  # a failed first fuse creates no OUT
+
+
+def test_a_killed_fuse_leaves_no_mixture_and_its_leftovers_go(tmp_path, model_path):
+    out = tmp_path / "out"
+    script = (f"import os, tflite_tools.outdir as o\n"
+              f"s = o.OutputFolder.prepare({str(out)!r})\n"
+              f"(s.path / 'plan.json').write_text('new')\n"
+              f"os.kill(os.getpid(), 9)\n")
+    subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
+    assert not out.exists()
+    leftovers = [p.name for p in tmp_path.iterdir()]
+    assert len(leftovers) == 1 and leftovers[0].startswith(".tmp-")
+    OutputFolder.prepare(out).discard()  # the next run sweeps it
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_commit_swaps_in_one_step(tmp_path):
+    out = tmp_path / "out"
+    first = OutputFolder.prepare(out)
+    (first.path / "a.txt").write_text("1")
+    first.commit()
+    second = OutputFolder.prepare(out)
+    (second.path / "b.txt").write_text("2")
+    second.commit()
+    assert sorted(p.name for p in out.iterdir()) == [OWNER_FILE, "b.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_damaged_kernel_in_the_cache_is_recompiled(capsys, tmp_path, model_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(cache))
+    assert fuse_cli(capsys, model_path(MODEL), tmp_path / "a")[0] == 0
+    (library,) = (cache / "kernels").glob("host-*/*.a")
+    raw = bytearray(library.read_bytes())
+    raw[len(raw) // 2:len(raw) // 2 + 64] = b"\x0f\x0b" * 32  # ud2: SIGILL if it ever ran
+    library.write_bytes(bytes(raw))
+    code, err = fuse_cli(capsys, model_path(MODEL), tmp_path / "b")
+    assert code == 0 and "tflite_tools: warning: cache entry" in err and "damaged" in err
+    result = run(tmp_path / "b" / "model.fused.tflite", delegate=tmp_path / "b" / LIBRARY, options={"claim": "all"})
+    assert result.ok and result.claims["claimed_nodes"]
+
+
+@pytest.mark.parametrize("compiler,fragment", [("/nonexistent/g++", "not found"), ("false", "failed")])
+def test_missing_or_failing_compiler(capsys, tmp_path, model_path, monkeypatch, compiler, fragment):
+    monkeypatch.setenv("DNNFUSION_CXX_X86", compiler)
+    code, err = fuse_cli(capsys, model_path(MODEL), tmp_path / "out")
+    assert code == 2 and fragment in one_error_line(err)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unusable_cache_dir(capsys, tmp_path, model_path, monkeypatch):
+    (tmp_path / "cache").write_text("a file in the way")
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    code, err = fuse_cli(capsys, model_path(MODEL), tmp_path / "out")
+    assert code == 2 and "DNNFUSION_CACHE_DIR" in one_error_line(err)
+    assert not (tmp_path / "out").exists()
