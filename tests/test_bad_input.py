@@ -126,6 +126,14 @@ def test_cli_subprocess_has_no_traceback(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("path", ["/dev/zero", "fifo"])
+def test_not_a_regular_file_is_refused_without_reading_it(capsys, tmp_path, path):
+    if path == "fifo":
+        path = str(tmp_path / "fifo")
+        os.mkfifo(path)  # opening it for reading would wait for a writer forever
+    assert_one_line_error(capsys, ["info", path], "not a regular file")
+
+
 # -- flatbuffers that decode but describe an impossible model --------------------------------
 
 
@@ -157,6 +165,21 @@ CORRUPTIONS = {
         lambda m: setattr(m.subgraphs[0].operators[0], "builtinOptionsType", 250),
         "unknown to this schema",
     ),
+    "builtin code": (lambda m: setattr(m.operatorCodes[0], "builtinCode", 9999), "unknown builtin operator code 9999"),
+    "reads its own output": (
+        lambda m: setattr(m.subgraphs[0].operators[1], "inputs", m.subgraphs[0].operators[1].outputs),
+        "before operator 1 writes it",
+    ),
+    "cycle": (
+        lambda m: setattr(m.subgraphs[0].operators[0], "inputs",
+                          [m.subgraphs[0].operators[1].outputs[0], *m.subgraphs[0].operators[0].inputs[1:]]),
+        "(a cycle, or operators out of order)",
+    ),
+    "two writers": (
+        lambda m: setattr(m.subgraphs[0].operators[0], "outputs", m.subgraphs[0].operators[1].outputs),
+        "already written by operator 0",
+    ),
+    "huge shape": (lambda m: setattr(m.subgraphs[0].tensors[0], "shape", [2**31 - 1] * 4), "too large"),
 }
 
 

@@ -243,6 +243,7 @@ def test_num_threads(fused, tmp_path, threads):
     ({"num_threads": "many"}, "num_threads: expected an integer"),
     ({"claim": "some"}, "claim: expected profitable, all or none"),
     ({"colour": "blue"}, "unknown option 'colour'"),
+    ({"blocks": "block_000,no_such_block"}, "blocks: no block 'no_such_block' in this bundle (its blocks: block_000"),
 ])
 def test_bad_options_are_refused_with_a_message(fused, options, message):
     # LiteRT passes the plugin's report_error text on in the exception it raises.
@@ -271,7 +272,7 @@ def test_cli_fuse_then_run_compare(tmp_path, capsys, model_path):
     out = tmp_path / "out"
     assert cli.main(["fuse", str(model_path("conv_relu6")), "-o", str(out)]) == 0
     assert {p.name for p in out.iterdir()} == {"model.fused.tflite", "libconv_relu6_dnnfusion.so", "plan.json",
-                                               "report.md"}
+                                               "report.md", ".dnnfusion-out.json"}
     capsys.readouterr()
     assert cli.main(["run", str(out / "model.fused.tflite"), "--delegate", str(out / "libconv_relu6_dnnfusion.so"),
                      "--compare", "--option", "claim=all"]) == 0
@@ -376,6 +377,44 @@ def test_profile_option_times_every_block_in_context(fused, tmp_path):
     assert sorted(r["block"] for r in rows) == sorted(k.block for k in result.kernels if k.kernel)
     assert all(r["calls"] == 3 and r["total_us"] > 0 and r["mean_us"] == pytest.approx(r["total_us"] / 3, rel=1e-2, abs=1e-3)
                for r in rows)
+
+
+@pytest.mark.parametrize("option", ["profile", "report"])
+def test_unwritable_profile_or_report_warns_alike(fused, tmp_path, capfd, option):
+    result = fused("add_relu")
+    d = runtime.load_delegate(str(result.library), options={option: str(tmp_path / "missing" / "x.jsonl"),
+                                                            "claim": "all"})
+    interp = runtime.make_interpreter(result.model, delegates=[d])
+    runtime.run(interp, runtime.random_inputs(interp))
+    del interp
+    import gc
+
+    gc.collect()
+    assert f"dnnfusion: warning: cannot write the {option} to " in capfd.readouterr().err
+
+
+def _delegate_library_variants(library: Path, tmp_path: Path) -> dict[str, Path]:
+    data = library.read_bytes()
+    (tmp_path / "truncated.so").write_bytes(data[:len(data) // 3])
+    (tmp_path / "header-only.so").write_bytes(data[:64])
+    (tmp_path / "text.so").write_text("not a library")
+    import ctypes.util
+
+    libm = Path("/lib/x86_64-linux-gnu/libm.so.6")
+    return {"truncated": tmp_path / "truncated.so", "header only": tmp_path / "header-only.so",
+            "text": tmp_path / "text.so", "another library": libm if libm.exists() else Path(ctypes.util.find_library("m"))}
+
+
+@pytest.mark.parametrize("variant, message", [
+    ("truncated", "truncated"), ("header only", "not a delegate library"), ("text", "not an ELF file"),
+    ("another library", "does not export tflite_plugin_create_delegate"),
+])
+def test_run_refuses_what_is_not_a_delegate_library_before_loading_it(fused, tmp_path, capsys, variant, message):
+    result = fused("add_relu")
+    library = _delegate_library_variants(result.library, tmp_path)[variant]
+    assert cli.main(["run", str(result.model), "--delegate", str(library)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a delegate library" in err and message in err
 
 
 def test_matrix_vector_weights_are_packed_by_the_runtime_as_by_python(kernel_cache, tmp_path):

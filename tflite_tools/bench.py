@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from . import runtime
 from .errors import ModelError
+from .sharedlib import check_delegate_library
 
 BASELINE = "xnnpack"
 
@@ -96,6 +97,8 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 def benchmark(model: str, delegate: str | None = None, threads: int = 1, runs: int = 50, warmup: int = 5,
               progress: Callable[[int, int, str], None] | None = None, seed: int = 0) -> list[Timings]:
     """Times every contender on the same random inputs, interleaved round by round."""
+    if delegate is not None:
+        check_delegate_library(delegate)
     makers = contenders(model, delegate, threads)
     interps, results = {}, []
     for name, make in makers.items():

@@ -7,7 +7,9 @@ data stays a view into the file's bytes: nothing is copied.
 
 from __future__ import annotations
 
+import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -22,16 +24,27 @@ fb = schema.fb
 
 
 def read_file(path: str | os.PathLike) -> bytes:
-    """The bytes of a model file; a missing path, a directory or an empty file is a ModelError."""
+    """The bytes of a model file. A missing path, a directory, an empty file or anything but a
+    regular file (a device such as /dev/zero, a FIFO, a socket) is a ModelError; no more than the
+    file's size is ever read."""
     p = Path(path)
     if not p.exists():
         raise ModelError(f"{p}: no such file")
     if p.is_dir():
         raise ModelError(f"{p}: is a directory, not a .tflite file")
     try:
-        data = p.read_bytes()
+        # O_NONBLOCK: opening a FIFO must not wait for a writer before we can refuse it.
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise ModelError(f"{p}: cannot read ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ModelError(f"{p}: not a regular file (a device, pipe or socket), so not a .tflite file")
+        try:
+            data = handle.read(info.st_size)
+        except OSError as exc:
+            raise ModelError(f"{p}: cannot read ({exc.strerror or exc})") from None
     if not data:
         raise ModelError(f"{p}: file is empty")
     return data
@@ -92,6 +105,11 @@ def _ints(values: Any) -> list[int]:
     return [] if values is None else [int(v) for v in values]
 
 
+# No tensor can be larger than this (2^48 bytes, 256 TiB: past any address space a phone or a
+# server maps); a larger shape is corruption, and its byte count would overflow 64-bit arithmetic.
+MAX_TENSOR_BYTES = 2**48
+
+
 class _Converter:
     """Turns one decoded `ModelT` into the IR, checking every index on the way."""
 
@@ -134,6 +152,9 @@ class _Converter:
         builtin = max(int(code.builtinCode), int(code.deprecatedBuiltinCode))
         if builtin < 0:
             raise self.fail(f"operator code {index}", f"negative builtin code {builtin}")
+        if builtin not in schema.BUILTIN_NAMES:
+            raise self.fail(f"operator code {index}", f"unknown builtin operator code {builtin} (this schema knows "
+                            f"0 to {max(schema.BUILTIN_NAMES)}; upgrade ai-edge-litert if the model is newer)")
         return OpCode(builtin, _text(code.customCode), int(code.version))
 
     def buffer_bytes(self, index: int, where: str) -> np.ndarray | None:
@@ -166,6 +187,7 @@ class _Converter:
         operators = []
         for oi, op in enumerate(raw.operators or []):
             operators.append(self.operator(f"{where} operator {oi}", op, ref))
+        self.check_order(where, operators)
         return Subgraph(
             tensors=tensors,
             operators=operators,
@@ -175,12 +197,31 @@ class _Converter:
             debug_metadata_index=int(raw.debugMetadataIndex),
         )
 
+    def check_order(self, where: str, operators: list[Operator]) -> None:
+        """TFLite runs operators in the order stored: each tensor is written by one operator at
+        most, and read only after that (an op reading its own output, or a cycle, is no graph)."""
+        writer: dict[int, int] = {}
+        for oi, op in enumerate(operators):
+            for t in op.outputs:
+                if id(t) in writer:
+                    raise self.fail(f"{where} operator {oi} ({op.name})",
+                                    f"writes tensor {t.name!r}, already written by operator {writer[id(t)]}")
+                writer[id(t)] = oi
+        for oi, op in enumerate(operators):
+            for t in op.inputs:
+                if t is not None and writer.get(id(t), -1) >= oi:
+                    raise self.fail(f"{where} operator {oi} ({op.name})",
+                                    f"reads tensor {t.name!r} before operator {writer[id(t)]} writes it "
+                                    "(a cycle, or operators out of order)")
+
     def tensor(self, where: str, raw: Any) -> Tensor:
         name = _text(raw.name) or ""
         where = f"{where} ({name!r})" if name else where
         shape = tuple(_ints(raw.shape))
         if any(d < 0 for d in shape):
             raise self.fail(where, f"negative dimension in shape {list(shape)}")
+        if math.prod(shape) * 16 > MAX_TENSOR_BYTES:  # 16: the widest element (COMPLEX128)
+            raise self.fail(where, f"shape {list(shape)} is too large for any machine to hold")
         signature = tuple(_ints(raw.shapeSignature)) if raw.shapeSignature is not None else None
         if signature is not None and len(signature) != len(shape):
             raise self.fail(where, f"shape signature {list(signature)} does not match shape {list(shape)}")

@@ -43,6 +43,7 @@ from . import runtime
 from .errors import ModelError
 from .ir import Model
 from .reader import load, parse
+from .sharedlib import check_delegate_library
 
 RTOL = 1e-4
 RTOL_FP16 = 1e-2
@@ -183,12 +184,11 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
         report = Path(tmp) / "claims.jsonl"
         delegates = []
         if delegate is not None:
-            if not Path(delegate).is_file():
-                raise ModelError(f"{delegate}: no such delegate library")
+            check_delegate_library(delegate)
             opts = {"report": str(report), **(options or {})}
             try:
                 delegates.append(runtime.load_delegate(os.fspath(Path(delegate).resolve()), options=opts))
-            except (ValueError, OSError, RuntimeError) as exc:
+            except (ValueError, OSError, RuntimeError, AttributeError) as exc:
                 raise ModelError(f"{delegate}: cannot load the delegate: {exc}") from None
         try:
             interp = runtime.make_interpreter(model, "xnnpack", threads, delegates=delegates)

@@ -94,7 +94,10 @@ void Partition::WriteProfile() const {
   // in the model's own context (TFLite's op profiler is not reachable from Python).
   std::lock_guard<std::mutex> lock(state_.report_mutex);
   FILE* f = std::fopen(state_.options.profile.c_str(), "a");
-  if (f == nullptr) return;
+  if (f == nullptr) {
+    Log(LogLevel::kWarning, "cannot write the profile to %s", state_.options.profile.c_str());
+    return;
+  }
   for (const Step& step : steps_) {
     if (step.calls == 0) continue;
     std::fprintf(f, "{\"block\": \"%s\", \"calls\": %lld, \"total_us\": %.3f, \"mean_us\": %.3f}\n",

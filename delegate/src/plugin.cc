@@ -7,6 +7,7 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "HalideRuntime.h"
 #include "claim.h"
@@ -75,6 +76,20 @@ TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
   return status;
 }
 
+// blocks=NAME,...: a name this bundle does not have would silently claim nothing.
+bool KnownBlocks(const Bundle& bundle, const std::vector<std::string>& names, std::string* error) {
+  for (const std::string& name : names) {
+    bool found = false;
+    for (int b = 0; b < bundle.n_blocks && !found; ++b) found = name == bundle.blocks[b].name;
+    if (found) continue;
+    std::string known;
+    for (int b = 0; b < bundle.n_blocks; ++b) known += std::string(b ? ", " : "") + bundle.blocks[b].name;
+    *error = "blocks: no block '" + name + "' in this bundle (its blocks: " + (known.empty() ? "none" : known) + ")";
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
 }  // namespace dnnfusion
 
@@ -88,7 +103,8 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   std::string error;
   if (state == nullptr || delegate == nullptr) {
     error = "out of memory";
-  } else if (!ParseOptions(options_keys, options_values, num_options, &state->options, &error)) {
+  } else if (!ParseOptions(options_keys, options_values, num_options, &state->options, &error) ||
+             !KnownBlocks(bundle(), state->options.blocks, &error)) {
     error = "bad delegate option: " + error;
   }
   if (!error.empty()) {
