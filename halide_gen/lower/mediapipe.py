@@ -115,7 +115,11 @@ def lower_max_unpool(ctx: OpContext) -> list[Value]:
 
     def body(n, y, xx, c):
         src = (n, y / kh, xx / kw, c)
+        # An index outside the window is no pixel's: XNNPACK would write outside the window with it,
+        # TFLite has no kernel of its own; the invoke fails.
         at = hl.reinterpret(hl.UInt(32), indices(*src))
+        at = hl.require(at < kh * kw, at, hl.Expr("MaxUnpooling2D index out of bounds: got"), at,
+                        hl.Expr(f"for a {kh}x{kw} window"))
         here = hl.cast(hl.UInt(32), (xx % kw) * kh + y % kh)
         return hl.select(at == here, values(*src), hl.f32(0))
 

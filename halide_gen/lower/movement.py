@@ -2,7 +2,8 @@
 
 RESHAPE is div/mod on the row-major offset, TRANSPOSE a permutation of indices, SLICE an offset,
 CONCATENATION a select over ranges (DNNFusion §4.4's "loop joint"), PAD a bounds test, GATHER an
-indirect index (clamped, so a bad index cannot read out of bounds).
+indirect index (checked: an index out of range fails the invoke, as it does in TFLite, and never
+reads out of bounds).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def lower_concatenation(ctx: OpContext) -> list[Value]:
             idx = list(i)
             idx[axis] = hl.clamp(i[axis] - off, 0, p.shape[axis] - 1)
             expr = p.at(idx) if expr is None else hl.select(i[axis] >= off, p.at(idx), expr)
-        return activation(expr, ctx.op.fused_activation)
+        return activation(expr, ctx.op.fused_activation, clamps_none=False)
 
     return [define(ctx.func_name(), out, body)]
 
@@ -220,6 +221,16 @@ def lower_broadcast_to(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, lambda *i: read_broadcast(x, out, i))]
 
 
+def checked_index(index: hl.Expr, size: int, op: str) -> hl.Expr:
+    """An index read from data, as TFLite treats it: one outside [0, size) fails the invoke
+    ("<op> index out of bounds", as LiteRT's kernels say) instead of reading a made-up row. The
+    clamp after the check tells bounds inference the range; it never changes a valid index."""
+    index = hl.cast(hl.Int(32), index)
+    valid = hl.require((index >= 0) & (index < size), index, hl.Expr(f"{op} index out of bounds: got"), index,
+                       hl.Expr(f"for a dimension of {size}"))
+    return hl.clamp(valid, 0, size - 1)
+
+
 @register("GATHER")
 def lower_gather(ctx: OpContext) -> list[Value]:
     """out[outer, idx..., inner] = params[outer, indices[idx...], inner] (batch_dims 0)."""
@@ -230,7 +241,7 @@ def lower_gather(ctx: OpContext) -> list[Value]:
     k = indices.rank
 
     def body(*i):
-        pos = hl.clamp(hl.cast(hl.Int(32), indices.at(list(i[axis:axis + k]))), 0, params.shape[axis] - 1)
+        pos = checked_index(indices.at(list(i[axis:axis + k])), params.shape[axis], "gather")
         return params.at(list(i[:axis]) + [pos] + list(i[axis + k:]))
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
@@ -244,7 +255,7 @@ def lower_gather_nd(ctx: OpContext) -> list[Value]:
     lead = indices.rank - 1
 
     def body(*i):
-        coords = [hl.clamp(hl.cast(hl.Int(32), indices.at(list(i[:lead]) + [hl.Expr(d)])), 0, params.shape[d] - 1)
+        coords = [checked_index(indices.at(list(i[:lead]) + [hl.Expr(d)]), params.shape[d], "gather_nd")
                   for d in range(depth)]
         return params.at(coords + list(i[lead:]))
 
@@ -281,8 +292,9 @@ def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
         px, x0, x1 = source(xx, scales[1], w)
         dy, dx = py - hl.cast(hl.Float(32), y0), px - hl.cast(hl.Float(32), x0)
         one = hl.f32(1)
-        return (x(n, y0, x0, c) * (one - dy) * (one - dx) + x(n, y1, x0, c) * dy * (one - dx)
-                + x(n, y0, x1, c) * (one - dy) * dx + x(n, y1, x1, c) * dy * dx)
+        # Strict: in TFLite's order, so that an inf meets a zero weight (NaN) exactly where it does there.
+        return hl.strict_float(x(n, y0, x0, c) * (one - dy) * (one - dx) + x(n, y1, x0, c) * dy * (one - dx)
+                               + x(n, y0, x1, c) * (one - dy) * dx + x(n, y1, x1, c) * dy * dx)
 
     return [define(ctx.func_name(), out, body)]
 
