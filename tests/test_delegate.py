@@ -379,6 +379,26 @@ def test_profile_option_times_every_block_in_context(fused, tmp_path):
                for r in rows)
 
 
+@pytest.mark.parametrize("stem", ["unet_tiny", "conv_relu6", "add_relu", "depthwise_residual", "fc_softmax",
+                                  "swish_chain", "mobilenet_v2_035_96"])
+def test_nan_and_inf_inputs_come_out_as_from_litert(fused, tmp_path, stem):
+    # A NaN in a conv's window spreads through the model; TFLite's reference kernels decide where.
+    result = fused(stem)
+    d, _ = delegate(result, tmp_path, claim="all")
+    interp = runtime.make_interpreter(result.model, delegates=[d])
+    rng = np.random.default_rng(5)
+    inputs = []
+    for x in runtime.random_inputs(interp):
+        flat = x.reshape(-1)
+        for value in (np.nan, np.inf, -np.inf, 3e38):
+            flat[rng.integers(0, flat.size)] = value
+        inputs.append(x)
+    outputs, reference = runtime.run(interp, inputs), reference_outputs(result.model, inputs)
+    errors = compare(outputs, reference, [str(i) for i in range(len(outputs))])
+    assert all(e.ok for e in errors), errors
+    assert any(np.isnan(r).any() for r in reference)  # the check is not vacuous
+
+
 @pytest.mark.parametrize("option", ["profile", "report"])
 def test_unwritable_profile_or_report_warns_alike(fused, tmp_path, capfd, option):
     result = fused("add_relu")

@@ -13,7 +13,9 @@ error. The bound is purely relative: random-weight CNNs end in logits of ~1e-10,
 floor would wave any answer through there. Quantized (int8) outputs may differ by one quantization
 step (1 LSB): the integer kernels follow TFLite's reference arithmetic bit for bit, but LiteRT's
 optimized kernels, the reference here, round a few requantizations the other way. Other integer
-and bool outputs must match exactly.
+and bool outputs must match exactly. NaN and +-inf must be exactly where the reference has them (a
+NaN there is a match: the kernels follow TFLite's float semantics, halide_gen/lower/ieee.py); the
+tolerance applies to the finite rest.
 
 A bundle built with `--gpu-precision fp16` stores every tensor a block computes in half precision
 (relative rounding 2^-11 per op, compounded through the model), so its outputs are held to
@@ -83,6 +85,8 @@ def load_inputs(paths: Sequence[str | os.PathLike], interp) -> list[np.ndarray]:
         raise ModelError(f"the model has {len(details)} inputs, {len(paths)} .npy files given")
     arrays = []
     for path, detail in zip(paths, details):
+        if not Path(path).is_file():  # a device or a pipe would be read without end
+            raise ModelError(f"{path}: no such file (or not a regular file)")
         try:
             array = np.load(path, allow_pickle=False)
         except (OSError, ValueError) as exc:
@@ -96,15 +100,20 @@ def load_inputs(paths: Sequence[str | os.PathLike], interp) -> list[np.ndarray]:
 def compare(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], names: Sequence[str],
             rtol: float = RTOL, quantized: Sequence[bool] = ()) -> list[OutputError]:
     """Per-output error against the reference: float outputs within `rtol` of the reference's
-    largest magnitude, quantized outputs (where `quantized` says so) within 1 LSB, other integer
+    largest finite magnitude, with NaN and +-inf exactly where the reference has them (a NaN
+    matches a NaN); quantized outputs (where `quantized` says so) within 1 LSB, other integer
     outputs exact."""
     errors = []
     quantized = list(quantized) + [False] * (len(names) - len(quantized))
     for name, out, ref, is_quantized in zip(names, outputs, reference, quantized):
         if out.dtype.kind == "f":
-            diff = float(np.max(np.abs(out.astype(np.float64) - ref), initial=0.0))
-            scale = float(np.max(np.abs(ref.astype(np.float64)), initial=0.0))
-            ok = bool(np.all(np.isfinite(out) == np.isfinite(ref))) and diff <= rtol * scale
+            infinite = np.isinf(ref)
+            specials_match = (np.array_equal(np.isnan(out), np.isnan(ref)) and np.array_equal(np.isinf(out), infinite)
+                              and np.array_equal(out[infinite], ref[infinite]))
+            finite = np.isfinite(ref) & np.isfinite(out)
+            diff = float(np.max(np.abs(out[finite].astype(np.float64) - ref[finite]), initial=0.0))
+            scale = float(np.max(np.abs(ref[finite].astype(np.float64)), initial=0.0))
+            ok = specials_match and diff <= rtol * scale
         else:
             diff = float(np.max(np.abs(out.astype(np.int64) - ref.astype(np.int64)), initial=0))
             scale = float(np.max(np.abs(ref.astype(np.int64)), initial=0))
@@ -180,6 +189,7 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
     .npy inputs or seeded random ones, and compares with LiteRT's reference kernels."""
     if not Path(model).is_file():
         raise ModelError(f"{model}: no such file")
+    parsed = load(model)  # our checks first: LiteRT's own loader trusts more than it should
     with tempfile.TemporaryDirectory(prefix="dnnfusion-run-") as tmp:
         report = Path(tmp) / "claims.jsonl"
         delegates = []
@@ -201,9 +211,13 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
             raise ModelError(f"{model}: invoke failed: {' '.join(str(exc).split())}") from None
         result.claims = read_claims(report) if delegate is not None else None
     if compare_reference:
-        result.reference = reference_resolver(model)
-        ref = runtime.make_interpreter(model, result.reference, 1)
+        result.reference = reference_resolver(parsed)
+        try:
+            expected = runtime.run(runtime.make_interpreter(model, result.reference, 1), arrays)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"{model}: the reference ({REFERENCE_NAMES[result.reference]}) failed: "
+                             f"{' '.join(str(exc).split())}") from None
         names = [d["name"] for d in interp.get_output_details()]
         result.rtol = tolerance(result.claims)
-        result.errors = compare(result.outputs, runtime.run(ref, arrays), names, result.rtol, quantized_outputs(interp))
+        result.errors = compare(result.outputs, expected, names, result.rtol, quantized_outputs(interp))
     return result

@@ -11,27 +11,38 @@ import math
 import halide as hl
 
 from ..values import Value, define, read_broadcast
+from . import ieee
 from .registry import LOWERINGS, LoweringError, OpContext, register
 
 SQRT1_2 = 1.0 / math.sqrt(2.0)
 
 
-def activation(expr: hl.Expr, name: str | None) -> hl.Expr:
+# A fused activation as the clamp range TFLite's float kernels apply (CalculateActivationRange).
+ACTIVATION_RANGES = {"NONE": (-ieee.FLT_MAX, ieee.FLT_MAX), "RELU": (0.0, ieee.FLT_MAX), "RELU6": (0.0, 6.0),
+                     "RELU_N1_TO_1": (-1.0, 1.0)}
+
+
+def activation(expr: hl.Expr, name: str | None, clamps_none: bool = True) -> hl.Expr:
     """A TFLite fused activation (`RELU`, `RELU6`, `RELU_N1_TO_1`) on `expr`.
+
+    Float kernels clamp every result to the activation's range with std::min / std::max, NONE
+    included (to +-FLT_MAX): NaN passes, +-inf becomes the bound (halide_gen.lower.ieee). Ops whose
+    kernels apply no clamp for NONE say `clamps_none=False`.
 
     TANH and SIGN_BIT exist in the schema, but TFLite's float kernels turn a fused activation into
     a clamp range and silently ignore those two; rather than copy that, such ops are not claimed.
     """
-    if name is None or name == "NONE":
+    name = name or "NONE"
+    if name not in ACTIVATION_RANGES:
+        raise LoweringError(f"fused activation {name} (TFLite kernels ignore it)")
+    if name == "NONE" and (not clamps_none or not expr.type().is_float()):
         return expr
-    zero = hl.cast(expr.type(), 0)
+    lo, hi = ACTIVATION_RANGES[name]
+    if expr.type().is_float():
+        return ieee.clamp(expr, lo, hi)
     if name == "RELU":
-        return hl.max(expr, zero)
-    if name == "RELU6":
-        return hl.clamp(expr, zero, hl.cast(expr.type(), 6))
-    if name == "RELU_N1_TO_1":
-        return hl.clamp(expr, hl.cast(expr.type(), -1), hl.cast(expr.type(), 1))
-    raise LoweringError(f"fused activation {name} (TFLite kernels ignore it)")
+        return hl.max(expr, hl.cast(expr.type(), 0))
+    return hl.clamp(expr, hl.cast(expr.type(), lo), hl.cast(expr.type(), hi))
 
 
 def as_bool(expr: hl.Expr) -> hl.Expr:
@@ -45,9 +56,11 @@ def store_bool(cond: hl.Expr) -> hl.Expr:
 
 
 def logistic(x: hl.Expr) -> hl.Expr:
-    """1 / (1 + e^-x)."""
+    """1 / (1 + e^-x), with the cut-offs of TFLite's reference kernel: 1 above 16.619047, e^x
+    below -9 (NaN stays NaN)."""
     one = hl.f32(1)
-    return one / (one + hl.exp(-x))
+    return hl.select(x > hl.f32(16.619047164916992188), one, x < hl.f32(-9), ieee.exp(x),
+                     one / (one + ieee.exp(-x)))
 
 
 def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
@@ -55,8 +68,9 @@ def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
     half = hl.f32(0.5)
     if approximate:
         inner = hl.f32(math.sqrt(2.0 / math.pi)) * (x + hl.f32(0.044715) * x * x * x)
-        return half * x * (hl.f32(1) + hl.tanh(inner))
-    return half * x * (hl.f32(1) + hl.erf(x * hl.f32(SQRT1_2)))
+        return ieee.keep_nan(x, half * x * (hl.f32(1) + hl.tanh(inner)))
+    # erf is +-1 in float beyond +-4; Halide's polynomial turns NaN past float range.
+    return ieee.keep_nan(x, half * x * (hl.f32(1) + hl.erf(hl.clamp(x * hl.f32(SQRT1_2), hl.f32(-8), hl.f32(8)))))
 
 
 def round_half_away(x: hl.Expr) -> hl.Expr:
@@ -67,8 +81,8 @@ def round_half_away(x: hl.Expr) -> hl.Expr:
 UNARY = {
     "ABS": hl.abs,
     "NEG": lambda x: -x,
-    "EXP": hl.exp,
-    "LOG": hl.log,
+    "EXP": ieee.exp,
+    "LOG": ieee.log,
     "SQRT": hl.sqrt,
     "RSQRT": lambda x: hl.f32(1) / hl.sqrt(x),
     "SQUARE": lambda x: x * x,
@@ -79,10 +93,11 @@ UNARY = {
     "ROUND": hl.round,  # TFLite ROUND rounds half to even, as Halide does
     "LOGISTIC": logistic,
     "TANH": hl.tanh,
-    "RELU": lambda x: hl.max(x, hl.cast(x.type(), 0)),
-    "RELU6": lambda x: hl.clamp(x, hl.cast(x.type(), 0), hl.cast(x.type(), 6)),
-    "RELU_N1_TO_1": lambda x: hl.clamp(x, hl.cast(x.type(), -1), hl.cast(x.type(), 1)),
-    "HARD_SWISH": lambda x: x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) / hl.f32(6),
+    "RELU": lambda x: ieee.at_least(x, 0),  # no upper bound: +inf stays +inf, as in TFLite
+    "RELU6": lambda x: ieee.clamp(x, 0, 6),
+    "RELU_N1_TO_1": lambda x: ieee.clamp(x, -1, 1),
+    # In TFLite's order: x * 6 overflows to inf before the division for huge x.
+    "HARD_SWISH": lambda x: hl.strict_float(x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) / hl.f32(6)),
 }
 
 
@@ -109,7 +124,8 @@ def lower_leaky_relu(ctx: OpContext) -> list[Value]:
     """x if x > 0 else alpha * x."""
     x = ctx.value(0)
     alpha = hl.f32(float(ctx.option("alpha", 0.2)))
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: hl.select(x(*i) > 0, x(*i), alpha * x(*i)))]
+    return [define(ctx.func_name(), ctx.out_shape(),
+                   lambda *i: ieee.keep_nan(x(*i), hl.select(x(*i) > 0, x(*i), hl.strict_float(alpha * x(*i)))))]
 
 
 @register("PRELU")
@@ -120,7 +136,8 @@ def lower_prelu(ctx: OpContext) -> list[Value]:
 
     def body(*i):
         v = read_broadcast(x, shape, i)
-        return hl.select(v >= 0, v, read_broadcast(alpha, shape, i) * v)
+        # strict: a zero alpha times -inf is NaN in TFLite, not the 0 Halide's simplifier folds it to.
+        return ieee.keep_nan(v, hl.select(v >= 0, v, hl.strict_float(read_broadcast(alpha, shape, i) * v)))
 
     return [define(ctx.func_name(), shape, body)]
 
@@ -136,11 +153,14 @@ BINARY = {
     "SUB": lambda a, b: a - b,
     "MUL": lambda a, b: a * b,
     "DIV": _divide,
-    "MAXIMUM": hl.max,
-    "MINIMUM": hl.min,
-    "POW": hl.pow,
+    "MAXIMUM": ieee.greater_of,
+    "MINIMUM": ieee.lesser_of,
+    "POW": ieee.pow,
     "SQUARED_DIFFERENCE": lambda a, b: (a - b) * (a - b),
 }
+
+# The binary ops whose TFLite kernels clamp to the activation range (+-FLT_MAX for NONE).
+CLAMPED_BINARY = frozenset({"ADD", "SUB", "MUL", "DIV"})
 
 COMPARE = {
     "LESS": lambda a, b: a < b,
@@ -162,8 +182,9 @@ def lower_binary(ctx: OpContext) -> list[Value]:
     """Broadcasting arithmetic with the fused activation applied."""
     a, b = ctx.value(0), ctx.value(1)
     shape, fn, act = ctx.out_shape(), BINARY[ctx.op.name], ctx.op.fused_activation
-    return [define(ctx.func_name(), shape,
-                   lambda *i: activation(fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i)), act))]
+    clamps = ctx.op.name in CLAMPED_BINARY
+    return [define(ctx.func_name(), shape, lambda *i: activation(
+        fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i)), act, clamps_none=clamps))]
 
 
 @register(*COMPARE)

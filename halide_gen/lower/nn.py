@@ -17,6 +17,7 @@ import numpy as np
 
 from ..pack import CHANNEL_TILE
 from ..values import Value, define, flat_index, unflatten
+from . import ieee
 from .elementwise import activation
 from .registry import LoweringError, OpContext, accumulate, read, register
 
@@ -269,7 +270,8 @@ def _pool(ctx: OpContext, kind: str) -> list[Value]:
         inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
         v = x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, w - 1), c)
         if kind == "max":
-            return activation(hl.maximum(hl.select(inside, v, hl.f32(float("-inf")))), act)
+            # std::max from the lowest float: NaNs are skipped (halide_gen.lower.ieee).
+            return activation(hl.maximum(hl.select(inside, ieee.skip_nan_for_max(v), hl.f32(-ieee.FLT_MAX))), act)
         total = hl.sum(hl.select(inside, v, hl.f32(0)))
         # TFLite averages over the window clipped to the input (padding does not count).
         y0, x0 = y * sh - ph, xx * sw - pw

@@ -9,6 +9,7 @@ import halide as hl
 import numpy as np
 
 from ..values import Value, define, dim_vars
+from . import ieee
 from .registry import LoweringError, OpContext, accumulate, read, register
 
 
@@ -40,11 +41,21 @@ def reduction_domain(ctx: OpContext, x: Value, axes: list[int], name: str):
     return r, source
 
 
+def _max_skipping_nan(e: hl.Expr) -> hl.Expr:
+    """TFLite's REDUCE_MAX: `in > current ? in : current` from the lowest float (NaNs skipped)."""
+    return ieee.lowest_floor(hl.maximum(ieee.skip_nan_for_max(e)))
+
+
+def _min_skipping_nan(e: hl.Expr) -> hl.Expr:
+    """TFLite's REDUCE_MIN: `in < current ? in : current` from the largest float."""
+    return ieee.highest_ceiling(hl.minimum(ieee.skip_nan_for_min(e)))
+
+
 REDUCERS = {
     "SUM": hl.sum,
     "MEAN": hl.sum,
-    "REDUCE_MAX": hl.maximum,
-    "REDUCE_MIN": hl.minimum,
+    "REDUCE_MAX": _max_skipping_nan,
+    "REDUCE_MIN": _min_skipping_nan,
     "REDUCE_PROD": hl.product,
 }
 
@@ -107,9 +118,11 @@ def lower_reduce(ctx: OpContext) -> list[Value]:
 def _last_axis_stats(ctx: OpContext, x: Value, shifted) -> tuple[Value, Value]:
     """Row max and row sum of exp(shifted(v, max)) over the last axis."""
     rows, depth = x.shape[:-1], x.shape[-1]
-    row_max = row_reduce(ctx, "max", rows, depth, lambda row, k: x.at(row + [k]), hl.maximum)
+    # TFLite's row max skips NaNs; a NaN (or +inf, through inf - inf) then reaches the sum through
+    # exp and makes the whole row NaN, as in the reference kernel.
+    row_max = row_reduce(ctx, "max", rows, depth, lambda row, k: x.at(row + [k]), _max_skipping_nan)
     row_sum = row_reduce(ctx, "sum", rows, depth,
-                         lambda row, k: hl.exp(shifted(x.at(row + [k]), row_max.at(row + [hl.Expr(0)]))), hl.sum)
+                         lambda row, k: ieee.exp(shifted(x.at(row + [k]), row_max.at(row + [hl.Expr(0)]))), hl.sum)
     ctx.materialize.extend([row_max, row_sum])
     return row_max, row_sum
 
@@ -123,7 +136,7 @@ def lower_softmax(ctx: OpContext) -> list[Value]:
 
     def body(*i):
         row = list(i[:-1]) + [hl.Expr(0)]
-        return hl.exp((x(*i) - row_max.at(row)) * beta) / row_sum.at(row)
+        return ieee.exp((x(*i) - row_max.at(row)) * beta) / row_sum.at(row)
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
@@ -136,7 +149,7 @@ def lower_log_softmax(ctx: OpContext) -> list[Value]:
 
     def body(*i):
         row = list(i[:-1]) + [hl.Expr(0)]
-        return x(*i) - row_max.at(row) - hl.log(row_sum.at(row))
+        return x(*i) - row_max.at(row) - ieee.log(row_sum.at(row))
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
@@ -147,7 +160,8 @@ def lower_l2_normalization(ctx: OpContext) -> list[Value]:
     x = ctx.value(0)
     squares = row_reduce(ctx, "sumsq", x.shape[:-1], x.shape[-1], lambda row, k: x.at(row + [k]) * x.at(row + [k]),
                          hl.sum)
-    norm = define(ctx.func_name("norm"), squares.shape, lambda *i: hl.max(hl.sqrt(squares(*i)), hl.f32(1e-6)))
+    norm = define(ctx.func_name("norm"), squares.shape,
+                  lambda *i: ieee.keep_nan(squares(*i), hl.max(hl.sqrt(squares(*i)), hl.f32(1e-6))))
     ctx.materialize.append(norm)
     return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x(*i) / norm.at(list(i[:-1]) + [hl.Expr(0)]))]
 

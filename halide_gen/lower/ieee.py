@@ -1,0 +1,141 @@
+"""NaN and infinity as TFLite's reference kernels treat them, for every float lowering.
+
+Halide's float min / max / clamp leave the NaN case to the instruction the target picks (x86's
+maxps drops a NaN first operand, ARM's fmax keeps it), its simplifier assumes NaN-free math (a
+`select(x > 0, x, a * x)` becomes a max), and its exp polynomial wraps around past float range
+(exp(inf) came out 0). TFLite's kernels are plain C++ over IEEE floats, so each construct here says
+which C++ expression it stands for and gives its answer for NaN and +-inf:
+
+- an activation clamp is `std::min(std::max(x, lo), hi)`: NaN stays NaN, +-inf becomes the bound,
+  and ops with a fused activation clamp even with NONE, to +-FLT_MAX (ActivationFunctionWithMinMax);
+- a max / min reduction (MAX_POOL_2D, REDUCE_MAX, softmax's row max) starts at the lowest float and
+  keeps the running value when the comparison with a NaN fails: NaNs are skipped;
+- exp and log follow std::exp / std::log at the edges (overflow to inf, log of a negative is NaN).
+
+Integer expressions pass through unchanged: only floats have NaN.
+"""
+
+from __future__ import annotations
+
+import halide as hl
+import numpy as np
+
+FLT_MAX = float(np.finfo(np.float32).max)
+# The largest float whose expf is finite: std::exp overflows to +inf above it.
+EXP_OVERFLOW = float(np.nextafter(np.float32(np.log(FLT_MAX)), np.float32(0)))
+
+
+def _is_float(e: hl.Expr) -> bool:
+    return e.type().is_float()
+
+
+def is_nan(x: hl.Expr) -> hl.Expr:
+    """x != x, tested on the bits: Halide compiles float math with LLVM's no-NaNs flag, under which
+    LLVM may fold a float NaN test of a computed value to false. An integer test of the bits it
+    cannot see through, and the hardware did carry the NaN."""
+    return (hl.reinterpret(hl.UInt(32), x) & hl.u32(0x7FFFFFFF)) > hl.u32(0x7F800000)
+
+
+def is_inf(x: hl.Expr) -> hl.Expr:
+    """+-inf, tested on the bits (as is_nan)."""
+    return (hl.reinterpret(hl.UInt(32), x) & hl.u32(0x7FFFFFFF)) == hl.u32(0x7F800000)
+
+
+def keep_nan(x: hl.Expr, value: hl.Expr) -> hl.Expr:
+    """`value`, except NaN where x is NaN (what C++ arithmetic would have carried through)."""
+    return hl.select(is_nan(x), x, value) if _is_float(x) else value
+
+
+def negative(x: hl.Expr) -> hl.Expr:
+    """The sign bit (of +-inf too, which LLVM's no-infs flag lets it misjudge in a comparison)."""
+    return hl.reinterpret(hl.UInt(32), x) >= hl.u32(0x80000000)
+
+
+def clamp(x: hl.Expr, lo: float, hi: float) -> hl.Expr:
+    """std::min(std::max(x, lo), hi) with finite bounds: NaN stays NaN, +-inf becomes a bound.
+    Infinities are picked out on the bits: under LLVM's no-infs flag a clamp to +-FLT_MAX is a
+    no-op it may delete."""
+    bounded = hl.clamp(x, hl.f32(lo), hl.f32(hi))
+    if lo == -FLT_MAX or hi == FLT_MAX:
+        bounded = hl.select(is_inf(x), hl.select(negative(x), hl.f32(lo), hl.f32(hi)), bounded)
+    return keep_nan(x, bounded)
+
+
+def at_least(x: hl.Expr, lo: float) -> hl.Expr:
+    """`x < lo ? lo : x` (TFLite's RELU): NaN stays NaN."""
+    return keep_nan(x, hl.max(x, hl.f32(lo)))
+
+
+def greater_of(a: hl.Expr, b: hl.Expr) -> hl.Expr:
+    """`a > b ? a : b` (TFLite's MAXIMUM): a NaN on either side gives b."""
+    if not _is_float(a):
+        return hl.max(a, b)
+    return hl.select(is_nan(a) | is_nan(b), b, hl.max(a, b))
+
+
+def lesser_of(a: hl.Expr, b: hl.Expr) -> hl.Expr:
+    """`a < b ? a : b` (TFLite's MINIMUM): a NaN on either side gives b."""
+    if not _is_float(a):
+        return hl.min(a, b)
+    return hl.select(is_nan(a) | is_nan(b), b, hl.min(a, b))
+
+
+def skip_nan_for_max(v: hl.Expr) -> hl.Expr:
+    """A reduction element for a max that skips NaNs (std::max(running, v) keeps `running`)."""
+    return hl.select(is_nan(v), hl.f32(-FLT_MAX), v) if _is_float(v) else v
+
+
+def skip_nan_for_min(v: hl.Expr) -> hl.Expr:
+    """A reduction element for a min that skips NaNs."""
+    return hl.select(is_nan(v), hl.f32(FLT_MAX), v) if _is_float(v) else v
+
+
+def lowest_floor(m: hl.Expr) -> hl.Expr:
+    """A max reduction's result as TFLite's, which starts from the lowest float, not -inf."""
+    return hl.max(m, hl.f32(-FLT_MAX)) if _is_float(m) else m
+
+
+def highest_ceiling(m: hl.Expr) -> hl.Expr:
+    """A min reduction's result as TFLite's, which starts from the largest float, not +inf."""
+    return hl.min(m, hl.f32(FLT_MAX)) if _is_float(m) else m
+
+
+def exp(x: hl.Expr) -> hl.Expr:
+    """std::exp: +inf above the overflow point (Halide's polynomial wraps around there), NaN for NaN."""
+    inf = hl.f32(float("inf"))
+    return keep_nan(x, hl.select(x > hl.f32(EXP_OVERFLOW), inf, hl.exp(hl.min(x, hl.f32(EXP_OVERFLOW)))))
+
+
+def log(x: hl.Expr) -> hl.Expr:
+    """std::log: NaN below 0 and for NaN, -inf at 0, +inf at +inf, and right for subnormals, which
+    Halide's polynomial (it reads the exponent field) takes for 2^-126."""
+    inf = hl.f32(float("inf"))
+    subnormal = x < hl.f32(np.finfo(np.float32).tiny)
+    scaled = hl.log(hl.select(subnormal, x * hl.f32(2.0**24), x)) - hl.select(subnormal, hl.f32(24 * np.log(2)), 0)
+    return keep_nan(x, hl.select(x < 0, hl.f32(float("nan")), x == 0, -inf, is_inf(x), inf, scaled))
+
+
+def pow(x: hl.Expr, y: hl.Expr) -> hl.Expr:  # noqa: A001 - it is std::pow
+    """std::pow with C's special cases (C11 Annex F.10.4.4): pow(x, +-0) and pow(1, y) are 1 even
+    for NaN, a negative base needs an integer exponent (its parity gives the sign), zero and
+    infinite operands give 0 or inf by the sign of the exponent and |x| against 1, and a result
+    past float range is inf or 0 (Halide's exp2 of the log wraps around there)."""
+    f = hl.f32
+    inf, nan = f(float("inf")), f(float("nan"))
+    ax = hl.abs(x)
+    integer = hl.floor(y) == y
+    odd = integer & (hl.abs(y) < f(2.0**24)) & (hl.floor(y * f(0.5)) * f(2) != y)
+    sign = hl.select(odd & (x < 0), f(-1), f(1))
+    log_result = y * log(ax)
+    subnormal = ax < f(np.finfo(np.float32).tiny)  # Halide's pow reads the exponent field, as its log does
+    magnitude = hl.select(log_result > f(EXP_OVERFLOW), inf, log_result < f(-104), f(0),
+                          subnormal, exp(log_result), hl.pow(ax, y))
+    return hl.strict_float(hl.select(
+        y == 0, f(1),
+        x == 1, f(1),
+        is_nan(x) | is_nan(y), nan,
+        is_inf(y), hl.select(ax == 1, f(1), (ax < 1) == (y < 0), inf, f(0)),
+        x == 0, sign * hl.select(y < 0, inf, f(0)),
+        is_inf(x), sign * hl.select(y < 0, f(0), inf),
+        (x < 0) & ~integer, nan,
+        sign * magnitude))

@@ -1,0 +1,194 @@
+"""NaN, +-inf and values near the float limits, per op, against LiteRT's reference kernels: a NaN
+where the reference has one, the same infinities, and the finite values within the usual tolerance
+(halide_gen.lower.ieee says which C++ expression each construct mirrors)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import opcheck
+from tflite_tools.builder import ModelBuilder
+
+SPECIAL = np.array([np.nan, np.inf, -np.inf, 3.0e38, -3.0e38, 1e-40, 0.0, -0.0, 88.8, -104.0, 20.0, -10.0,
+                    1.5, -2.5, 0.25, 7.0], np.float32)
+
+
+def special(shape, rng, fraction=0.3):
+    """Ordinary values with about `fraction` of them replaced by special ones, and at least one
+    NaN, +inf and -inf each."""
+    values = rng.standard_normal(shape).astype(np.float32) * 3
+    mask = rng.random(shape) < fraction
+    values[mask] = rng.choice(SPECIAL, size=int(mask.sum()))
+    flat = values.reshape(-1)
+    flat[rng.choice(flat.size, size=min(3, flat.size), replace=False)] = [np.nan, np.inf, -np.inf][:min(3, flat.size)]
+    return values
+
+
+def assert_same_specials(ref: np.ndarray, got: np.ndarray) -> None:
+    """NaN in the same places, the same infinities, finite values within FLOAT_RTOL of the range."""
+    assert ref.shape == got.shape
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref), err_msg="NaN in different places")
+    finite_ref = np.isfinite(ref)
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref), err_msg="inf in different places")
+    infinite = np.isinf(ref)
+    np.testing.assert_array_equal(got[infinite], ref[infinite])
+    if finite_ref.any():
+        scale = max(float(np.abs(ref[finite_ref]).max()), 1e-30)
+        err = float(np.abs(ref[finite_ref].astype(np.float64) - got[finite_ref]).max()) / scale
+        assert err <= opcheck.FLOAT_RTOL, f"relative error {err:.3g}"
+
+
+def unary(op, shape=(1, 4, 5, 6), **opts):
+    b = ModelBuilder()
+    x = b.input("x", shape)
+    b.output(b.op(op, [x], shape, **opts))
+    return b.build()
+
+
+def binary(op, act=None, shape=(1, 4, 5, 6)):
+    b = ModelBuilder()
+    x, y = b.input("x", shape), b.input("y", shape)
+    opts = {"fused_activation_function": act} if act else {}
+    b.output(b.op(op, [x, y], shape, **opts))
+    return b.build()
+
+
+def conv(op, act, rng):
+    b = ModelBuilder()
+    x = b.input("x", [1, 5, 5, 4])
+    if op == "CONV_2D":
+        w, out = rng.standard_normal((3, 3, 3, 4)), [1, 5, 5, 3]
+        opts = dict(padding="SAME", stride_h=1, stride_w=1)
+    elif op == "DEPTHWISE_CONV_2D":
+        w, out = rng.standard_normal((1, 3, 3, 4)), [1, 5, 5, 4]
+        opts = dict(padding="SAME", stride_h=1, stride_w=1, depth_multiplier=1)
+    else:
+        b = ModelBuilder()
+        x = b.input("x", [2, 12])
+        w, out, opts = rng.standard_normal((5, 12)), [2, 5], {}
+    bias = b.const("b", rng.standard_normal(out[-1]).astype(np.float32))
+    b.output(b.op(op, [x, b.const("w", w.astype(np.float32)), bias], out, fused_activation_function=act, **opts))
+    return b.build()
+
+
+def pool(op, act):
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 6, 3])
+    b.output(b.op(op, [x], [1, 3, 3, 3], padding="SAME", stride_h=2, stride_w=2, filter_height=3, filter_width=3,
+                  fused_activation_function=act))
+    return b.build()
+
+
+def reduce(op, axis):
+    b = ModelBuilder()
+    x = b.input("x", [2, 5, 33])
+    out = [2, 5] if axis == 2 else [2, 33]
+    b.output(b.op(op, [x, b.const("axis", np.array([axis], np.int32))], out, keep_dims=False))
+    return b.build()
+
+
+def concat(act):
+    b = ModelBuilder()
+    x, y = b.input("x", [1, 3, 4, 2]), b.input("y", [1, 3, 4, 3])
+    b.output(b.op("CONCATENATION", [x, y], [1, 3, 4, 5], axis=3, fused_activation_function=act))
+    return b.build()
+
+
+def resize():
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 4, 3])
+    b.output(b.op("RESIZE_BILINEAR", [x, b.const("size", np.array([7, 9], np.int32))], [1, 7, 9, 3]))
+    return b.build()
+
+
+def transpose_conv(rng):
+    b = ModelBuilder()
+    x = b.input("x", [1, 3, 3, 4])
+    w = b.const("w", rng.standard_normal((2, 3, 3, 4)).astype(np.float32))
+    b.output(b.op("TRANSPOSE_CONV", [b.const("shape", np.array([1, 6, 6, 2], np.int32)), w, x], [1, 6, 6, 2],
+                  padding="SAME", stride_h=2, stride_w=2))
+    return b.build()
+
+
+def batch_matmul():
+    b = ModelBuilder()
+    x, y = b.input("x", [2, 3, 5]), b.input("y", [2, 5, 4])
+    b.output(b.op("BATCH_MATMUL", [x, y], [2, 3, 4]))
+    return b.build()
+
+
+def prelu():
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 5, 6])
+    alpha = np.array([0.0, 0.25, -1.0, 2.0, 0.5, 0.0], np.float32).reshape(1, 1, 6)
+    b.output(b.op("PRELU", [x, b.const("alpha", alpha)], [1, 4, 5, 6]))
+    return b.build()
+
+
+def rows(op, depth, **opts):
+    return unary(op, (3, depth), **opts)
+
+
+CASES = {
+    **{op: (lambda op=op: unary(op)) for op in [
+        "ABS", "NEG", "SIN", "COS", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "FLOOR", "CEIL", "ROUND", "LOGISTIC", "TANH",
+        "RELU", "RELU6", "RELU_N1_TO_1", "HARD_SWISH", "LEAKY_RELU"]},
+    "LEAKY_RELU alpha 0.3": lambda: unary("LEAKY_RELU", alpha=0.3),
+    "PRELU": lambda: prelu(),
+    "GELU": lambda: unary("GELU", approximate=False),
+    "GELU approximate": lambda: unary("GELU", approximate=True),
+    **{f"{op} {act}": (lambda op=op, act=act: binary(op, act))
+       for op in ("ADD", "SUB", "MUL", "DIV") for act in ("NONE", "RELU", "RELU6", "RELU_N1_TO_1")},
+    **{op: (lambda op=op: binary(op)) for op in ("MAXIMUM", "MINIMUM", "SQUARED_DIFFERENCE", "POW")},
+    "CONCATENATION NONE": lambda: concat("NONE"),
+    "RESIZE_BILINEAR": lambda: resize(),
+    "TRANSPOSE_CONV": lambda: transpose_conv(np.random.default_rng(3)),
+    "BATCH_MATMUL": lambda: batch_matmul(),
+    **{f"{op} {act}": (lambda op=op, act=act: conv(op, act, np.random.default_rng(3)))
+       for op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") for act in ("NONE", "RELU", "RELU6")},
+    **{f"{op} {act}": (lambda op=op, act=act: pool(op, act))
+       for op in ("MAX_POOL_2D", "AVERAGE_POOL_2D") for act in ("NONE", "RELU6")},
+    **{f"{op} axis {axis}": (lambda op=op, axis=axis: reduce(op, axis))
+       for op in ("SUM", "MEAN", "REDUCE_MAX", "REDUCE_MIN") for axis in (1, 2)},
+    "SOFTMAX": lambda: rows("SOFTMAX", 40, beta=1.0),
+    "SOFTMAX short rows": lambda: rows("SOFTMAX", 7, beta=0.5),
+    "LOG_SOFTMAX": lambda: rows("LOG_SOFTMAX", 40),
+    "L2_NORMALIZATION": lambda: rows("L2_NORMALIZATION", 9),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_nan_and_inf_as_litert(case):
+    model = CASES[case]()
+    for seed in (0, 1):
+        r = np.random.default_rng(seed)
+        # Sparse specials for ops that mix a whole row or window, so that some outputs stay finite.
+        fraction = 0.03 if any(k in case for k in ("SOFTMAX", "L2", "SUM", "MEAN", "REDUCE", "CONV", "FULLY", "MATMUL", "RESIZE")) else 0.3
+        inputs = [special(tuple(t.shape), r, fraction) for t in model.main.inputs]
+        for ref, got in zip(opcheck.reference(model, inputs), opcheck.halide(model, inputs)):
+            assert_same_specials(ref, got)
+
+
+# -- run --compare: a NaN where the reference has one is a match ----------------------------------
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("out, ref, ok", [
+    ([NAN, NAN], [NAN, NAN], True),  # all NaN on both sides: the same answer
+    ([NAN, 1.0], [NAN, 1.0], True),
+    ([NAN, 1.0], [2.0, 1.0], False),
+    ([2.0, 1.0], [NAN, 1.0], False),
+    ([INF, 1.0], [INF, 1.0], True),
+    ([3.4028235e38, 1.0], [INF, 1.0], False),
+    ([-INF, 1.0], [INF, 1.0], False),
+    ([INF, 1.00001], [INF, 1.0], True),  # the finite rest within tolerance of its own range
+    ([INF, 1.1], [INF, 1.0], False),
+])
+def test_compare_treats_specials_in_the_same_place_as_equal(out, ref, ok):
+    from tflite_tools.run import compare
+
+    (error,) = compare([np.array(out, np.float32)], [np.array(ref, np.float32)], ["y"])
+    assert error.ok is ok
