@@ -3,10 +3,15 @@ then fused and run with the delegate, per model: does it fuse, does it match, wh
 what is declined and why.
 
     python bench/corpus.py build --out bench/corpus [--only NAME ...]    # needs TensorFlow
+    python bench/corpus.py build-torch --out bench/corpus [--only NAME ...]  # needs litert-torch
     python bench/corpus.py check bench/corpus [--only NAME ...] [--write-results]
 
 `build` needs only TensorFlow and numpy (`pip install -e '.[models]'`, or any venv with
-tensorflow-cpu: run this file with that venv's Python). `check` runs in the project's venv: for each
+tensorflow-cpu: run this file with that venv's Python). `build-torch` converts PyTorch modules with
+litert-torch (Google's converter for PyTorch users: its own NCHW-to-NHWC transposes, GELU and
+LayerNorm patterns, PT2E int8), in a venv of its own: `python -m venv torchvenv && torchvenv/bin/pip
+install litert-torch`, then run this file with that Python (PyPI's Linux torch wheel brings CUDA
+libraries, about 6 GB; the CPU-only build lives on PyTorch's own index). `check` runs in the project's venv: for each
 model that stock LiteRT + XNNPACK runs it fuses for the host, runs the fused model with the delegate
 under claim:all and the default policy on seeded inputs, and compares with the kernels
 `tflite_tools.run.reference_resolver` names. `--write-results` replaces the corpus table in
@@ -30,10 +35,10 @@ sys.path.insert(0, str(REPO))
 RECIPES: dict[str, Callable] = {}
 
 
-def recipe(name: str):
-    """Registers a corpus model under `name`."""
+def recipe(name: str, table: dict[str, Callable] | None = None):
+    """Registers a corpus model under `name` (in RECIPES, or the table given)."""
     def add(fn: Callable) -> Callable:
-        RECIPES[name] = fn
+        (RECIPES if table is None else table)[name] = fn
         return fn
     return add
 
@@ -210,26 +215,143 @@ for _base in ("mobilenet_v2_128", "unet_transpose", "vit_tiny"):
     recipe(f"{_base}_int8")(_int8(_base))
 
 
+# name -> recipe(torch) returning (module in eval mode, sample input tuple, int8: bool). PyTorch
+# models, converted by litert-torch.
+TORCH_RECIPES: dict[str, Callable] = {}
+
+
+def _torch_cnn(torch):
+    nn = torch.nn
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.body = nn.Sequential(nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c), nn.ReLU(),
+                                      nn.Conv2d(c, c, 3, padding=1), nn.BatchNorm2d(c))
+
+        def forward(self, x):
+            return torch.relu(x + self.body(x))
+
+    return nn.Sequential(nn.Conv2d(3, 16, 3, stride=2, padding=1), nn.BatchNorm2d(16), nn.ReLU(), Block(16),
+                         nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(), Block(32),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+@recipe("torch_resnet_like", TORCH_RECIPES)
+def _torch_resnet(torch):
+    """Residual blocks with batch norm, NCHW as PyTorch writes it."""
+    return _torch_cnn(torch).eval(), (torch.randn(1, 3, 64, 64),), False
+
+
+@recipe("torch_mobilenet_like", TORCH_RECIPES)
+def _torch_mobilenet(torch):
+    """Depthwise-separable blocks, Hardswish, a squeeze-and-excitation gate."""
+    nn = torch.nn
+
+    class SE(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.fc = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c, c // 4, 1), nn.ReLU(),
+                                    nn.Conv2d(c // 4, c, 1), nn.Hardsigmoid())
+
+        def forward(self, x):
+            return x * self.fc(x)
+
+    def dw(cin, cout, stride):
+        return nn.Sequential(nn.Conv2d(cin, cin, 3, stride, 1, groups=cin), nn.BatchNorm2d(cin), nn.Hardswish(),
+                             SE(cin), nn.Conv2d(cin, cout, 1), nn.BatchNorm2d(cout))
+
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.Hardswish(), dw(16, 24, 2), dw(24, 24, 1), dw(24, 40, 2),
+                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(40, 10))
+    return model.eval(), (torch.randn(1, 3, 64, 64),), False
+
+
+@recipe("torch_vit_like", TORCH_RECIPES)
+def _torch_vit(torch):
+    """Patch embedding and nn.TransformerEncoder layers (GELU, LayerNorm, multi-head attention)."""
+    nn = torch.nn
+
+    class ViT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.patch = nn.Conv2d(3, 64, 8, stride=8)
+            layer = nn.TransformerEncoderLayer(64, 4, 128, activation="gelu", batch_first=True, dropout=0.0)
+            self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(64)
+            self.head = nn.Linear(64, 10)
+
+        def forward(self, x):
+            tokens = self.patch(x).flatten(2).transpose(1, 2)
+            return self.head(self.norm(self.encoder(tokens)).mean(dim=1))
+
+    return ViT().eval(), (torch.randn(1, 3, 64, 64),), False
+
+
+@recipe("torch_resnet_like_int8", TORCH_RECIPES)
+def _torch_resnet_int8(torch):
+    """The residual CNN quantized with PT2E (static int8 activations, per-channel weights)."""
+    return _torch_cnn(torch).eval(), (torch.randn(1, 3, 64, 64),), True
+
+
+def build_torch(out: Path, only: list[str]) -> None:
+    """Converts the PyTorch recipes with litert-torch into `out` (skipping files already there)."""
+    import litert_torch
+    import torch
+
+    def convert(name: str, path: Path) -> None:
+        torch.manual_seed(0)
+        module, sample, int8 = TORCH_RECIPES[name](torch)
+        if int8:
+            module = _pt2e_int8(torch, module, sample)
+        litert_torch.convert(module, sample).export(str(path))
+
+    _convert_each(out, only or list(TORCH_RECIPES), convert)
+
+
+def _convert_each(out: Path, names: list[str], convert: Callable[[str, Path], None]) -> None:
+    """convert(name, path) for every recipe whose file is not in `out` yet; one recipe the
+    converter refuses is reported and does not stop the others."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        path = out / f"{name}.tflite"
+        if path.exists():
+            continue
+        try:
+            convert(name, path)
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            print(f"corpus: {name}: {type(exc).__name__}: {first}", file=sys.stderr, flush=True)
+            continue
+        print(f"wrote {path}", file=sys.stderr, flush=True)
+
+
+def _pt2e_int8(torch, module, sample):
+    """litert-torch's PT2E recipe: export, prepare with its quantizer, calibrate, convert."""
+    from litert_torch.quantize import pt2e_quantizer
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    quantizer = pt2e_quantizer.PT2EQuantizer().set_global(
+        pt2e_quantizer.get_symmetric_quantization_config(is_per_channel=True))
+    exported = torch.export.export(module, sample).module()
+    prepared = prepare_pt2e(exported, quantizer)
+    for _ in range(8):
+        prepared(*[torch.randn_like(t) for t in sample])
+    return convert_pt2e(prepared, fold_quantize=False)
+
+
 def build(out: Path, only: list[str]) -> None:
     """Converts the recipes into `out` (skipping files already there)."""
     import tensorflow as tf
 
-    out.mkdir(parents=True, exist_ok=True)
-    for name in only or RECIPES:
-        path = out / f"{name}.tflite"
-        if path.exists():
-            continue
+    def convert(name: str, path: Path) -> None:
         tf.keras.utils.set_random_seed(0)
-        try:
-            model, settings = RECIPES[name](tf)
-            converter = tf.lite.TFLiteConverter.from_keras_model(model)
-            for key, value in settings.items():
-                setattr(converter, key, value)
-            path.write_bytes(converter.convert())
-        except Exception as exc:  # one recipe the converter refuses must not stop the others
-            print(f"corpus: {name}: {type(exc).__name__}: {str(exc).splitlines()[0]}", file=sys.stderr, flush=True)
-            continue
-        print(f"wrote {path}", file=sys.stderr, flush=True)
+        model, settings = RECIPES[name](tf)
+        converter = tf.lite.TFLiteConverter.from_keras_model(model)
+        for key, value in settings.items():
+            setattr(converter, key, value)
+        path.write_bytes(converter.convert())
+
+    _convert_each(out, only or list(RECIPES), convert)
 
 
 def check_model(path: Path, work: Path) -> dict:
@@ -290,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     b = sub.add_parser("build")
     b.add_argument("--out", type=Path, default=REPO / "bench" / "corpus")
     b.add_argument("--only", nargs="*", default=[], choices=sorted(RECIPES))
+    t = sub.add_parser("build-torch")
+    t.add_argument("--out", type=Path, default=REPO / "bench" / "corpus")
+    t.add_argument("--only", nargs="*", default=[], choices=sorted(TORCH_RECIPES))
     c = sub.add_parser("check")
     c.add_argument("folder", type=Path, nargs="?", default=REPO / "bench" / "corpus")
     c.add_argument("--only", nargs="*", default=[])
@@ -297,6 +422,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out, args.only)
+        return 0
+    if args.command == "build-torch":
+        build_torch(args.out, args.only)
         return 0
     paths = [p for p in sorted(args.folder.glob("*.tflite")) if not args.only or p.stem in args.only]
     rows = []

@@ -61,8 +61,8 @@ def _reuse(node: Node) -> float:
 class Machine:
     """The roofline's machine. Defaults: one core of this project's x86 host.
 
-    ../shared/design/schedules.md measured ~115 GFLOP/s fp32 peak per core, and XNNPACK at
-    70-105; a fused Halide kernel sits near 100. 12 GB/s is one core's streaming bandwidth;
+    Measured there (an AVX-512 EPYC core): ~115 GFLOP/s fp32 peak, XNNPACK's convolutions at
+    70-105, a fused Halide kernel near 100. 12 GB/s is one core's streaming bandwidth;
     2 us is the per-kernel cost of a TFLite node or a Halide pipeline call with its buffer setup.
     """
 

@@ -4,7 +4,7 @@ This is the one table that says, per op, how output elements relate to input ele
 mathematical properties the rewriter may use. Halide lowerings are registered separately, keyed
 by the same op names; a test checks the two cover the same ops.
 
-Decisions the paper leaves open (see ../shared/design/dnnfusion-paper.md), made here:
+Decisions the paper (Niu et al., DNNFusion, PLDI 2021, §3-4) leaves open, made here:
 
 * **Per-edge classification.** An elementwise op's type is decided per input edge. An operand
   whose shape equals the output's is One-to-One; a broadcast operand is One-to-Many *unless it is

@@ -29,6 +29,13 @@ def shared_model_paths() -> list[Path]:
     return sorted(folder.glob("*.tflite")) if folder.is_dir() else []
 
 
+def corpus_model_paths() -> list[Path]:
+    """The converter corpus (bench/corpus.py build / build-torch) when $DNNFUSION_CORPUS names its
+    folder: opt-in, as fusing 25 architectures takes most of an hour."""
+    folder = os.environ.get("DNNFUSION_CORPUS")
+    return sorted(Path(folder).glob("*.tflite")) if folder and Path(folder).is_dir() else []
+
+
 def model_id(path: Path) -> str:
     """A test id: the model's file stem."""
     return path.stem

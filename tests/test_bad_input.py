@@ -274,3 +274,17 @@ def test_saved_file_has_normal_permissions(tmp_path, model_path):
     umask = os.umask(0)
     os.umask(umask)
     assert target.stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_tensor_halide_cannot_address_gets_no_kernel():
+    # A kernel over a buffer of 2^31 bytes or more could only fail Halide's size assertion at run time.
+    from halide_gen.block import build_block
+    from halide_gen.lower import LoweringError
+
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 2**29])  # 2 GiB of float32
+    y = b.op("RELU", [x], [1, 2**29])
+    b.output(y)
+    model = b.build()
+    with pytest.raises(LoweringError, match="over what a Halide buffer can address"):
+        build_block("huge", model.main.operators, model.main.outputs)

@@ -12,15 +12,17 @@ range (EfficientNet-B0's logits), so 1e-4 leaves a margin of ~50x and still catc
 error. The bound is purely relative: random-weight CNNs end in logits of ~1e-10, and an absolute
 floor would wave any answer through there. Quantized (int8) outputs may differ by one quantization
 step (1 LSB): the integer kernels follow TFLite's reference arithmetic bit for bit, but LiteRT's
-optimized kernels, the reference here, round a few requantizations the other way. Other integer
-and bool outputs must match exactly. NaN and +-inf must be exactly where the reference has them (a
+optimized kernels, the reference here, round a few requantizations the other way; in a deep int8
+model those steps add up, so with a delegate a quantized output further off than that still passes
+when LiteRT + XNNPACK alone is at least as far off on the same inputs (`never_worse`: the delegate
+must not be worse than what its user had). Other integer and bool outputs must match exactly. NaN and +-inf must be exactly where the reference has them (a
 NaN there is a match: the kernels follow TFLite's float semantics, halide_gen/lower/ieee.py); the
 tolerance applies to the finite rest.
 
 A bundle built with `--gpu-precision fp16` stores every tensor a block computes in half precision
 (relative rounding 2^-11 per op, compounded through the model), so its outputs are held to
 RTOL_FP16 instead: measured at most 4.1e-4 on the test models (unet_tiny on lavapipe) and 1.5e-3
-on ../shared/models (bert_small), so 1e-2 leaves a margin and still catches a wrong kernel, whose
+on the benchmark set (bench/zoo.py: bert_small), so 1e-2 leaves a margin and still catches a wrong kernel, whose
 error is O(1). The delegate's report names its bundle's target, which says the precision.
 
 The reference is LiteRT's BUILTIN_REF resolver (its reference kernels), with two exceptions
@@ -60,6 +62,7 @@ class OutputError:
     max_abs: float
     max_rel: float  # max_abs / max|ref|
     ok: bool
+    stock_max_abs: float | None = None  # LiteRT + XNNPACK alone, when a quantized output needed the comparison
 
 
 @dataclass
@@ -219,5 +222,22 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
                              f"{' '.join(str(exc).split())}") from None
         names = [d["name"] for d in interp.get_output_details()]
         result.rtol = tolerance(result.claims)
-        result.errors = compare(result.outputs, expected, names, result.rtol, quantized_outputs(interp))
+        quantized = quantized_outputs(interp)
+        result.errors = compare(result.outputs, expected, names, result.rtol, quantized)
+        if delegate is not None and any(not e.ok and q for e, q in zip(result.errors, quantized)):
+            never_worse(result.errors, quantized, model, arrays, expected, threads)
     return result
+
+
+def never_worse(errors: list[OutputError], quantized: Sequence[bool], model: str | os.PathLike,
+                arrays: Sequence[np.ndarray], expected: Sequence[np.ndarray], threads: int) -> None:
+    """Accepts a quantized output more than QUANTIZED_LSB off the reference when LiteRT + XNNPACK
+    alone is at least as far off on the same inputs: a deep int8 model's requantizations round
+    differently in each kernel set, and stock LiteRT is what a user of the delegate had before."""
+    stock = runtime.run(runtime.make_interpreter(model, "xnnpack", threads), arrays)
+    for k, (error, is_quantized) in enumerate(zip(errors, quantized)):
+        if error.ok or not is_quantized:
+            continue
+        error.stock_max_abs = float(np.max(np.abs(stock[k].astype(np.int64) - expected[k].astype(np.int64)),
+                                           initial=0))
+        error.ok = error.max_abs <= error.stock_max_abs

@@ -1,8 +1,8 @@
 """Halide's autoschedulers as a schedule source, next to the hand-written templates.
 
 The wheel ships Adams2019, Mullapudi2016, Li2018 (CPU) and Anderson2021 (GPU). Shapes are static,
-so the estimates every autoscheduler needs are exact. ../shared/design/schedules.md found the
-templates faster on nearly every block (Adams2019 won only on LayerNorm, and not reproducibly);
+so the estimates every autoscheduler needs are exact. Timed per block on the x86 host, the
+templates were faster on nearly every block (Adams2019 won only on LayerNorm, and not reproducibly);
 `halide_gen.profile.choose_schedule` times the candidates per block where the target's kernels run
 here (the CPU, or the OpenCL / Vulkan device for host GPU targets) and keeps the fastest.
 """
