@@ -86,10 +86,6 @@ class Plan:
     cost_queries: int = 0
     decisions: dict[str, int] = field(default_factory=dict)  # "green" / "yellow-yes" / ... counts
 
-    def block_of(self) -> dict[int, Block]:
-        """Maps each op index to its block."""
-        return {i: b for b in self.blocks for i in b.ops}
-
     def steps(self) -> list[Step]:
         """The blocks as lifetime-analysis steps (tensors internal to a block never appear)."""
         return [Step(b.inputs + b.constants, b.outputs) for b in self.blocks]

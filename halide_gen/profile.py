@@ -24,7 +24,7 @@ from fusion.ecg import ECG
 from tflite_tools import runtime
 from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
 
-from .aot import VULKAN_ALLOC_CONFIG, target_spec
+from .aot import VULKAN_ALLOC_CONFIG, generator_digest, target_spec
 from .block import build_block
 from .jit import JitKernel
 from .schedule import schedule_for
@@ -156,11 +156,12 @@ def choose_schedule(ops: Sequence[Operator], outputs: Sequence[Tensor], inputs: 
 
 
 class HostProfiler:
-    """A CostSource that times each asked-about block's Halide kernel on this machine."""
-
-    name = "host-profiler-v1"
+    """A CostSource that times each asked-about block's Halide kernel on this machine. Its name,
+    which keys its on-disk cache (fusion.cost.CachedCost), carries the code generator's digest:
+    timings die with the code that made the kernels they timed."""
 
     def __init__(self, threads: int = 1, min_seconds: float = 0.01):
+        self.name = f"host-profiler-{generator_digest()}"
         self.threads = threads
         self.min_seconds = min_seconds
         os.environ.setdefault("HL_NUM_THREADS", str(threads))

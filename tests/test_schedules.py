@@ -1,4 +1,4 @@
-"""Schedule sources: the autoschedulers produce correct kernels, and the chooser keeps the fastest."""
+"""Schedule sources: the autoschedulers produce correct kernels; the host profiler answers yellow cells."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from fusion.ecg import build_ecg
 from fusion.plan import plan_fusion
 from halide_gen.block import build_block
 from halide_gen.jit import JitKernel
-from halide_gen.profile import choose_schedule
 from halide_gen.schedule.auto import CPU_AUTOSCHEDULERS, schedule_auto
 from tflite_tools import runtime
 from opcheck import FLOAT_RTOL
@@ -35,14 +34,6 @@ def test_autoscheduled_kernels_match_litert(model_path, stem, autoscheduler):
     assert np.abs(expected - got).max() <= FLOAT_RTOL * np.abs(expected).max()
 
 
-def test_chooser_keeps_the_fastest(model_path):
-    _, ops, block = first_block(model_path, "swish_chain")
-    choice = choose_schedule(ops, block.outputs, block.inputs, sources=("template", "Mullapudi2016"),
-                             min_seconds=0.001)
-    assert set(choice.seconds) == {"template", "Mullapudi2016"}
-    assert choice.seconds[choice.best] == min(choice.seconds.values())
-
-
 def test_host_profiler_answers_yellow_cells(model_path, tmp_path, monkeypatch, capsys):
     # The transformer's plan has yellow cells (Reorganize/Shuffle into BATCH_MATMUL); with the
     # profiler as cost source they are decided by timed kernels and the answers are cached.
@@ -54,7 +45,9 @@ def test_host_profiler_answers_yellow_cells(model_path, tmp_path, monkeypatch, c
     assert cli.main(["fuse", "--plan-only", "--json", "--cost", "profile", str(model_path("transformer_encoder"))]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["cost_queries"] > 0
-    cached = json.loads((tmp_path / "cost-host-profiler-v1.json").read_text())
+    from halide_gen.aot import generator_digest
+
+    cached = json.loads((tmp_path / f"cost-host-profiler-{generator_digest()}.json").read_text())
     assert cached and all(v > 0 for v in cached.values())
     covered = sorted(i for b in data["blocks"] for i in b["ops"])
     assert covered == list(range(data["ops_after_rewrite"]))

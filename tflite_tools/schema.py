@@ -139,14 +139,6 @@ def options_name(op_name: str) -> str | None:
     return name if hasattr(fb.BuiltinOptions, name) else None
 
 
-def options_class(options_type: int) -> type | None:
-    """The generated object-API class (`Conv2DOptionsT`) for a BuiltinOptions union code."""
-    name = OPTIONS_NAMES.get(options_type)
-    if name is None or name == "NONE":
-        return None
-    return getattr(fb, name + "T", None)
-
-
 # Enum-typed option fields, so the builder can take `padding="SAME"` instead of `padding=0`.
 OPTION_ENUMS: dict[str, type] = {
     "padding": fb.Padding,
