@@ -65,7 +65,8 @@ _VULKAN = "vulkan-vk_int8-vk_int16-vk_v13"  # 8/16-bit storage for BOOL and int8
 # device whose nonCoherentAtomSize is 64 (Mesa lavapipe) a copy of a buffer that is not a multiple of
 # 64 bytes then lost its last partial block, and 224x224 CNNs could not get their default-sized memory
 # blocks. 1 MB blocks and 64-byte multiples fix both (tests/test_aot.py, tests/test_gpu_delegate.py).
-# The delegate sets the same default (delegate/src/plugin.cc) unless the environment has one.
+# The bundle carries this string to the delegate (Bundle::vulkan_alloc_config), which sets it unless the
+# environment has one.
 VULKAN_ALLOC_CONFIG = "0:1:0:0:64"
 
 

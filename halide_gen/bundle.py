@@ -28,7 +28,7 @@ import halide as hl
 from tflite_tools.errors import ToolchainError
 from tflite_tools.ir import Operator, Tensor
 
-from .aot import KernelArtifact, compile_runtime, default_kernel_cache, target_spec
+from .aot import VULKAN_ALLOC_CONFIG, KernelArtifact, compile_runtime, default_kernel_cache, target_spec
 from .block import Argument
 from .cache import cached_entry
 from .pack import CHANNEL_TILE
@@ -121,8 +121,13 @@ def _dims(shape: Sequence[int]) -> str:
     return "{" + ", ".join(str(int(d)) for d in shape) + "}"
 
 
+# GpuApi in delegate/include/dnnfusion/bundle.h.
+GPU_API_CODES = {None: "kNoGpu", "opencl": "kOpenCl", "vulkan": "kVulkan"}
+
+
 def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
     """C++ source defining `dnnfusion::bundle()` for `blocks`."""
+    spec = target_spec(info.target)
     index = {id(t): i for i, t in enumerate(info.tensors)}
 
     def idx(t: Tensor | None) -> int:
@@ -177,7 +182,9 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         f"  static const Bundle b = {{{_c_string(info.model)}, {_c_string(info.target)}, "
         f"{_c_string(info.fingerprint)}, {CHANNEL_TILE}, {len(info.tensors)}, {len(info.operators)}, kGraphCodes,",
         f"                            kTensors, {len(tensors)}, kNodes, kNodeTensors, kArgs, kOutputs, kBlocks, "
-        f"{len(blocks)}, {CLAIM_CODES[info.default_claim]}, {int(any(op.opcode.is_custom for op in info.operators))}}};",
+        f"{len(blocks)}, {CLAIM_CODES[info.default_claim]}, {int(any(op.opcode.is_custom for op in info.operators))},",
+        f"                            {GPU_API_CODES[spec.gpu_api]}, {int(spec.precision == 'fp16')}, "
+        f"{_c_string(VULKAN_ALLOC_CONFIG)}}};",
         "  return b;",
         "}",
         "",

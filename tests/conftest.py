@@ -51,3 +51,33 @@ def model_path():
         return path
 
     return get
+
+
+# What a test needs beyond this machine's CPU and the project's venv, as markers, so that a quick
+# run can leave it out: `pytest -m "not slow and not cross and not gpu and not network"`.
+#   cross   — the aarch64 cross compiler and qemu-aarch64
+#   gpu     — an OpenCL (PoCL) or Vulkan (lavapipe) device
+#   network — packages fetched once (an aarch64 rootfs, a tflite-runtime venv), then cached
+#   slow    — fuzzers and whole-model runs that take a minute or more
+MODULE_MARKS = {
+    "test_arm64": ("cross", "network", "slow"),
+    "test_android": ("cross",),
+    "test_gpu_delegate": ("gpu", "slow"),
+    "test_tflite_runtime": ("network", "slow"),
+    "test_fuzz_blocks": ("slow",),
+    "test_mutation_fuzz": ("slow",),
+    "test_delegate": ("slow",),
+}
+
+
+def pytest_collection_modifyitems(items):
+    """Marks each test by its module (MODULE_MARKS) and by the compile target it is given."""
+    for item in items:
+        for mark in MODULE_MARKS.get(item.module.__name__, ()):
+            item.add_marker(mark)
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        target = params.get("target")
+        if isinstance(target, str) and target.startswith("arm64"):
+            item.add_marker("cross")
+        if isinstance(target, str) and ("opencl" in target or "vulkan" in target):
+            item.add_marker("gpu")

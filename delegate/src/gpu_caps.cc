@@ -3,7 +3,6 @@
 #include <dlfcn.h>
 
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "HalideRuntime.h"
@@ -24,11 +23,6 @@ int halide_vulkan_release_context(void* user_context, void* instance, void* devi
 
 namespace dnnfusion {
 namespace {
-
-bool EndsWith(const char* text, const char* suffix) {
-  const size_t n = std::strlen(text), m = std::strlen(suffix);
-  return n >= m && std::strcmp(text + n - m, suffix) == 0;
-}
 
 // A symbol of an API library the Halide runtime has already loaded (dlopen only adds a reference).
 void* ApiSymbol(const char* const* libraries, const char* name) {
@@ -147,10 +141,9 @@ std::string VulkanFp16Problem() {
 }  // namespace
 
 std::string GpuDeviceProblem(const Bundle& bundle) {
-  if (!EndsWith(bundle.target, "-fp16")) return "";
+  if (!bundle.half_precision) return "";
   // One answer per process: the device does not change, and opening it twice costs time.
-  static const std::string problem =
-      std::strstr(bundle.target, "opencl") != nullptr ? OpenClFp16Problem() : VulkanFp16Problem();
+  static const std::string problem = bundle.gpu_api == kOpenCl ? OpenClFp16Problem() : VulkanFp16Problem();
   return problem;
 }
 

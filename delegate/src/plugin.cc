@@ -125,16 +125,15 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   if (!state->options.claim_given && state->bundle->default_claim >= 0 && state->bundle->default_claim <= 2) {
     state->options.claim = static_cast<ClaimPolicy>(state->bundle->default_claim);
   }
-  const bool vulkan = std::strstr(state->bundle->target, "vulkan") != nullptr;
-  const bool opencl = std::strstr(state->bundle->target, "opencl") != nullptr;
+  const bool vulkan = state->bundle->gpu_api == kVulkan;
   if (vulkan) {
     // Halide's Vulkan allocator rounds regions to 32 bytes by default; where nonCoherentAtomSize is 64
-    // (Mesa lavapipe) copies then lose a buffer's last partial block. 64-byte multiples and 1 MB blocks
-    // (halide_gen/aot.py: VULKAN_ALLOC_CONFIG), unless the environment says otherwise; read when the
-    // first kernel creates the Vulkan context.
-    setenv("HL_VK_ALLOC_CONFIG", "0:1:0:0:64", /*overwrite=*/0);
+    // (Mesa lavapipe) copies then lose a buffer's last partial block. The bundle carries the settings
+    // that fix it (halide_gen/aot.py: VULKAN_ALLOC_CONFIG), unless the environment says otherwise; read
+    // when the first kernel creates the Vulkan context.
+    setenv("HL_VK_ALLOC_CONFIG", state->bundle->vulkan_alloc_config, /*overwrite=*/0);
   }
-  if (opencl || vulkan) {
+  if (state->bundle->gpu_api != kNoGpu) {
     // A kernel's compute_root scratch is a device allocation and a free on every call; where the
     // API's runtime keeps a cache (Vulkan's block allocator: no vkAllocateMemory after the first
     // invoke) freed memory is handed back instead, released with the partition. Halide's OpenCL

@@ -88,7 +88,15 @@ struct Bundle {
   // 1 when the model has custom ops: only a delegate applied after this one (XNNPACK, for
   // MediaPipe's) may run them, so TFLite must not prepare the graph before that (plugin.cc).
   int32_t has_custom_ops;
+  // Where the kernels run and how, from the target (halide_gen.aot.TargetSpec), so that the
+  // runtime reads fields instead of parsing the target's name.
+  int32_t gpu_api;                  // GpuApi
+  int32_t half_precision;           // 1: float tensors stored as fp16 (--gpu-precision fp16)
+  const char* vulkan_alloc_config;  // HL_VK_ALLOC_CONFIG unless the environment sets one
 };
+
+// Bundle::gpu_api.
+enum GpuApi : int32_t { kNoGpu = 0, kOpenCl = 1, kVulkan = 2 };
 
 // Defined by the generated bundle source linked into each delegate library.
 const Bundle& bundle();
