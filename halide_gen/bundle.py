@@ -200,8 +200,12 @@ def runtime_sources() -> list[Path]:
 
 
 def compiler_for(target: str) -> str:
-    """The C++ compiler that builds a delegate library for `target` (a clear error if missing)."""
-    family = "arm64" if target.startswith("arm64") else "x86"
+    """The C++ compiler that builds a delegate library for `target` (a clear error if missing): the
+    one for the CPU its Halide target names, never a guess."""
+    arch = "-".join(target_spec(target).halide[0].split("-")[:2])
+    family = {"x86-64": "x86", "arm-64": "arm64"}.get(arch)
+    if family is None:
+        raise ToolchainError(f"{target}: no C++ compiler known for {arch} (halide_gen.bundle.COMPILERS)")
     compiler = os.environ.get("DNNFUSION_CXX_" + family.upper()) or COMPILERS[family]
     if shutil.which(compiler) is None:
         package = "g++-aarch64-linux-gnu" if family == "arm64" else "g++"

@@ -16,12 +16,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from ..block import BlockKernel
 
 
+# The CPU template parameters of each CPU family a TargetSpec may name.
+CPU_PARAMS = {"x86": X86, "arm": NEON}
+
+
 def schedule_for(kernel: "BlockKernel", spec: "TargetSpec") -> None:
-    """Applies the schedule family of `spec` to `kernel` in place."""
+    """Applies the schedule family of `spec` to `kernel` in place; a family without templates is
+    an error, never another family's parameters."""
     if spec.family == "gpu":
         schedule_gpu(kernel)
+    elif spec.family in CPU_PARAMS:
+        schedule_cpu(kernel, CPU_PARAMS[spec.family])
     else:
-        schedule_cpu(kernel, X86 if spec.family == "x86" else NEON)
+        raise ValueError(f"{spec.name}: no schedule templates for the {spec.family!r} family")
 
 
-__all__ = ["NEON", "X86", "CpuParams", "schedule_cpu", "schedule_for", "schedule_gpu"]
+__all__ = ["CPU_PARAMS", "NEON", "X86", "CpuParams", "schedule_cpu", "schedule_for", "schedule_gpu"]
