@@ -15,7 +15,7 @@ import numpy as np
 
 from tflite_tools.ir import Operator, Tensor
 
-from .lower import LoweringError, OpContext, lower
+from .lower import AccumulatorKind, LoweringError, OpContext, lower
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, float_storage, halide_type
 
@@ -75,13 +75,29 @@ class Accumulator:
     op_index: int
     acc: hl.Func
     value: Value
-    kind: str  # "conv", "depthwise", "matmul", "reduce"
+    kind: AccumulatorKind
     rdom: hl.RDom
 
 
 @dataclass
 class BlockKernel:
-    """A block lowered to Halide, before scheduling."""
+    """A block lowered to Halide, before scheduling: what the lowerings produced and what the
+    schedule templates (halide_gen.schedule) need to know about it.
+
+    - name, ops, arguments, outputs: the kernel's interface (arguments in order of first use;
+      outputs pair each block output tensor with the Value that computes it).
+    - values, op_values: every tensor's Value (keyed by id(tensor): tensors are not hashable), and
+      per op its output Values in op order.
+    - materialize, op_helpers: helper Values a lowering asked not to inline (a padded input, a row
+      statistic), all of them and per op.
+    - accumulators: explicit reductions, each tagged with its AccumulatorKind; a template per kind
+      tiles it (schedule/cpu.py TEMPLATES).
+    - row_reductions: (partials, totals) pairs of innermost-axis reductions (lower/reduce.py).
+    - constants: lookup tables compiled into the kernel (int8 per-channel parameters).
+    - read_in_block: id() of the op-result Funcs a later op of the block reads (they cannot be
+      computed inside an output's copy).
+    - copied_from: id(output Func) -> the op result Func it copies (an output read in-block is copied).
+    """
 
     name: str
     ops: list[Operator]

@@ -421,3 +421,17 @@ def test_lowerings_cover_the_mapping_table():
     # The two registries (fusion's mapping table and halide_gen's lowerings) name the same ops.
     assert sorted(set(OPS) - set(LOWERINGS)) == []
     assert sorted(set(LOWERINGS) - set(OPS)) == []
+
+
+def test_every_lowering_has_a_case_against_litert():
+    # A lowering registered without a test would reach users unchecked: each one is named in a
+    # module that runs ops against LiteRT's kernels.
+    from pathlib import Path
+
+    from halide_gen.lower.registry import QUANTIZED_LOWERINGS
+
+    here = Path(__file__).parent
+    text = "".join((here / f).read_text() for f in ("test_lowering.py", "test_lowering_int8.py",
+                                                     "test_mediapipe_ops.py", "test_data_indices.py"))
+    untested = [op for op in [*LOWERINGS, *QUANTIZED_LOWERINGS] if f'"{op.split(":")[-1]}"' not in text]
+    assert untested == []

@@ -19,7 +19,7 @@ from ..pack import CHANNEL_TILE
 from ..values import Value, define, flat_index, unflatten
 from . import ieee
 from .elementwise import activation
-from .registry import LoweringError, OpContext, accumulate, read, register
+from .registry import AccumulatorKind, LoweringError, OpContext, accumulate, read, register
 
 
 def same_padding(in_size: int, out_size: int, stride: int, dilation: int, kernel: int) -> int:
@@ -135,7 +135,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         pixel = src(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel)
         return arith.term(pixel, weight(o, r[0], r[1], r[2]))
 
-    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, "conv", r)
+    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
@@ -160,7 +160,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         channel = o / mult if mult > 1 else o
         return arith.term(padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel), w(0, r[0], r[1], o))
 
-    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, "depthwise", r)
+    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.DEPTHWISE, r)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
@@ -202,7 +202,7 @@ def transpose_conv(ctx: OpContext, data: int, weights: int, bias_index: int, str
                 * weight(o, hl.min(ky, kh - 1), hl.min(kx, kw - 1), r[2]))
         return hl.select(valid, term, hl.f32(0))
 
-    acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, "conv", r)
+    acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, AccumulatorKind.CONV, r)
     return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
 
 
@@ -227,7 +227,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         src = unflatten(x.shape, row * depth + r[0]) if x.rank != 2 or x.shape[1] != depth else [row, r[0]]
         return arith.term(x.at(src), weight(i[-1], r[0]))
 
-    acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, "matmul", r)
+    acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.MATMUL, r)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
@@ -251,7 +251,7 @@ def lower_batch_matmul(ctx: OpContext) -> list[Value]:
         rhs = operand(b, batch, n, r[0]) if adj_y else operand(b, batch, r[0], n)
         return lhs * rhs
 
-    acc = accumulate(ctx, out, lambda *i: hl.f32(0), update, "matmul", r)
+    acc = accumulate(ctx, out, lambda *i: hl.f32(0), update, AccumulatorKind.MATMUL, r)
     return [define(ctx.func_name(), out, lambda *i: read(acc, i))]
 
 

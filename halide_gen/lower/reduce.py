@@ -10,7 +10,7 @@ import numpy as np
 
 from ..values import Value, define, dim_vars
 from . import ieee
-from .registry import LoweringError, OpContext, accumulate, read, register
+from .registry import AccumulatorKind, LoweringError, OpContext, accumulate, read, register
 
 
 def reduction_axes(ctx: OpContext, index: int, rank: int) -> list[int]:
@@ -110,7 +110,7 @@ def lower_reduce(ctx: OpContext) -> list[Value]:
     if ctx.op.name in ("SUM", "MEAN") and x.rank - 1 not in axes and x.type.is_float():
         # Over outer axes (global average pooling): an explicit accumulator a schedule vectorizes
         # along the innermost, untouched axis.
-        acc = accumulate(ctx, out, lambda *i: hl.f32(0), lambda *i: x.at(source(i)), "reduce", r)
+        acc = accumulate(ctx, out, lambda *i: hl.f32(0), lambda *i: x.at(source(i)), AccumulatorKind.REDUCE, r)
         return [define(ctx.func_name(), out, lambda *i: finish(read(acc, i)))]
     return [define(ctx.func_name(), out, lambda *i: finish(reducer(x.at(source(i)))))]
 

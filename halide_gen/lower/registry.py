@@ -7,6 +7,7 @@ types) and returns one Value per output. Registration happens at import of the l
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -80,7 +81,17 @@ class OpContext:
         return f"{self.name}_{suffix}" if suffix else self.name
 
 
-def accumulate(ctx: OpContext, out_shape, init, update, kind: str, r: hl.RDom) -> hl.Func:
+class AccumulatorKind(enum.Enum):
+    """What an explicit accumulator computes: it decides which schedule template tiles it
+    (halide_gen.schedule.cpu.TEMPLATES; a kind without one is an error there)."""
+
+    CONV = "conv"  # CONV_2D, TRANSPOSE_CONV: reduction over taps and input channels
+    DEPTHWISE = "depthwise"  # DEPTHWISE_CONV_2D: reduction over taps only
+    MATMUL = "matmul"  # FULLY_CONNECTED, BATCH_MATMUL
+    REDUCE = "reduce"  # sums over outer axes (global average pooling)
+
+
+def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: hl.RDom) -> hl.Func:
     """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
 
     Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its

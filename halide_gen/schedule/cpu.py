@@ -27,6 +27,7 @@ import numpy as np
 from fusion.mapping import MtM, op_mapping
 
 from ..block import Accumulator, BlockKernel
+from ..lower import AccumulatorKind
 from ..lower.elementwise import ELEMENTWISE
 from ..pack import padded
 
@@ -121,7 +122,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
     home.vectorize(ci, lanes).unroll(ci).unroll(xi)  # unroll(ci) unrolls the vectors left after vectorize
-    if acc.kind == "matmul":
+    if acc.kind == AccumulatorKind.MATMUL:
         # Output-channel tiles outermost: a slice of the weights stays in cache while every row
         # passes (schedules.md, FC 128x256->1024: "output tiles outermost").
         home.reorder([hl.VarOrRVar(w) for w in (ci, xi, xo, co, *v[2:])])
@@ -132,7 +133,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
 
     f = acc.acc
     av = _vars(f)
-    f.compute_at(home, xo if acc.kind == "matmul" else co)  # the innermost of the two tile loops
+    f.compute_at(home, xo if acc.kind == AccumulatorKind.MATMUL else co)  # the innermost of the two tile loops
     # A fixed-size tile gives the accumulator constant strides, so LLVM keeps it in registers
     # (a tail tile's smaller realized extent made the stride a runtime value: 3x slower).
     f.bound_storage(av[0], channels).bound_storage(av[1], pixels)
@@ -185,20 +186,58 @@ def _widened(base: int, want: int, extent: int, must_divide_padding: bool) -> in
     return best
 
 
+def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
+    """Channels x pixels, the taps unrolled."""
+    _register_tile(home, acc, params.lanes, params.dw_channels, params.dw_pixels, None, unroll_taps=True,
+                   round_up_channels=True, parallel=parallel)
+
+
+def _tile_conv(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
+    """Channels x pixels; RDom (ky, kx, ci) loops ci innermost, then kx, then ky."""
+    _register_tile(home, acc, params.lanes, params.conv_channels, params.conv_pixels, [2, 1, 0],
+                   unroll_taps=False, round_up_channels=True, parallel=parallel)
+
+
 def _tile_for(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
-    if acc.kind == "depthwise":
-        _register_tile(home, acc, params.lanes, params.dw_channels, params.dw_pixels, None, unroll_taps=True,
-                       round_up_channels=True, parallel=parallel)
-    else:  # RDom (ky, kx, ci): loops ci innermost, then kx, then ky
-        _register_tile(home, acc, params.lanes, params.conv_channels, params.conv_pixels, [2, 1, 0],
-                       unroll_taps=False, round_up_channels=True, parallel=parallel)
+    """A convolution's register tile, by its kind."""
+    CONV_TILES[acc.kind](acc, home, params, parallel)
+
+
+# The register tile of each convolution kind (a conv chain streams only these).
+CONV_TILES = {AccumulatorKind.CONV: _tile_conv, AccumulatorKind.DEPTHWISE: _tile_depthwise}
+
+
+def _template_reduce(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int]) -> None:
+    """A sum over outer axes: vectorized along the untouched innermost axis."""
+    _schedule_outer_reduction(acc, params.lanes)
+
+
+def _template_conv(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int]) -> None:
+    """A convolution in a register tile of its consumer (the op's output)."""
+    home = _home(kernel, acc)
+    tiled.add(id(home))
+    _tile_for(acc, home, params)
+
+
+def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int]) -> None:
+    """A matrix product in a register tile of rows x output channels."""
+    home = _home(kernel, acc)
+    tiled.add(id(home))
+    packed = any(a.pack for a in kernel.arguments if a.tensor in kernel.ops[acc.op_index].inputs)
+    _register_tile(home, acc, params.lanes, params.mm_channels, params.mm_rows, None, unroll_taps=False,
+                   round_up_channels=packed)
+
+
+# The template that schedules each kind of accumulator (halide_gen.lower.AccumulatorKind).
+TEMPLATES = {AccumulatorKind.CONV: _template_conv, AccumulatorKind.DEPTHWISE: _template_conv,
+             AccumulatorKind.MATMUL: _template_matmul, AccumulatorKind.REDUCE: _template_reduce}
 
 
 def _conv_chain(kernel: BlockKernel, stream_bytes: int = X86.stream_bytes) -> list[Accumulator] | None:
     """The accumulators of a block that chains convolutions (MobileNet's inverted residual:
     pointwise -> depthwise -> pointwise, then bias / activation / residual add), or None."""
     accs = kernel.accumulators
-    if len(accs) < 2 or any(a.kind not in ("conv", "depthwise") or len(a.value.shape) != 4 for a in accs):
+    if len(accs) < 2 or any(a.kind not in CONV_TILES or len(a.value.shape) != 4 for a in accs):
         return None
     # The last convolution must feed only the elementwise epilogue of the block's one output
     # (bias, activation, residual ADD), which is then computed in its register tile: at the
@@ -280,17 +319,9 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         if chain:
             break
         _materialize_prologue(kernel, acc, lanes)
-        if acc.kind == "reduce":
-            _schedule_outer_reduction(acc, lanes)
-            continue
-        home = _home(kernel, acc)
-        tiled.add(id(home))
-        if acc.kind in ("depthwise", "conv"):
-            _tile_for(acc, home, params)
-        else:
-            packed = any(a.pack for a in kernel.arguments if a.tensor in kernel.ops[acc.op_index].inputs)
-            _register_tile(home, acc, lanes, params.mm_channels, params.mm_rows, None, unroll_taps=False,
-                           round_up_channels=packed)
+        if acc.kind not in TEMPLATES:
+            raise ValueError(f"no CPU schedule template for {acc.kind}")
+        TEMPLATES[acc.kind](kernel, acc, params, tiled)
     # Many-to-Many results no template covers, and small results read broadcast (computed once, not
     # once per element of their consumer), are computed at the root.
     roots = [v for k, (op, values) in enumerate(zip(kernel.ops, kernel.op_values))
