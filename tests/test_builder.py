@@ -126,3 +126,20 @@ def test_builder_models_are_deterministic_and_committed():
     for name, data in make_models.builder_model_bytes().items():
         assert (MODELS / f"{name}.tflite").read_bytes() == data, f"{name}: rerun tests/models/make_models.py"
     assert REPO.joinpath("tests", "models", "make_models.py").exists()
+
+
+def test_the_model_layer_imports_no_stage_above_it():
+    # Data flows one way: model -> graph IR -> rewrite -> ... -> package. The model I/O modules are
+    # the bottom layer; fusion, halide_gen and LiteRT's interpreter are above them (the CLI and fuse.py
+    # call them). LiteRT's generated flatbuffer schema is the one thing of LiteRT's they read.
+    import subprocess
+    import sys
+
+    modules = ["tflite_tools.ir", "tflite_tools.reader", "tflite_tools.writer", "tflite_tools.builder",
+               "tflite_tools.schema", "tflite_tools.fingerprint", "tflite_tools.atomic", "tflite_tools.errors",
+               "tflite_tools.info", "tflite_tools.outdir", "tflite_tools.sharedlib"]
+    script = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+              + "print(sorted({n.split('.')[0] for n in sys.modules} & {'fusion', 'halide_gen', 'halide'}"
+                " | {n for n in sys.modules if n.endswith('.interpreter')}))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

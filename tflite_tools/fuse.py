@@ -34,9 +34,9 @@ from typing import Callable
 
 from .atomic import load_json_table, save_json_table
 from .errors import ModelError
-from .outdir import OutputFolder
 from .fingerprint import METADATA_NAME, subgraph_fingerprint
 from .ir import Model
+from .outdir import OutputFolder
 from .reader import load
 from .writer import save
 
@@ -106,11 +106,66 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     ModelError on input the compiler cannot take. `emit_asm` keeps every kernel's .s and .stmt in
     OUT/asm/<block>/."""
     from fusion.pipeline import plan_model
-    from halide_gen.aot import compile_kernel, target_spec
-    from halide_gen.block import build_block
-    from halide_gen.bundle import (BundleBlock, BundleInfo, bundle_source, claim_groups, link_delegate,
-                                   write_cmake_project)
-    from halide_gen.lower import LoweringError
+
+    spec = _checked_target(target, measure, autoschedulers)
+    start = time.perf_counter()
+    model = load(model_path)
+    if len(model.subgraphs) == 0:
+        raise ModelError(f"{model_path}: the model has no subgraph")
+    # The output location is checked before hours of compiling, not after.
+    staging = OutputFolder.prepare(out_dir)
+    job = _Job(Path(model_path), spec, cache_dir, progress, measure, autoschedulers, emit_asm, debug_runtime)
+    try:
+        summary = plan_model(model, fast_math=fast_math, cost=cost)
+        fingerprint = subgraph_fingerprint(model.main)
+        _set_metadata(model, METADATA_NAME, fingerprint.encode())
+        records, blocks = _compile_blocks(job, model.main, summary.plan.blocks)
+        library, default_claim, whole_model = _package(job, model, fingerprint, blocks, staging.path)
+        out = staging.out
+        result = FuseResult(
+            out=out, model=out / "model.fused.tflite",
+            library=out / library.relative_to(staging.path) if library else None,
+            plan_json=out / "plan.json", report_md=out / "report.md", kernels=records,
+            seconds=time.perf_counter() - start, android_project=out / ANDROID_PROJECT if job.android else None,
+            default_claim=default_claim, whole_model_ms=whole_model)
+        _write_plan(job, result, summary, fingerprint, staging.path)
+        staging.commit()
+    finally:
+        staging.discard()
+    return result
+
+
+ANDROID_PROJECT = Path("android") / "arm64-v8a"  # where an Android target's CMake project goes in OUT
+
+
+@dataclass
+class _Job:
+    """What every stage of one fuse() call needs to know."""
+
+    model_path: Path
+    spec: object  # halide_gen.aot.TargetSpec
+    cache_dir: Path | None
+    progress: Progress | None
+    measure: bool
+    autoschedulers: bool
+    emit_asm: bool
+    debug_runtime: bool
+    blocks: int = 0  # planned blocks: the progress total
+
+    @property
+    def android(self) -> bool:
+        """True for Android targets: the delegate is a CMake project for the NDK."""
+        return self.spec.name.startswith("arm64-android")
+
+    def report(self, done: int, what: str) -> None:
+        """Progress, when the caller asked for it: `done` of the planned blocks, then what follows."""
+        if self.progress:
+            self.progress(done, self.blocks, what)
+
+
+def _checked_target(target: str, measure: bool, autoschedulers: bool):
+    """The target's spec, refusing what cannot be done for it here (ModelError)."""
+    from halide_gen.aot import target_spec
 
     try:
         spec = target_spec(target)
@@ -123,96 +178,100 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             spec.jit_target()
         except ValueError as exc:
             raise ModelError(f"--autoschedulers times kernels here: {exc}") from None
-    android = target.startswith("arm64-android")
-    start = time.perf_counter()
-    model = load(model_path)
-    if len(model.subgraphs) == 0:
-        raise ModelError(f"{model_path}: the model has no subgraph")
-    # The output location is checked before hours of compiling, not after.
-    staging = OutputFolder.prepare(out_dir)
-    out, tmp = staging.out, staging.path
-    try:
-        summary = plan_model(model, fast_math=fast_math, cost=cost)
-        sg = model.main
-        fingerprint = subgraph_fingerprint(sg)
-        _set_metadata(model, METADATA_NAME, fingerprint.encode())
+    return spec
 
-        timings = _BlockTimings(cache_dir) if measure or autoschedulers else None
-        records: list[KernelRecord] = []
-        blocks: list[BundleBlock] = []
-        plan_blocks = summary.plan.blocks
-        for done, block in enumerate(plan_blocks):
-            ops = [sg.operators[i] for i in block.ops]
-            record = KernelRecord(block.name, [op.name for op in ops], list(block.ops))
-            records.append(record)
-            if progress:
-                progress(done, len(plan_blocks), f"{block.name} ({'+'.join(record.ops[:4])}{'+...' if len(ops) > 4 else ''})")
-            if block.opaque_reason:
-                record.skipped = block.opaque_reason
-                continue
-            try:
-                lowered = build_block(block.name, ops, block.outputs)
-                if autoschedulers:
-                    record.schedule = timings.best_schedule(block, ops, target)
-                artifact = compile_kernel(ops, block.outputs, block.signature, target, cache_dir, emit_asm=emit_asm,
-                                          schedule=record.schedule)
-            except LoweringError as exc:
-                record.skipped = f"no lowering: {exc}"
-                continue
-            _check_interface(artifact, lowered)
-            record.kernel, record.cached = artifact.function, artifact.cached
-            if measure:
-                record.ratio = timings.ratio(block, ops, record.schedule)
-                record.profitable = record.ratio < 1.0
-            else:
-                record.profitable = not _quantized(ops)
-            blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
-        for name, why in claim_groups(sg.operators, blocks).items():
-            record = next(r for r in records if r.block == name)
-            record.kernel, record.profitable, record.skipped = None, False, why
-            blocks = [b for b in blocks if b.name != name]
-        if timings is not None:
-            timings.save()
-        if progress:
-            progress(len(plan_blocks), len(plan_blocks), "linking")
 
-        # A library even when no block has a kernel: it loads, claims nothing and says so, so
-        # scripts need no special case.
-        info = BundleInfo(Path(model_path).name, spec.name, fingerprint, sg.tensors, sg.operators)
-        source = bundle_source(info, blocks)
-        name = library_name(model_path)
-        library: Path | None = tmp / name
-        if android:
-            project = write_cmake_project(source, blocks, target, tmp / "android" / "arm64-v8a", name, cache_dir)
-            library = _build_with_ndk(project, tmp / ".build", name)
+def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], list]:
+    """Lowers, schedules and compiles every planned block (through the kernel cache); returns a
+    record per block and the bundle blocks of those with a kernel."""
+    from halide_gen.aot import compile_kernel
+    from halide_gen.block import build_block
+    from halide_gen.bundle import BundleBlock, claim_groups
+    from halide_gen.lower import LoweringError
+
+    timings = _BlockTimings(job.cache_dir) if job.measure or job.autoschedulers else None
+    job.blocks = len(plan_blocks)
+    records: list[KernelRecord] = []
+    blocks: list[BundleBlock] = []
+    for done, block in enumerate(plan_blocks):
+        ops = [sg.operators[i] for i in block.ops]
+        record = KernelRecord(block.name, [op.name for op in ops], list(block.ops))
+        records.append(record)
+        job.report(done, f"{block.name} ({'+'.join(record.ops[:4])}{'+...' if len(ops) > 4 else ''})")
+        if block.opaque_reason:
+            record.skipped = block.opaque_reason
+            continue
+        try:
+            lowered = build_block(block.name, ops, block.outputs)
+            if job.autoschedulers:
+                record.schedule = timings.best_schedule(block, ops, job.spec.name)
+            artifact = compile_kernel(ops, block.outputs, block.signature, job.spec.name, job.cache_dir,
+                                      emit_asm=job.emit_asm, schedule=record.schedule)
+        except LoweringError as exc:
+            record.skipped = f"no lowering: {exc}"
+            continue
+        _check_interface(artifact, lowered)
+        record.kernel, record.cached = artifact.function, artifact.cached
+        if job.measure:
+            record.ratio = timings.ratio(block, ops, record.schedule)
+            record.profitable = record.ratio < 1.0
         else:
-            link_delegate(source, blocks, target, library, cache_dir, debug_runtime)
-        save(model, tmp / "model.fused.tflite")
-        for block in blocks:
-            for path in block.artifact.extra:
-                (tmp / "asm" / block.name).mkdir(parents=True, exist_ok=True)
-                shutil.copy2(path, tmp / "asm" / block.name / path.name)
-        whole_model: dict[str, float] = {}
-        if measure and blocks and not android:
-            if progress:
-                progress(len(plan_blocks), len(plan_blocks), "timing the whole model")
-            info.default_claim, whole_model = _best_default_claim(tmp / "model.fused.tflite", library)
-            if info.default_claim != "profitable":
-                link_delegate(bundle_source(info, blocks), blocks, target, library, cache_dir, debug_runtime)
-        shutil.rmtree(tmp / ".build", ignore_errors=True)
-        result = FuseResult(out, out / "model.fused.tflite", out / library.relative_to(tmp) if library else None,
-                            out / "plan.json", out / "report.md", records, time.perf_counter() - start,
-                            out / "android" / "arm64-v8a" if android else None, info.default_claim, whole_model)
-        plan = {"model": str(model_path), "target": spec.name, "fingerprint": fingerprint,
-                "library": str(result.library.relative_to(out)) if result.library else None,
-                "android_project": "android/arm64-v8a" if android else None, "default_claim": info.default_claim,
-                "whole_model_ms": whole_model, **summary.to_json(), "kernels": [vars(r) for r in records]}
-        (tmp / "plan.json").write_text(json.dumps(plan, indent=1))
-        (tmp / "report.md").write_text(format_report(result, summary, str(model_path), spec.name))
-        staging.commit()
-    finally:
-        staging.discard()
-    return result
+            record.profitable = not _quantized(ops)
+        blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
+    for name, why in claim_groups(sg.operators, blocks).items():
+        record = next(r for r in records if r.block == name)
+        record.kernel, record.profitable, record.skipped = None, False, why
+        blocks = [b for b in blocks if b.name != name]
+    if timings is not None:
+        timings.save()
+    return records, blocks
+
+
+def _package(job: _Job, model: Model, fingerprint: str, blocks: list, folder: Path) -> tuple[Path | None, str, dict]:
+    """Writes the delegate (or the Android project), the fused model and any assembly into
+    `folder`; returns the library (None for Android without an NDK), the default claim policy and,
+    with `measure`, the whole-model medians that chose it."""
+    from halide_gen.bundle import BundleInfo, bundle_source, link_delegate, write_cmake_project
+
+    job.report(job.blocks, "linking")
+    sg = model.main
+    # A library even when no block has a kernel: it loads, claims nothing and says so, so
+    # scripts need no special case.
+    info = BundleInfo(job.model_path.name, job.spec.name, fingerprint, sg.tensors, sg.operators)
+    name = library_name(job.model_path)
+    library: Path | None = folder / name
+    if job.android:
+        project = write_cmake_project(bundle_source(info, blocks), blocks, job.spec.name, folder / ANDROID_PROJECT,
+                                      name, job.cache_dir)
+        library = _build_with_ndk(project, folder / ".build", name)
+        shutil.rmtree(folder / ".build", ignore_errors=True)
+    else:
+        link_delegate(bundle_source(info, blocks), blocks, job.spec.name, library, job.cache_dir, job.debug_runtime)
+    save(model, folder / "model.fused.tflite")
+    for block in blocks:
+        for path in block.artifact.extra:
+            (folder / "asm" / block.name).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, folder / "asm" / block.name / path.name)
+    whole_model: dict[str, float] = {}
+    if job.measure and blocks and not job.android:
+        job.report(job.blocks, "timing the whole model")
+        info.default_claim, whole_model = _best_default_claim(folder / "model.fused.tflite", library)
+        if info.default_claim != "profitable":
+            link_delegate(bundle_source(info, blocks), blocks, job.spec.name, library, job.cache_dir,
+                          job.debug_runtime)
+    return library, info.default_claim, whole_model
+
+
+def _write_plan(job: _Job, result: FuseResult, summary, fingerprint: str, folder: Path) -> None:
+    """plan.json (for tools) and report.md (for people)."""
+    out = result.out
+    plan = {"model": str(job.model_path), "target": job.spec.name, "fingerprint": fingerprint,
+            "library": str(result.library.relative_to(out)) if result.library else None,
+            "android_project": ANDROID_PROJECT.as_posix() if job.android else None,
+            "default_claim": result.default_claim, "whole_model_ms": result.whole_model_ms, **summary.to_json(),
+            "kernels": [vars(r) for r in result.kernels]}
+    (folder / "plan.json").write_text(json.dumps(plan, indent=1))
+    (folder / "report.md").write_text(format_report(result, summary, str(job.model_path), job.spec.name))
 
 
 def _best_default_claim(model: Path, library: Path) -> tuple[str, dict[str, float]]:
