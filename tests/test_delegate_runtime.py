@@ -32,3 +32,53 @@ def test_library_exports_only_the_plugin_entry_points(tmp_path):
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(result.library)], capture_output=True, text=True)
     names = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
     assert names == {"tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate"}
+
+
+PACK_WRAPPER = """
+#include "pack.h"
+extern "C" int pack_constant(int pack, const void* src, const int32_t* src_dims, int src_rank, void* dst,
+                             const int32_t* dst_dims, int dst_rank, size_t element_bytes) {
+  return dnnfusion::PackConstant(static_cast<dnnfusion::Pack>(pack), src, src_dims, src_rank, dst, dst_dims,
+                                 dst_rank, element_bytes) ? 1 : 0;
+}
+"""
+
+
+def test_runtime_packs_constants_exactly_as_python(tmp_path):
+    # delegate/src/pack.cc repacks the weights TFLite holds at Prepare; halide_gen/pack.py packed them
+    # for every test that ran a kernel from Python. The two must agree byte for byte, on any shape.
+    import ctypes
+
+    import numpy as np
+
+    from halide_gen.bundle import PACK_CODES
+    from halide_gen.pack import PACKERS, pack
+
+    (tmp_path / "wrapper.cc").write_text(PACK_WRAPPER)
+    lib = tmp_path / "libpack.so"
+    build = subprocess.run([compiler_for("host"), "-std=c++17", "-O1", "-shared", "-fPIC", f"-I{DELEGATE_DIR / 'include'}",
+                            f"-I{DELEGATE_DIR / 'src'}", str(tmp_path / "wrapper.cc"), str(DELEGATE_DIR / "src" / "pack.cc"),
+                            "-o", str(lib)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    native = ctypes.CDLL(str(lib)).pack_constant
+    import re
+
+    header = (DELEGATE_DIR / "include" / "dnnfusion" / "bundle.h").read_text()
+    enum = header[header.index("enum class Pack"):]
+    codes = {name: int(value) for name, value in re.findall(r"(k\w+) = (\d+)", enum[:enum.index("};")])}
+    rng = np.random.default_rng(0)
+    ranks = {"ohwi_to_hwio": 4, "oi_to_io": 2, "pad_channels": None, "o_blocked": None}
+    for name in PACKERS:
+        for _ in range(25):
+            rank = ranks[name] or int(rng.integers(1, 5))
+            shape = tuple(int(d) for d in rng.integers(1, 40, rank))
+            for dtype in (np.float32, np.int8, np.int32):
+                src = (rng.standard_normal(shape) * 50).astype(dtype)
+                expected = pack(name, src)
+                dst = np.full(expected.shape, 77, dtype)  # padding must be written as zeros
+                dims = lambda a: (ctypes.c_int32 * a.ndim)(*a.shape)  # noqa: E731
+                ok = native(codes[PACK_CODES[name]], src.ctypes.data_as(ctypes.c_void_p), dims(src), src.ndim,
+                            dst.ctypes.data_as(ctypes.c_void_p), dims(expected), expected.ndim,
+                            ctypes.c_size_t(src.itemsize))
+                assert ok == 1, (name, shape)
+                np.testing.assert_array_equal(dst, expected, err_msg=f"{name} {shape} {dtype.__name__}")
