@@ -1,19 +1,6 @@
 """Ahead-of-time compilation of block kernels, per target, through an on-disk compile cache.
 
-Targets (the names the CLI takes):
-
-    host                  x86-64 Linux, multitarget: AVX-512, AVX2, and a plain x86-64 baseline
-                          (Halide picks the best one the running CPU supports)
-    arm64-linux           AArch64 Linux (NEON)
-    arm64-android         AArch64 Android (NEON)
-    arm64-android-opencl  Android, kernels on the GPU through OpenCL (Adreno, Mali)
-    arm64-android-vulkan  Android, kernels on the GPU through Vulkan
-    host-opencl           x86-64 Linux with OpenCL (tested here on PoCL)
-    host-vulkan           x86-64 Linux with Vulkan (tested here on Mesa lavapipe)
-
-Each GPU target also comes as `<name>-fp16` (the CLI's `--gpu-precision fp16`): every tensor a
-block computes is stored in half precision (halide_gen.values.float_storage), with the device's
-fp16 feature enabled (`cl_half`: cl_khr_fp16; `vk_float16`: shaderFloat16 + 16-bit storage).
+Targets are described in halide_gen/targets.py (TargetSpec, one entry per target).
 
 Kernels are compiled without the Halide runtime (`no_runtime`); `compile_runtime` emits it once
 per target for a bundle. Each kernel's function is named after its block signature, so identical
@@ -42,6 +29,7 @@ from .cache import cached_entry
 from .lower import LoweringError
 from .schedule import schedule_for
 from .schedule.auto import schedule_auto
+from .targets import TargetSpec, target_spec
 
 
 
@@ -54,85 +42,6 @@ def generator_digest() -> str:
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
-
-_X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
-_X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
-_X86_BASE = "x86-64-linux"
-_VULKAN = "vulkan-vk_int8-vk_int16-vk_v13"  # 8/16-bit storage for BOOL and int8 tensors
-
-# Halide's Vulkan memory allocator, as HL_VK_ALLOC_CONFIG reads it (max pool MB : min block MB : max
-# block MB : max block count : size multiple in bytes). The defaults round regions to 32 bytes; on a
-# device whose nonCoherentAtomSize is 64 (Mesa lavapipe) a copy of a buffer that is not a multiple of
-# 64 bytes then lost its last partial block, and 224x224 CNNs could not get their default-sized memory
-# blocks. 1 MB blocks and 64-byte multiples fix both (tests/test_aot.py, tests/test_gpu_delegate.py).
-# The bundle carries this string to the delegate (Bundle::vulkan_alloc_config), which sets it unless the
-# environment has one.
-VULKAN_ALLOC_CONFIG = "0:1:0:0:64"
-
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """A named compilation target: Halide target strings (several = multitarget, baseline last)."""
-
-    name: str
-    halide: tuple[str, ...]
-    family: str  # "x86", "arm" or "gpu": which schedule family applies
-    precision: str = "fp32"  # how float tensors inside a block are stored (halide_gen.block.PRECISIONS)
-
-    def targets(self) -> list[hl.Target]:
-        """The Halide targets, each without its own copy of the runtime."""
-        return [hl.Target(t).with_feature(hl.TargetFeature.NoRuntime) for t in self.halide]
-
-    def jit_target(self) -> hl.Target:
-        """The Halide target that runs this target's kernels in this process (for timing them):
-        the host CPU's own features, plus the GPU API and its features for `host-*` GPU targets.
-        Raises ValueError for targets whose kernels cannot run here (ARM64, Android)."""
-        host = hl.get_jit_target_from_environment()
-        if self.family == "x86":
-            return host
-        if self.family == "gpu" and self.halide[0].startswith(_X86_AVX2):
-            return hl.Target(f"{host}{self.halide[0][len(_X86_AVX2):]}")
-        raise ValueError(f"kernels for {self.name} cannot run on this machine")
-
-    @property
-    def gpu_api(self) -> str | None:
-        """"opencl" or "vulkan" for GPU targets."""
-        for api in ("opencl", "vulkan"):
-            if api in self.halide[0]:
-                return api
-        return None
-
-
-# The Halide feature that lets each GPU API store and convert half-precision floats.
-_FP16_FEATURE = {"opencl": "cl_half", "vulkan": "vk_float16"}
-
-
-def _with_fp16(spec: TargetSpec) -> TargetSpec:
-    """The half-precision variant of a GPU target."""
-    feature = _FP16_FEATURE[spec.gpu_api]
-    return TargetSpec(f"{spec.name}-fp16", tuple(f"{t}-{feature}" for t in spec.halide), spec.family, "fp16")
-
-
-_BASE_TARGETS = [
-    TargetSpec("host", (_X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
-    TargetSpec("arm64-linux", ("arm-64-linux",), "arm"),
-    TargetSpec("arm64-android", ("arm-64-android",), "arm"),
-    TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu"),
-    TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu"),
-    TargetSpec("host-opencl", (f"{_X86_AVX2}-opencl",), "gpu"),
-    TargetSpec("host-vulkan", (f"{_X86_AVX2}-{_VULKAN}",), "gpu"),
-]
-TARGETS: dict[str, TargetSpec] = {s.name: s for s in _BASE_TARGETS}
-TARGETS.update({f.name: f for f in (_with_fp16(s) for s in _BASE_TARGETS if s.family == "gpu")})
-
-
-def target_spec(name: str) -> TargetSpec:
-    """The spec for a target name; raises ValueError listing the known names."""
-    try:
-        return TARGETS[name]
-    except KeyError:
-        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
-
 
 @dataclass
 class KernelArtifact:

@@ -28,10 +28,11 @@ import halide as hl
 from tflite_tools.errors import ToolchainError
 from tflite_tools.ir import Operator, Tensor
 
-from .aot import VULKAN_ALLOC_CONFIG, KernelArtifact, compile_runtime, default_kernel_cache, target_spec
+from .aot import KernelArtifact, compile_runtime, default_kernel_cache
 from .block import Argument
 from .cache import cached_entry
 from .pack import CHANNEL_TILE
+from .targets import VULKAN_ALLOC_CONFIG, target_spec
 
 DELEGATE_DIR = Path(__file__).resolve().parent.parent / "delegate"
 HALIDE_INCLUDE = Path(hl.__file__).parent / "include"
@@ -202,7 +203,7 @@ def runtime_sources() -> list[Path]:
 def compiler_for(target: str) -> str:
     """The C++ compiler that builds a delegate library for `target` (a clear error if missing): the
     one for the CPU its Halide target names, never a guess."""
-    arch = "-".join(target_spec(target).halide[0].split("-")[:2])
+    arch = target_spec(target).machine
     family = {"x86-64": "x86", "arm-64": "arm64"}.get(arch)
     if family is None:
         raise ToolchainError(f"{target}: no C++ compiler known for {arch} (halide_gen.bundle.COMPILERS)")

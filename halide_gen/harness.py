@@ -19,6 +19,7 @@ import numpy as np
 
 from .aot import KernelArtifact, compile_runtime
 from .bundle import HALIDE_INCLUDE, compiler_for
+from .targets import target_spec
 
 _TYPES = {
     "FLOAT32": ("halide_type_float", 32, np.float32), "FLOAT16": ("halide_type_float", 16, np.float16),
@@ -108,7 +109,7 @@ class Runner:
 
 def build_runner(artifact: KernelArtifact, target: str, out_dir: Path) -> Runner:
     """Compiles and links a runner for an AOT kernel (g++ for x86, aarch64-linux-gnu-g++ for ARM)."""
-    arm = target.startswith("arm64")
+    arm = target_spec(target).machine == "arm-64"
     compiler = compiler_for(target)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -24,11 +24,12 @@ from fusion.ecg import ECG
 from tflite_tools import runtime
 from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
 
-from .aot import VULKAN_ALLOC_CONFIG, generator_digest, target_spec
+from .aot import generator_digest
 from .block import build_block
 from .jit import JitKernel
 from .schedule import schedule_for
 from .schedule.auto import CPU_AUTOSCHEDULERS, GPU_AUTOSCHEDULERS, schedule_auto
+from .targets import VULKAN_ALLOC_CONFIG, target_spec
 
 
 def cut_out(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Model:

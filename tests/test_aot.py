@@ -19,7 +19,8 @@ import pytest
 import tflite_tools
 from fusion.ecg import build_ecg
 from fusion.plan import plan_fusion
-from halide_gen.aot import TARGETS, VULKAN_ALLOC_CONFIG, compile_kernel, compile_runtime, target_spec
+from halide_gen.aot import compile_kernel, compile_runtime
+from halide_gen.targets import TARGETS, VULKAN_ALLOC_CONFIG, target_spec
 from halide_gen.harness import build_runner
 from halide_gen.lower import LoweringError
 from halide_gen.pack import pack

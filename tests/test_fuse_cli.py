@@ -74,12 +74,13 @@ def test_fp16_on_a_cpu_target_is_exit_2(capsys, model_path, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_cli_targets_are_the_code_generators():
-    from halide_gen.aot import TARGETS
+def test_every_gpu_target_has_an_fp16_variant_and_no_cpu_target_does():
+    from halide_gen.targets import GPU_TARGETS, TARGETS, with_precision
 
-    fp16 = {f"{t}-fp16" for t in cli.GPU_TARGETS}
-    assert set(cli.TARGETS) | fp16 == set(TARGETS)
-    assert {n for n, spec in TARGETS.items() if spec.precision == "fp16"} == fp16
+    assert {with_precision(t, "fp16") for t in GPU_TARGETS} == {n for n, s in TARGETS.items() if s.precision == "fp16"}
+    assert with_precision("host", "fp32") == "host"
+    with pytest.raises(ValueError, match="needs a GPU target"):
+        with_precision("arm64-linux", "fp16")
 
 
 @pytest.mark.parametrize("path", project_model_paths() + shared_model_paths(), ids=model_id)

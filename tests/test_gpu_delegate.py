@@ -53,7 +53,7 @@ def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])
 @pytest.mark.parametrize("stem", GPU_MODELS)
 def test_gpu_delegate_matches_litert(stem, api, tmp_path):
-    # Vulkan: the delegate sets HL_VK_ALLOC_CONFIG itself (halide_gen.aot.VULKAN_ALLOC_CONFIG); the
+    # Vulkan: the delegate sets HL_VK_ALLOC_CONFIG itself (halide_gen.targets.VULKAN_ALLOC_CONFIG); the
     # environment here leaves it unset on purpose.
     env = gpu_env(api)
     result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path.parent / "kgpu")

@@ -15,16 +15,18 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
+# The CLI is the outermost layer and may use every stage; targets.py is plain data (no Halide), so
+# `info` still starts fast.
+from halide_gen.targets import TARGETS as ALL_TARGETS
+from halide_gen.targets import with_precision
+
 from .atomic import write_bytes_atomic
 from .errors import ModelError
 from .info import format_info, model_info
 from .reader import load
 
-# Target names, without importing Halide for `info` (halide_gen.aot.TARGETS is the authority;
-# a test checks the two agree).
-TARGETS = ("host", "arm64-linux", "arm64-android", "arm64-android-opencl", "arm64-android-vulkan",
-           "host-opencl", "host-vulkan")
-GPU_TARGETS = tuple(t for t in TARGETS if t.endswith(("-opencl", "-vulkan")))
+# The names --target takes (the fp16 variants are --gpu-precision's): halide_gen.targets, plain data.
+TARGETS = tuple(name for name, spec in ALL_TARGETS.items() if spec.precision == "fp32")
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -53,11 +55,10 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     if not args.plan_only:
         from .fuse import fuse
 
-        target = args.target
-        if args.gpu_precision == "fp16":
-            if target not in GPU_TARGETS:
-                raise ModelError(f"--gpu-precision fp16 needs a GPU target ({', '.join(GPU_TARGETS)}), not {target}")
-            target += "-fp16"  # halide_gen.aot: every GPU target has a half-precision variant
+        try:
+            target = with_precision(args.target, args.gpu_precision)
+        except ValueError as exc:
+            raise ModelError(str(exc)) from None
         result = fuse(args.model, args.out, target=target, fast_math=args.fast_math, measure=args.measure,
                       cost=cost, progress=_progress_printer(), debug_runtime=args.debug_runtime,
                       autoschedulers=args.autoschedulers, emit_asm=args.emit_asm)

@@ -143,7 +143,7 @@ class _Job:
     """What every stage of one fuse() call needs to know."""
 
     model_path: Path
-    spec: object  # halide_gen.aot.TargetSpec
+    spec: object  # halide_gen.targets.TargetSpec
     cache_dir: Path | None
     progress: Progress | None
     measure: bool
@@ -165,7 +165,7 @@ class _Job:
 
 def _checked_target(target: str, measure: bool, autoschedulers: bool):
     """The target's spec, refusing what cannot be done for it here (ModelError)."""
-    from halide_gen.aot import target_spec
+    from halide_gen.targets import target_spec
 
     try:
         spec = target_spec(target)

@@ -43,6 +43,8 @@ from typing import Sequence
 
 import numpy as np
 
+from halide_gen.targets import TARGETS
+
 from . import runtime
 from .errors import ModelError
 from .ir import Model
@@ -137,7 +139,8 @@ def read_claims(report: Path) -> dict | None:
 
 def tolerance(claims: dict | None) -> float:
     """RTOL, or RTOL_FP16 when the delegate claimed nodes with a half-precision bundle."""
-    if claims and claims.get("claimed_nodes") and str(claims.get("target", "")).endswith("-fp16"):
+    spec = TARGETS.get(str(claims.get("target"))) if claims else None
+    if claims and claims.get("claimed_nodes") and spec is not None and spec.precision == "fp16":
         return RTOL_FP16
     return RTOL
 

@@ -12,7 +12,7 @@ from .cpu import NEON, X86, CpuParams, schedule_cpu
 from .gpu import schedule_gpu
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..aot import TargetSpec
+    from ..targets import TargetSpec
     from ..block import BlockKernel
 
 
