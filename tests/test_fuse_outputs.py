@@ -146,6 +146,18 @@ def test_commit_swaps_in_one_step(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 
+def test_a_library_changed_since_fuse_is_refused_before_loading(capsys, tmp_path, model_path):
+    # Found by the mutation fuzzer: 64 garbage bytes in the library's code segfaulted `run`.
+    out = tmp_path / "out"
+    assert fuse_cli(capsys, model_path(MODEL), out)[0] == 0
+    library = out / LIBRARY
+    raw = bytearray(library.read_bytes())
+    raw[len(raw) // 3:len(raw) // 3 + 64] = bytes(range(64))
+    library.write_bytes(bytes(raw))
+    assert cli.main(["run", str(out / "model.fused.tflite"), "--delegate", str(library)]) == 2
+    assert "changed since fuse wrote it" in capsys.readouterr().err
+
+
 def test_damaged_kernel_in_the_cache_is_recompiled(capsys, tmp_path, model_path, monkeypatch):
     cache = tmp_path / "cache"
     monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(cache))

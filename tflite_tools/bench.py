@@ -25,6 +25,7 @@ from typing import Any, Callable, Sequence
 
 from . import runtime
 from .errors import ModelError
+from .outdir import check_unchanged
 from .sharedlib import check_delegate_library
 
 BASELINE = "xnnpack"
@@ -98,6 +99,7 @@ def benchmark(model: str, delegate: str | None = None, threads: int = 1, runs: i
               progress: Callable[[int, int, str], None] | None = None, seed: int = 0) -> list[Timings]:
     """Times every contender on the same random inputs, interleaved round by round."""
     if delegate is not None:
+        check_unchanged(delegate)
         check_delegate_library(delegate)
     makers = contenders(model, delegate, threads)
     interps, results = {}, []

@@ -64,6 +64,24 @@ def foreign_files(folder: Path) -> list[str]:
     return [f for f in _files(folder) if f != OWNER_FILE and f not in ours]
 
 
+def check_unchanged(*paths: str | os.PathLike) -> None:
+    """Raises ModelError for a file that an earlier `fuse` recorded writing (its folder's
+    OWNER_FILE lists it) and that has changed since: a damaged delegate library would otherwise be
+    loaded and run, and garbage in its code or tables can crash the host. Files outside a fuse
+    output, or in one whose record is unreadable, are not judged."""
+    for path in map(Path, paths):
+        recorded = (written_files(path.parent) or {}).get(path.name)
+        if recorded is None:
+            continue
+        try:
+            same = file_digest(path) == recorded
+        except OSError:
+            same = False
+        if not same:
+            raise ModelError(f"{path}: changed since fuse wrote it (it no longer matches {path.parent / OWNER_FILE}); "
+                             "run fuse again")
+
+
 def _refuse_foreign(out: Path) -> None:
     foreign = foreign_files(out)
     if foreign:

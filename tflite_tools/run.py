@@ -48,6 +48,7 @@ from halide_gen.targets import TARGETS
 from . import runtime
 from .errors import ModelError
 from .ir import Model
+from .outdir import check_unchanged
 from .reader import load, parse
 from .sharedlib import check_delegate_library
 
@@ -195,6 +196,8 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
     .npy inputs or seeded random ones, and compares with LiteRT's reference kernels."""
     if not Path(model).is_file():
         raise ModelError(f"{model}: no such file")
+    if delegate is not None:
+        check_unchanged(delegate)  # garbage in a library's code crashes whoever loads it
     parsed = load(model)  # our checks first: LiteRT's own loader trusts more than it should
     with tempfile.TemporaryDirectory(prefix="dnnfusion-run-") as tmp:
         report = Path(tmp) / "claims.jsonl"
