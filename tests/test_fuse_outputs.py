@@ -91,12 +91,12 @@ def test_bad_output_location_fails_before_compiling(capsys, tmp_path, model_path
     (tmp_path / "file").write_text("x")
     out = {"at a file": tmp_path / "file", "under a file": tmp_path / "file" / "out",
            "unwritable": Path("/proc/dnnfusion-test/out")}[where]
-    import halide_gen.aot
+    import tflite_tools.fuse
 
     def no_compiling(*args, **kwargs):
         raise AssertionError("compiled before checking the output location")
 
-    monkeypatch.setattr(halide_gen.aot, "compile_kernel", no_compiling)
+    monkeypatch.setattr(tflite_tools.fuse, "compile_kernel", no_compiling)
     code, err = fuse_cli(capsys, model_path(MODEL), out)
     assert code == 2 and str(out.name) in one_error_line(err)
     assert (tmp_path / "file").read_text() == "x"
@@ -106,12 +106,12 @@ def test_a_failed_fuse_leaves_out_as_it_was(capsys, tmp_path, model_path, monkey
     out = tmp_path / "out"
     assert fuse_cli(capsys, model_path(MODEL), out)[0] == 0
     before = snapshot(out)
-    import halide_gen.bundle
+    import tflite_tools.fuse
 
     def full_disk(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(out / LIBRARY))
 
-    monkeypatch.setattr(halide_gen.bundle, "link_delegate", full_disk)
+    monkeypatch.setattr(tflite_tools.fuse, "link_delegate", full_disk)
     code, err = fuse_cli(capsys, model_path(MODEL), out)
     assert code == 2 and "No space left on device" in one_error_line(err)
     assert snapshot(out) == before

@@ -15,15 +15,20 @@ import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
-# The CLI is the outermost layer and may use every stage; targets.py is plain data (no Halide), so
-# `info` still starts fast.
+# The CLI is the outermost layer: it imports every stage; no stage imports it.
+from fusion.pipeline import plan_model
+from fusion.report import format_summary, to_dot
+from halide_gen.profile import HostProfiler
 from halide_gen.targets import TARGETS as ALL_TARGETS
 from halide_gen.targets import with_precision
 
 from .atomic import write_bytes_atomic
+from .bench import benchmark, format_benchmark, measure_peak_memory, ratios
 from .errors import ModelError
+from .fuse import fuse
 from .info import format_info, model_info
 from .reader import load
+from .run import REFERENCE_NAMES, run
 
 # The names --target takes (the fp16 variants are --gpu-precision's): halide_gen.targets, plain data.
 TARGETS = tuple(name for name, spec in ALL_TARGETS.items() if spec.precision == "fp32")
@@ -41,20 +46,13 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_fuse(args: argparse.Namespace) -> int:
     """Rewrites and plans a model; without --plan-only also compiles and packages it into -o OUT."""
-    # The CLI is the outermost layer: it may call every stage; tflite_tools itself never does.
-    from fusion.report import format_summary, to_dot
-
     if not args.plan_only and not args.out:
         raise ModelError("fuse: say where to write the delegate (-o OUT), or --plan-only to print the plan")
     trace = (lambda line: print(f"[rewrite] {line}", file=sys.stderr)) if args.verbose else None
     cost = None
     if args.cost == "profile":
-        from halide_gen.profile import HostProfiler
-
         cost = HostProfiler()
     if not args.plan_only:
-        from .fuse import fuse
-
         try:
             target = with_precision(args.target, args.gpu_precision)
         except ValueError as exc:
@@ -70,8 +68,6 @@ def cmd_fuse(args: argparse.Namespace) -> int:
             if path is not None:
                 print(f"  wrote {path}")
         return 0
-    from fusion.pipeline import plan_model
-
     summary = plan_model(load(args.model), fast_math=args.fast_math, cost=cost, trace=trace)
     if args.dot:
         write_dot(to_dot(summary), args.dot)
@@ -98,8 +94,6 @@ def _progress_printer() -> Callable[[int, int, str], None]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Runs a model (through a delegate if given) and compares its outputs with LiteRT's reference."""
-    from .run import REFERENCE_NAMES, run
-
     options = {}
     for item in args.option:
         key, sep, value = item.partition("=")
@@ -131,16 +125,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Times LiteRT + XNNPACK, LiteRT builtin and (with --delegate) our delegate, interleaved."""
-    from .bench import benchmark, format_benchmark, measure_peak_memory
-
     if args.runs < 1 or args.warmup < 0 or args.threads < 1:
         raise ModelError("bench: --runs and --threads must be at least 1, --warmup at least 0")
     timings = benchmark(args.model, args.delegate, args.threads, args.runs, args.warmup, _progress_printer())
     if args.memory:
         measure_peak_memory(timings, args.model, args.delegate, args.threads)
     if args.json:
-        from .bench import ratios
-
         rel = ratios(timings)
         print(json.dumps({"model": args.model, "threads": args.threads, "contenders": [
             {"name": t.name, "median_us": t.median, "min_us": min(t.runs_us), "max_us": max(t.runs_us),

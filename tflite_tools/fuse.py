@@ -15,8 +15,8 @@ rewrite -> plan -> lower -> schedule -> compile -> package. OUT receives:
     asm/<block>/               with emit_asm (--emit-asm): each kernel's assembly (.s) and Halide's
                                lowered statement (.stmt), one pair per sub-target
 
-Like the CLI, this module is an outer layer that may call every stage (fusion, halide_gen);
-nothing in the stages calls back here. OUT switches from its old contents to the new set in one
+Like the CLI, this module is the outer layer: it imports every stage (fusion, halide_gen) at the
+top; nothing in the stages imports it. OUT switches from its old contents to the new set in one
 step once everything succeeded, and is never a folder with files fuse did not write
 (tflite_tools.outdir).
 """
@@ -32,7 +32,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from fusion.cost import default_cache_dir
+from fusion.pipeline import plan_model
+from fusion.report import format_summary
+from halide_gen.aot import compile_kernel, generator_digest
+from halide_gen.block import build_block
+from halide_gen.bundle import (BundleBlock, BundleInfo, build_cmake_project, bundle_source, claim_groups,
+                               link_delegate, write_cmake_project)
+from halide_gen.lower import LoweringError
+from halide_gen.profile import choose_schedule, jit_kernel, schedule_sources, time_block
+from halide_gen.targets import TargetSpec, target_spec
+
 from .atomic import load_json_table, save_json_table
+from .bench import benchmark
 from .errors import ModelError
 from .fingerprint import METADATA_NAME, subgraph_fingerprint
 from .ir import Model
@@ -105,8 +117,6 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     default, so by default the fused model is never slower than LiteRT + XNNPACK here. Raises
     ModelError on input the compiler cannot take. `emit_asm` keeps every kernel's .s and .stmt in
     OUT/asm/<block>/."""
-    from fusion.pipeline import plan_model
-
     spec = _checked_target(target, measure, autoschedulers)
     start = time.perf_counter()
     model = load(model_path)
@@ -143,7 +153,7 @@ class _Job:
     """What every stage of one fuse() call needs to know."""
 
     model_path: Path
-    spec: object  # halide_gen.targets.TargetSpec
+    spec: TargetSpec
     cache_dir: Path | None
     progress: Progress | None
     measure: bool
@@ -165,8 +175,6 @@ class _Job:
 
 def _checked_target(target: str, measure: bool, autoschedulers: bool):
     """The target's spec, refusing what cannot be done for it here (ModelError)."""
-    from halide_gen.targets import target_spec
-
     try:
         spec = target_spec(target)
     except ValueError as exc:
@@ -181,14 +189,9 @@ def _checked_target(target: str, measure: bool, autoschedulers: bool):
     return spec
 
 
-def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], list]:
+def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], list[BundleBlock]]:
     """Lowers, schedules and compiles every planned block (through the kernel cache); returns a
     record per block and the bundle blocks of those with a kernel."""
-    from halide_gen.aot import compile_kernel
-    from halide_gen.block import build_block
-    from halide_gen.bundle import BundleBlock, claim_groups
-    from halide_gen.lower import LoweringError
-
     timings = _BlockTimings(job.cache_dir) if job.measure or job.autoschedulers else None
     job.blocks = len(plan_blocks)
     records: list[KernelRecord] = []
@@ -227,12 +230,10 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
     return records, blocks
 
 
-def _package(job: _Job, model: Model, fingerprint: str, blocks: list, folder: Path) -> tuple[Path | None, str, dict]:
+def _package(job: _Job, model: Model, fingerprint: str, blocks: list[BundleBlock], folder: Path) -> tuple[Path | None, str, dict]:
     """Writes the delegate (or the Android project), the fused model and any assembly into
     `folder`; returns the library (None for Android without an NDK), the default claim policy and,
     with `measure`, the whole-model medians that chose it."""
-    from halide_gen.bundle import BundleInfo, bundle_source, link_delegate, write_cmake_project
-
     job.report(job.blocks, "linking")
     sg = model.main
     # A library even when no block has a kernel: it loads, claims nothing and says so, so
@@ -279,8 +280,6 @@ def _best_default_claim(model: Path, library: Path) -> tuple[str, dict[str, floa
     profitable blocks (interleaved, one thread) and returns the fastest policy ("none" when XNNPACK
     alone wins: the delegate then claims nothing unless asked) and the medians in ms. Per-block
     measurements cannot see a model's cold caches or the cost of splitting XNNPACK's partitions."""
-    from .bench import benchmark
-
     timings = benchmark(str(model), str(library), threads=1, runs=15, warmup=2)
     medians = {t.name: t.median / 1e3 for t in timings}
     policy = {"xnnpack": "none", "dnnfusion-all": "all", "dnnfusion-profitable": "profitable"}
@@ -290,8 +289,6 @@ def _best_default_claim(model: Path, library: Path) -> tuple[str, dict[str, floa
 
 def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
     """Builds the Android project with $ANDROID_NDK's toolchain; None when the NDK is not set."""
-    from halide_gen.bundle import build_cmake_project
-
     ndk = os.environ.get("ANDROID_NDK")
     if not ndk:
         return None
@@ -328,22 +325,16 @@ class _BlockTimings:
     source is fastest, and Halide / (LiteRT + XNNPACK) under a source, at one thread."""
 
     def __init__(self, cache_dir: Path | None):
-        from fusion.cost import default_cache_dir
-
         self.path = Path(cache_dir or default_cache_dir()) / "block-timings.json"
         self.table = load_json_table(self.path)
 
     @staticmethod
     def _key(kind: str, *parts: str) -> str:
         # Measurements die with the code generator that made the kernels they timed.
-        from halide_gen.aot import generator_digest
-
         return ":".join([kind, generator_digest(), *parts])
 
     def best_schedule(self, block, ops, target: str = "host") -> str:
         """The fastest of the templates and Halide's autoschedulers for the block on `target`."""
-        from halide_gen.profile import choose_schedule, schedule_sources
-
         key = self._key("schedule", target, block.signature)
         # A value that is not one of the sources is a damaged table: measure again.
         if self.table.get(key) not in schedule_sources(target):
@@ -353,8 +344,6 @@ class _BlockTimings:
 
     def ratio(self, block, ops, schedule: str) -> float:
         """Halide (under `schedule`) / (LiteRT + XNNPACK) on the block's nodes."""
-        from halide_gen.profile import jit_kernel, time_block
-
         key = self._key("ratio", block.signature, schedule)
         value = self.table.get(key)
         if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
@@ -369,8 +358,6 @@ class _BlockTimings:
 
 def format_report(result: FuseResult, summary, source: str, target: str) -> str:
     """report.md: the plan, then what became of each block."""
-    from fusion.report import format_summary
-
     with_kernel = [k for k in result.kernels if k.kernel]
     lines = [
         f"# dnnfusion report: {Path(source).name} ({target})",
