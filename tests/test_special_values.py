@@ -192,3 +192,26 @@ def test_compare_treats_specials_in_the_same_place_as_equal(out, ref, ok):
 
     (error,) = compare([np.array(out, np.float32)], [np.array(ref, np.float32)], ["y"])
     assert error.ok is ok
+
+
+def test_nan_weights_leave_the_block_to_tflite(tmp_path, monkeypatch):
+    # TFLite's depthwise kernel skips the taps that fall on padding; our kernels multiply a
+    # zero-padded input, and 0 * NaN is NaN. Found by the mutation fuzzer (garbage in a fused
+    # model's weights); weights are read at run time, so the delegate checks them when it claims.
+    from tflite_tools import serialize
+    from tflite_tools.fuse import fuse
+    from tflite_tools.run import run
+
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    w = np.ones((1, 3, 3, 4), np.float32)
+    w[0, 0, 0, 2] = np.nan
+    b = ModelBuilder()
+    x = b.input("x", [1, 5, 5, 4])
+    b.output(b.op("DEPTHWISE_CONV_2D", [x, b.const("w", w), b.const("b", np.zeros(4, np.float32))], [1, 5, 5, 4],
+                  padding="SAME", stride_h=1, stride_w=1, depth_multiplier=1))
+    (tmp_path / "nan_weights.tflite").write_bytes(serialize(b.build()))
+    result = fuse(tmp_path / "nan_weights.tflite", tmp_path / "out")
+    outcome = run(result.model, delegate=result.library, options={"claim": "all"})
+    assert outcome.ok, outcome.errors
+    assert outcome.claims["claimed_nodes"] == []
+    assert "holds NaN or infinity" in outcome.claims["declined"][0]["reason"]

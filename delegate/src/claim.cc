@@ -1,6 +1,7 @@
 #include "claim.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -70,6 +71,14 @@ std::string CheckGraph(TfLiteContext* context, const Bundle& bundle) {
   return "";
 }
 
+bool AllFinite(const TfLiteTensor& t) {
+  const size_t n = t.bytes / sizeof(float);
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(t.data.f[i])) return false;
+  }
+  return true;
+}
+
 // Why tensor `index` differs from the bundle's spec, or "" when it matches.
 std::string CheckTensor(TfLiteContext* context, const Bundle& bundle, int index, bool constant) {
   const TensorSpec* spec = FindTensorSpec(bundle, index);
@@ -93,6 +102,12 @@ std::string CheckTensor(TfLiteContext* context, const Bundle& bundle, int index,
   if (constant && ((t.allocation_type != kTfLiteMmapRo && t.allocation_type != kTfLitePersistentRo) ||
                    t.data.raw == nullptr)) {
     return "tensor '" + name + "' is not a constant in this graph";
+  }
+  if (constant && t.type == kTfLiteFloat32 && !AllFinite(t)) {
+    // TFLite's convolutions skip the taps that fall on padding; a kernel reading a zero-padded input
+    // multiplies them by zero, and 0 * inf is NaN. Weights are read from the model at run time, so
+    // only here can a model whose weights changed since fuse be caught.
+    return "tensor '" + name + "' holds NaN or infinity (the kernel would differ from TFLite's at padding)";
   }
   return "";
 }
