@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     from fusion.rewrite import rewrite
     from halide_gen.lower import LoweringError
     from halide_gen.profile import choose_schedule, jit_kernel, time_block
-    from tflite_tools.stats import flops
+    from tflite_tools.model.stats import flops
 
     paths = args.models or sorted((REPO.parent / "shared" / "models").glob("*.tflite"))
     for path in paths:

@@ -357,7 +357,7 @@ def build(out: Path, only: list[str]) -> None:
 def check_model(path: Path, work: Path) -> dict:
     """One corpus row: fuse, run with the delegate (claim:all and default), compare."""
     from tflite_tools import runtime
-    from tflite_tools.errors import ModelError
+    from tflite_tools.model.errors import ModelError
     from tflite_tools.fuse import fuse
     from tflite_tools.run import run
 

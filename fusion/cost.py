@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Protocol
 
-from tflite_tools.atomic import load_json_table, save_json_table
-from tflite_tools.stats import flops as mac_flops
+from tflite_tools.model.atomic import load_json_table, save_json_table
+from tflite_tools.model.stats import flops as mac_flops
 
 from .ecg import ECG, Node
 from .mapping import MtM, OtO

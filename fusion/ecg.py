@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
-from tflite_tools.ir import Operator, Subgraph, Tensor
+from tflite_tools.model.ir import Operator, Subgraph, Tensor
 
 from .mapping import MappingType, Prop, edge_type, op_info, op_mapping
 

@@ -25,7 +25,7 @@ import enum
 from dataclasses import dataclass
 from typing import Callable
 
-from tflite_tools.ir import Operator, Tensor
+from tflite_tools.model.ir import Operator, Tensor
 
 
 class MappingType(enum.IntEnum):

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tflite_tools import stats
-from tflite_tools.ir import Model
+from tflite_tools.model import stats
+from tflite_tools.model.ir import Model
 
 from .cost import CachedCost, CostSource, RooflineCost
 from .ecg import build_ecg

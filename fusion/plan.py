@@ -28,8 +28,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass, field
 
-from tflite_tools.ir import Tensor
-from tflite_tools.stats import Step
+from tflite_tools.model.ir import Tensor
+from tflite_tools.model.stats import Step
 
 from .cost import CostSource, RooflineCost, profitable
 from .ecg import ECG

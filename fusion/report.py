@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tflite_tools import stats
+from tflite_tools.model import stats
 from tflite_tools.info import human_bytes
-from tflite_tools.ir import Subgraph
+from tflite_tools.model.ir import Subgraph
 
 from .plan import Plan
 from .rewrite import RewriteLog

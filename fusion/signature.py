@@ -13,7 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from tflite_tools.ir import Tensor
+from tflite_tools.model.ir import Tensor
 
 from .ecg import ECG
 

@@ -22,7 +22,7 @@ from typing import Sequence
 
 import halide as hl
 
-from tflite_tools.ir import Operator, Tensor
+from tflite_tools.model.ir import Operator, Tensor
 
 from .block import build_block
 from .cache import cached_entry

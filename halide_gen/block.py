@@ -13,7 +13,7 @@ from typing import Sequence
 import halide as hl
 import numpy as np
 
-from tflite_tools.ir import Operator, Tensor
+from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, lower
 from .pack import PACKERS, pack

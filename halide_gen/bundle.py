@@ -25,8 +25,8 @@ from typing import Sequence
 
 import halide as hl
 
-from tflite_tools.errors import ToolchainError
-from tflite_tools.ir import Operator, Tensor
+from tflite_tools.model.errors import ToolchainError
+from tflite_tools.model.ir import Operator, Tensor
 
 from .aot import KernelArtifact, compile_runtime, default_kernel_cache
 from .block import Argument

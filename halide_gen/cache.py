@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Callable
 
-from tflite_tools.atomic import file_digest, process_gone
+from tflite_tools.model.atomic import file_digest, process_gone
 
 MANIFEST = "MANIFEST"
 _TMP_PREFIX = ".tmp-"

@@ -22,7 +22,7 @@ import tflite_tools
 from fusion.cost import external_inputs, external_outputs
 from fusion.ecg import ECG
 from tflite_tools import runtime
-from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
+from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor
 
 from .aot import generator_digest
 from .block import build_block

@@ -26,7 +26,7 @@ from halide_gen.schedule import schedule_cpu
 from halide_gen.schedule.cpu import X86, CpuParams
 from opcheck import BLOCK_FP16_RTOL, FLOAT_RTOL
 from tflite_tools import runtime
-from tflite_tools.ir import Model
+from tflite_tools.model.ir import Model
 from tflite_tools.run import compare, quantized_outputs, reference_resolver
 
 RTOL = {"fp32": FLOAT_RTOL, "fp16": BLOCK_FP16_RTOL}

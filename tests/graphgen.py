@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
-from tflite_tools.builder import ModelBuilder, quantization
-from tflite_tools.ir import Model, Tensor
+from tflite_tools.model.builder import ModelBuilder, quantization
+from tflite_tools.model.ir import Model, Tensor
 
 ACTIVATIONS = ("NONE", "RELU", "RELU6", "RELU_N1_TO_1")
 

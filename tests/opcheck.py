@@ -11,7 +11,7 @@ from halide_gen.block import build_block
 from halide_gen.jit import JitKernel
 from halide_gen.values import FLOAT16_MAX
 from tflite_tools import runtime
-from tflite_tools.ir import Model
+from tflite_tools.model.ir import Model
 from tflite_tools.run import reference_resolver
 
 # Float tolerance, relative to the output's scale: max |halide - ref| <= FLOAT_RTOL * max |ref|.

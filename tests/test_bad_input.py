@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import tflite_tools
-from tflite_tools import ModelError, cli, schema
-from tflite_tools.atomic import atomic_writer
+from tflite_tools import ModelError, cli
+from tflite_tools.model import schema
+from tflite_tools.model.atomic import atomic_writer
 
 fb = schema.fb
 

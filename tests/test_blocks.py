@@ -12,7 +12,7 @@ import pytest
 from blockcheck import check_model_blocks
 from halide_gen.block import build_block
 from opcheck import compare
-from tflite_tools.builder import ModelBuilder
+from tflite_tools.model.builder import ModelBuilder
 
 MODELS = ["transformer_encoder", "mobilenet_v2_035_96", "unet_tiny", "conv_fp16_weights", "swish_chain",
           "depthwise_residual", "reshape_transpose", "mobilenet_v2_035_96_int8"]

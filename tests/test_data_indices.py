@@ -11,7 +11,7 @@ import pytest
 
 import opcheck
 from tflite_tools import cli, runtime, serialize
-from tflite_tools.builder import ModelBuilder
+from tflite_tools.model.builder import ModelBuilder
 
 
 def gather_model(axis: int = 0):

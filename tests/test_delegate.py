@@ -134,7 +134,7 @@ def test_int8_blocks_are_claimed_only_when_asked(fused, tmp_path):
 
 def test_only_int8_activations_make_a_block_int8():
     # A float model whose int8 weights are dequantized in the graph keeps its default claim.
-    from tflite_tools.builder import ModelBuilder, quantization
+    from tflite_tools.model.builder import ModelBuilder, quantization
     from tflite_tools.fuse import _quantized
 
     b = ModelBuilder()
@@ -191,7 +191,7 @@ def test_unfused_model_is_declined_for_its_missing_fingerprint(fused, tmp_path):
 def test_recalibrated_int8_model_has_another_fingerprint():
     # int8 kernels compile the scales in: a model converted again with other calibration data has
     # the same structure but must not match the old bundle.
-    from tflite_tools.fingerprint import subgraph_fingerprint
+    from tflite_tools.model.fingerprint import subgraph_fingerprint
 
     model = tflite_tools.load(Path(__file__).parent / "models" / "int8_add.tflite")
     before = subgraph_fingerprint(model.main)
@@ -441,7 +441,7 @@ def test_run_refuses_what_is_not_a_delegate_library_before_loading_it(fused, tmp
 def test_matrix_vector_weights_are_packed_by_the_runtime_as_by_python(kernel_cache, tmp_path):
     # One-pixel convs and one-row FCs take tile-blocked weights (pack.py "o_blocked"); the delegate
     # packs them itself at Prepare (delegate/src/pack.cc), so this checks the two packers agree.
-    from tflite_tools.builder import ModelBuilder
+    from tflite_tools.model.builder import ModelBuilder
 
     rng = np.random.default_rng(3)
     b = ModelBuilder()

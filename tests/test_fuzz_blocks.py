@@ -34,7 +34,7 @@ import tflite_tools
 from blockcheck import check_fused_model, check_model_blocks
 from graphgen import Drawn, graphs
 from halide_gen.schedule.cpu import X86
-from tflite_tools.ir import Model
+from tflite_tools.model.ir import Model
 
 REGRESSIONS = Path(__file__).parent / "models" / "fuzz"
 # Conv chains streamed whatever their size, in strips of 2 rows: small maps exercise the

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import tflite_tools
-from tflite_tools import cli, stats
-from tflite_tools.builder import ModelBuilder
+from tflite_tools import cli
+from tflite_tools.model import stats
+from tflite_tools.model.builder import ModelBuilder
 from tflite_tools.info import model_info
 from conftest import model_id, project_model_paths, shared_model_paths
 

@@ -8,7 +8,7 @@ import pytest
 
 from fusion.mapping import OPS
 from halide_gen.lower import LOWERINGS
-from tflite_tools.builder import ModelBuilder
+from tflite_tools.model.builder import ModelBuilder
 import opcheck
 from opcheck import compare
 
@@ -145,7 +145,7 @@ def test_cast(src, dst):
 
 
 def test_quantize_dequantize():
-    from tflite_tools.builder import quantization
+    from tflite_tools.model.builder import quantization
 
     b = ModelBuilder()
     x = b.input("x", [2, 8])
@@ -155,7 +155,7 @@ def test_quantize_dequantize():
 
 
 def test_dequantize_per_channel_weights():
-    from tflite_tools.builder import quantization
+    from tflite_tools.model.builder import quantization
 
     b = ModelBuilder()
     wq = b.const("wq", rng.integers(-127, 128, (4, 3)).astype(np.int8), quant=quantization([0.1, 0.2, 0.05, 0.3], 0, 0))

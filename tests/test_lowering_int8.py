@@ -22,7 +22,7 @@ from halide_gen.jit import JitKernel
 from halide_gen.lower import LoweringError
 from halide_gen.lower.quantized import quantize_multiplier
 from tflite_tools import runtime
-from tflite_tools.builder import ModelBuilder, quantization
+from tflite_tools.model.builder import ModelBuilder, quantization
 
 rng = np.random.default_rng(11)
 

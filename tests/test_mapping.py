@@ -10,7 +10,7 @@ from fusion.ecg import build_ecg
 from fusion.mapping import OPS, REORG, SHUFFLE, MappingType, MtM, OtM, OtO, Prop, op_mapping
 from fusion.rewrite import rewrite
 from fusion.table3 import TABLE3, Color, cell
-from tflite_tools.builder import ModelBuilder
+from tflite_tools.model.builder import ModelBuilder
 from conftest import project_model_paths, shared_model_paths
 
 ISSUE_OPS = """ADD SUB MUL DIV MAXIMUM MINIMUM POW SQUARED_DIFFERENCE RELU RELU6 RELU_N1_TO_1 LEAKY_RELU PRELU

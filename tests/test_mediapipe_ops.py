@@ -13,7 +13,7 @@ import pytest
 import tflite_tools
 from opcheck import compare
 from tflite_tools import cli, runtime
-from tflite_tools.builder import ModelBuilder
+from tflite_tools.model.builder import ModelBuilder
 from tflite_tools.fuse import fuse
 from tflite_tools.run import run
 

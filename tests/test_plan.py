@@ -13,7 +13,7 @@ from fusion.ecg import build_ecg
 from fusion.mapping import REORG, SHUFFLE, MappingType, MtM, OtM, OtO
 from fusion.plan import PlanConfig, plan_fusion
 from fusion.table3 import Color, cell
-from tflite_tools.builder import ModelBuilder
+from tflite_tools.model.builder import ModelBuilder
 
 
 class FixedCost:

@@ -14,7 +14,7 @@ import pytest
 import tflite_tools
 from fusion.rewrite import RULES, active_rules, rewrite
 from tflite_tools import runtime
-from tflite_tools.builder import ModelBuilder
+from tflite_tools.model.builder import ModelBuilder
 
 FAST_MATH_TOLERANCE = 1e-5
 S = [1, 4, 4, 8]

@@ -156,7 +156,7 @@ def test_buffers_stored_after_the_flatbuffer_are_read(model_path, tmp_path: Path
     # one the same way and check LiteRT and the loader agree on it.
     import flatbuffers
 
-    from tflite_tools.schema import FILE_IDENTIFIER, fb
+    from tflite_tools.model.schema import FILE_IDENTIFIER, fb
 
     data = model_path("fc_softmax").read_bytes()
     raw = fb.ModelT.InitFromBuf(data, flatbuffers.encode.Get(flatbuffers.packer.uoffset, data, 0))

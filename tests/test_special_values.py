@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import opcheck
-from tflite_tools.builder import ModelBuilder
+from tflite_tools.model.builder import ModelBuilder
 
 SPECIAL = np.array([np.nan, np.inf, -np.inf, 3.0e38, -3.0e38, 1e-40, 0.0, -0.0, 88.8, -104.0, 20.0, -10.0,
                     1.5, -2.5, 0.25, 7.0], np.float32)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import runtime
-from .errors import ModelError
+from .model.errors import ModelError
 from .outdir import check_unchanged
 from .sharedlib import check_delegate_library
 

@@ -22,12 +22,12 @@ from halide_gen.profile import HostProfiler
 from halide_gen.targets import TARGETS as ALL_TARGETS
 from halide_gen.targets import with_precision
 
-from .atomic import write_bytes_atomic
 from .bench import benchmark, format_benchmark, measure_peak_memory, ratios
-from .errors import ModelError
 from .fuse import fuse
 from .info import format_info, model_info
-from .reader import load
+from .model.atomic import write_bytes_atomic
+from .model.errors import ModelError
+from .model.reader import load
 from .run import REFERENCE_NAMES, run
 
 # The names --target takes (the fp16 variants are --gpu-precision's): halide_gen.targets, plain data.

@@ -43,14 +43,14 @@ from halide_gen.lower import LoweringError
 from halide_gen.profile import choose_schedule, jit_kernel, schedule_sources, time_block
 from halide_gen.targets import TargetSpec, target_spec
 
-from .atomic import load_json_table, save_json_table
 from .bench import benchmark
-from .errors import ModelError
-from .fingerprint import METADATA_NAME, subgraph_fingerprint
-from .ir import Model
+from .model.atomic import load_json_table, save_json_table
+from .model.errors import ModelError
+from .model.fingerprint import METADATA_NAME, subgraph_fingerprint
+from .model.ir import Model
+from .model.reader import load
+from .model.writer import save
 from .outdir import OutputFolder
-from .reader import load
-from .writer import save
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
 
@@ -165,7 +165,7 @@ class _Job:
     @property
     def android(self) -> bool:
         """True for Android targets: the delegate is a CMake project for the NDK."""
-        return self.spec.name.startswith("arm64-android")
+        return self.spec.packaging == "android-cmake"
 
     def report(self, done: int, what: str) -> None:
         """Progress, when the caller asked for it: `done` of the planned blocks, then what follows."""

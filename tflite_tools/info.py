@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from . import stats
-from .ir import Model, Operator, Tensor
+from .model import stats
+from .model.ir import Model, Operator, Tensor
 
 
 def op_label(op: Operator) -> str:

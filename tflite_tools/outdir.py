@@ -27,8 +27,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .atomic import file_digest, process_gone
-from .errors import ModelError
+from .model.atomic import file_digest, process_gone
+from .model.errors import ModelError
 
 OWNER_FILE = ".dnnfusion-out.json"
 _STAGING = ".tmp-{pid}-fuse-"

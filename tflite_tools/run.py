@@ -47,10 +47,10 @@ import numpy as np
 from halide_gen.targets import TARGETS
 
 from . import runtime
-from .errors import ModelError
-from .ir import Model
+from .model.errors import ModelError
+from .model.ir import Model
+from .model.reader import load, parse
 from .outdir import check_unchanged
-from .reader import load, parse
 from .sharedlib import check_delegate_library
 
 RTOL = 1e-4

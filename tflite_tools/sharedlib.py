@@ -16,7 +16,7 @@ from pathlib import Path
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from .errors import ModelError
+from .model.errors import ModelError
 
 ENTRY_POINTS = ("tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate")
 # ELF e_machine names (as pyelftools spells them) of the machines a delegate may be built for.

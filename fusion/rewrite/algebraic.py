@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tflite_tools.ir import Operator, Tensor
+from tflite_tools.model.ir import Operator, Tensor
 
 from .base import Rewrite, all_bits, all_float, const, is_float, no_activation, other_input, powers_of_two, rule
 from .graph import GraphView

@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from tflite_tools.ir import Operator, Tensor
+from tflite_tools.model.ir import Operator, Tensor
 
 from .graph import GraphView
 

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable
 
-from tflite_tools.ir import Model, Operator
+from tflite_tools.model.ir import Model, Operator
 
 from ..mapping import Prop, op_info
 from . import algebraic, cleanup  # noqa: F401 - importing registers the rules

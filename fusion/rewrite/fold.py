@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from tflite_tools import runtime, serialize
-from tflite_tools.ir import Model, Operator, Signature, Subgraph, Tensor
+from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor
 
 from ..mapping import op_info
 

@@ -11,9 +11,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tflite_tools.builder import make_options, tensor_type
-from tflite_tools.ir import Model, OpCode, Operator, Subgraph, Tensor, unique_name
-from tflite_tools.schema import builtin_code
+from tflite_tools.model.builder import make_options, tensor_type
+from tflite_tools.model.ir import Model, OpCode, Operator, Subgraph, Tensor, unique_name
+from tflite_tools.model.schema import builtin_code
 
 
 class GraphView:

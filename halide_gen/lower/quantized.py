@@ -23,7 +23,7 @@ from typing import Sequence
 import halide as hl
 import numpy as np
 
-from tflite_tools.ir import Tensor
+from tflite_tools.model.ir import Tensor
 
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away

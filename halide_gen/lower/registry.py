@@ -14,7 +14,7 @@ from typing import Callable
 import halide as hl
 import numpy as np
 
-from tflite_tools.ir import Operator
+from tflite_tools.model.ir import Operator
 
 from ..values import Value, dim_vars, halide_type
 

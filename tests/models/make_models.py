@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def _builder_models() -> dict[str, Callable[[], object]]:
-    from tflite_tools.builder import ModelBuilder, quantization
+    from tflite_tools.model.builder import ModelBuilder, quantization
 
     rng = np.random.default_rng(1234)
 
@@ -141,7 +141,7 @@ def builder_model_bytes() -> dict[str, bytes]:
 
 def make_builder(out: Path) -> list[Path]:
     """Writes the builder models to `out`."""
-    from tflite_tools.atomic import write_bytes_atomic
+    from tflite_tools.model.atomic import write_bytes_atomic
 
     paths = []
     for name, data in builder_model_bytes().items():
@@ -159,7 +159,7 @@ def make_tensorflow(out: Path) -> list[Path]:
     """Converts small Keras / tf.function models with TensorFlow and writes them to `out`."""
     import tensorflow as tf
 
-    from tflite_tools.atomic import write_bytes_atomic
+    from tflite_tools.model.atomic import write_bytes_atomic
 
     keras = tf.keras
     tf.random.set_seed(7)
