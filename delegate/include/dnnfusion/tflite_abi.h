@@ -4,21 +4,13 @@
 //
 // The layouts must match the interpreter byte for byte. They have been stable from
 // tflite-runtime 2.14 to ai-edge-litert 2.3 (TF 2.22); the static_asserts below pin the sizes
-// and offsets that matter on LP64 (Linux x86-64, AArch64, Android arm64-v8a).
-//
-// An app that has the official headers can compile against them instead:
-//   -DDNNFUSION_USE_TFLITE_HEADERS  (with tensorflow/ on the include path)
+// and offsets that matter on LP64 (Linux x86-64, AArch64, Android arm64-v8a). There is no
+// switch to TFLite's own headers: no package ships them, so such a path could never be built or
+// tested here; the asserts are what keeps these declarations honest.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-
-#if defined(DNNFUSION_USE_TFLITE_HEADERS)
-
-#include "tensorflow/lite/core/api/profiler.h"
-#include "tensorflow/lite/core/c/common.h"
-
-#else
 
 extern "C" {
 
@@ -236,5 +228,3 @@ static_assert(offsetof(TfLiteContext, recommended_num_threads) == 72, "TfLiteCon
 static_assert(offsetof(TfLiteContext, profiler) == 104, "TfLiteContext::profiler offset");
 static_assert(offsetof(TfLiteContext, GetModelMetadata) == 176, "TfLiteContext::GetModelMetadata offset");
 #endif
-
-#endif  // DNNFUSION_USE_TFLITE_HEADERS
