@@ -30,26 +30,14 @@ from tflite_tools.model.ir import Operator, Tensor
 
 from .aot import KernelArtifact, compile_runtime, default_kernel_cache
 from .block import Argument
+from .bundle_abi import ARG_SPEC, BLOCK_SPEC, BUNDLE, CLAIM_POLICY, GPU_API, MAX_RANK, NODE_SPEC, PACK, TENSOR_SPEC
+from .bundle_abi import TFLITE_TYPES, initializer
 from .cache import cached_entry
 from .pack import CHANNEL_TILE
 from .targets import VULKAN_ALLOC_CONFIG, target_spec
 
 DELEGATE_DIR = Path(__file__).resolve().parent.parent / "delegate"
 HALIDE_INCLUDE = Path(hl.__file__).parent / "include"
-
-# TfLiteType codes (tensorflow/lite/core/c/c_api_types.h), by schema type name.
-TFLITE_TYPES = {"FLOAT32": 1, "INT32": 2, "UINT8": 3, "INT64": 4, "STRING": 5, "BOOL": 6, "INT16": 7,
-                "COMPLEX64": 8, "INT8": 9, "FLOAT16": 10, "FLOAT64": 11}
-# delegate/src/options.h: enum class ClaimPolicy
-CLAIM_CODES = {"profitable": 0, "all": 1, "none": 2}
-# delegate/include/dnnfusion/bundle.h: enum class Pack
-PACK_CODES = {None: "kNone", "ohwi_to_hwio": "kOhwiToHwio", "oi_to_io": "kOiToIo", "pad_channels": "kPadChannels",
-              "o_blocked": "kOBlocked"}
-MAX_RANK = 8
-
-# Compilers per target family (g++ for x86-64, Debian's cross compiler for AArch64 Linux).
-COMPILERS = {"x86": "g++", "arm64": "aarch64-linux-gnu-g++"}
-
 
 @dataclass
 class BundleInfo:
@@ -122,10 +110,6 @@ def _dims(shape: Sequence[int]) -> str:
     return "{" + ", ".join(str(int(d)) for d in shape) + "}"
 
 
-# GpuApi in delegate/include/dnnfusion/bundle.h.
-GPU_API_CODES = {None: "kNoGpu", "opencl": "kOpenCl", "vulkan": "kVulkan"}
-
-
 def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
     """C++ source defining `dnnfusion::bundle()` for `blocks`."""
     spec = target_spec(info.target)
@@ -141,19 +125,23 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         for n in b.nodes:
             op = info.operators[n]
             ins, outs = [idx(t) for t in op.inputs], [idx(t) for t in op.outputs]
-            nodes.append(f"{{{n}, {op.opcode.builtin}, {len(node_io)}, {len(ins)}, {len(outs)}}}")
+            nodes.append(initializer(NODE_SPEC, index=n, builtin_code=op.opcode.builtin, first_io=len(node_io),
+                                     n_inputs=len(ins), n_outputs=len(outs)))
             node_io.extend(ins + outs)
         for a in b.arguments:
             touched[idx(a.tensor)] = a.tensor
-            args.append(f"{{{idx(a.tensor)}, {int(a.tensor.is_constant)}, Pack::{PACK_CODES[a.pack]}, "
-                        f"{len(a.shape)}, {_dims(a.shape)}}}")
+            args.append(initializer(ARG_SPEC, tensor=idx(a.tensor), constant=int(a.tensor.is_constant),
+                                    pack=PACK.code(a.pack), rank=len(a.shape), dims=_dims(a.shape)))
         for t in b.outputs:
             touched[idx(t)] = t
             outputs.append(str(idx(t)))
-        rows.append(f"{{{_c_string(b.name)}, {_c_string(b.artifact.function)}, {b.artifact.function}_argv, "
-                     f"{int(b.profitable)}, {first_node}, {len(b.nodes)}, {first_arg}, {len(b.arguments)}, "
-                     f"{first_out}, {len(b.outputs)}, {b.group}}}")
-    tensors = [f"{{{i}, {TFLITE_TYPES[t.type_name]}, {len(t.shape)}, {_dims(t.shape)}}}" for i, t in sorted(touched.items())]
+        rows.append(initializer(BLOCK_SPEC, name=_c_string(b.name), signature=_c_string(b.artifact.function),
+                                kernel=f"{b.artifact.function}_argv", profitable=int(b.profitable),
+                                first_node=first_node, n_nodes=len(b.nodes), first_arg=first_arg,
+                                n_args=len(b.arguments), first_output=first_out, n_outputs=len(b.outputs),
+                                group=b.group))
+    tensors = [initializer(TENSOR_SPEC, index=i, type=TFLITE_TYPES.value(t.type_name), rank=len(t.shape),
+                           dims=_dims(t.shape)) for i, t in sorted(touched.items())]
     functions = sorted({b.artifact.function for b in blocks})
 
     def table(ctype: str, name: str, items: list[str]) -> str:
@@ -176,16 +164,20 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         table("int32_t", "kNodeTensors", [str(i) for i in node_io] or ["0"]),
         table("ArgSpec", "kArgs", args or ["{}"]),
         table("int32_t", "kOutputs", outputs or ["0"]),
-        table("BlockSpec", "kBlocks", rows or ['{"", "", nullptr, 0, 0, 0, 0, 0, 0, 0, 0}']),
+        table("BlockSpec", "kBlocks", rows or ["{}"]),
         "}  // namespace",
         "",
         "const Bundle& bundle() {",
-        f"  static const Bundle b = {{{_c_string(info.model)}, {_c_string(info.target)}, "
-        f"{_c_string(info.fingerprint)}, {CHANNEL_TILE}, {len(info.tensors)}, {len(info.operators)}, kGraphCodes,",
-        f"                            kTensors, {len(tensors)}, kNodes, kNodeTensors, kArgs, kOutputs, kBlocks, "
-        f"{len(blocks)}, {CLAIM_CODES[info.default_claim]}, {int(any(op.opcode.is_custom for op in info.operators))},",
-        f"                            {GPU_API_CODES[spec.gpu_api]}, {int(spec.precision == 'fp16')}, "
-        f"{_c_string(VULKAN_ALLOC_CONFIG)}}};",
+        "  static const Bundle b = " + initializer(
+            BUNDLE, model=_c_string(info.model), target=_c_string(info.target),
+            fingerprint=_c_string(info.fingerprint), channel_tile=CHANNEL_TILE, n_tensors=len(info.tensors),
+            n_graph_nodes=len(info.operators), graph_codes="kGraphCodes", tensors="kTensors",
+            n_tensor_specs=len(tensors), nodes="kNodes", node_tensors="kNodeTensors", args="kArgs",
+            outputs="kOutputs", blocks="kBlocks", n_blocks=len(blocks),
+            default_claim=CLAIM_POLICY.value(info.default_claim),
+            has_custom_ops=int(any(op.opcode.is_custom for op in info.operators)),
+            gpu_api=GPU_API.code(spec.gpu_api), half_precision=int(spec.precision == "fp16"),
+            vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG)) + ";",
         "  return b;",
         "}",
         "",
@@ -202,16 +194,15 @@ def runtime_sources() -> list[Path]:
 
 def compiler_for(target: str) -> str:
     """The C++ compiler that builds a delegate library for `target` (a clear error if missing): the
-    one for the CPU its Halide target names, never a guess."""
-    arch = target_spec(target).machine
-    family = {"x86-64": "x86", "arm-64": "arm64"}.get(arch)
-    if family is None:
-        raise ToolchainError(f"{target}: no C++ compiler known for {arch} (halide_gen.bundle.COMPILERS)")
-    compiler = os.environ.get("DNNFUSION_CXX_" + family.upper()) or COMPILERS[family]
+    one its toolchain names (halide_gen.targets.TOOLCHAINS), never a guess."""
+    try:
+        toolchain = target_spec(target).toolchain
+    except ValueError as exc:
+        raise ToolchainError(str(exc)) from None
+    compiler = os.environ.get(toolchain.compiler_env) or toolchain.compiler
     if shutil.which(compiler) is None:
-        package = "g++-aarch64-linux-gnu" if family == "arm64" else "g++"
-        raise ToolchainError(f"{compiler} not found (apt-get install {package}, or name one in "
-                             f"DNNFUSION_CXX_{family.upper()})")
+        raise ToolchainError(f"{compiler} not found (apt-get install {toolchain.package}, or name one in "
+                             f"{toolchain.compiler_env})")
     return compiler
 
 

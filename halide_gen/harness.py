@@ -109,7 +109,6 @@ class Runner:
 
 def build_runner(artifact: KernelArtifact, target: str, out_dir: Path) -> Runner:
     """Compiles and links a runner for an AOT kernel (g++ for x86, aarch64-linux-gnu-g++ for ARM)."""
-    arm = target_spec(target).machine == "arm-64"
     compiler = compiler_for(target)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -122,5 +121,4 @@ def build_runner(artifact: KernelArtifact, target: str, out_dir: Path) -> Runner
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"building the runner failed: {proc.stderr.strip()[-2000:]}")
-    launcher = ["qemu-aarch64", "-L", "/usr/aarch64-linux-gnu"] if arm else []
-    return Runner(exe, artifact, launcher)
+    return Runner(exe, artifact, list(target_spec(target).toolchain.launcher))

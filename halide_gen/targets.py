@@ -38,6 +38,32 @@ VULKAN_ALLOC_CONFIG = "0:1:0:0:64"
 
 
 @dataclass(frozen=True)
+class Toolchain:
+    """How C++ for one CPU is built on this machine and, for tests and measurements, run here."""
+
+    compiler: str  # the C++ compiler used unless `compiler_env` names another
+    compiler_env: str  # the environment variable that overrides it
+    package: str  # the Debian package that provides the compiler (named in the error when it is missing)
+    sysroot: str | None  # the cross compiler's target root, where the target's shared libraries live
+    launcher: tuple[str, ...]  # what runs one of its executables here; () = natively
+
+
+_AARCH64_SYSROOT = "/usr/aarch64-linux-gnu"
+
+# One toolchain per CPU a target runs on (TargetSpec.machine). A target whose machine is not here is
+# refused with a clear error (TargetSpec.toolchain), never built with the host's compiler.
+TOOLCHAINS: dict[str, Toolchain] = {
+    "x86-64": Toolchain("g++", "DNNFUSION_CXX_X86", "g++", None, ()),
+    "arm-64": Toolchain("aarch64-linux-gnu-g++", "DNNFUSION_CXX_ARM64", "g++-aarch64-linux-gnu", _AARCH64_SYSROOT,
+                        ("qemu-aarch64", "-L", _AARCH64_SYSROOT)),
+}
+
+# How a target's delegate is delivered in OUT: "library", a shared library linked here; "android-cmake",
+# a CMake project for the Android NDK (linked here too when $ANDROID_NDK is set: tflite_tools.fuse).
+PACKAGINGS = ("library", "android-cmake")
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A named compilation target: Halide target strings (several = multitarget, baseline last)."""
 
@@ -45,6 +71,11 @@ class TargetSpec:
     halide: tuple[str, ...]
     family: str  # "x86", "arm" or "gpu": which schedule family applies
     precision: str = "fp32"  # how float tensors inside a block are stored (halide_gen.block.PRECISIONS)
+    packaging: str = "library"  # one of PACKAGINGS
+
+    def __post_init__(self):
+        if self.packaging not in PACKAGINGS:
+            raise ValueError(f"{self.name}: packaging {self.packaging!r} is none of {PACKAGINGS}")
 
     def targets(self) -> list:
         """The Halide targets (hl.Target), each without its own copy of the runtime."""
@@ -72,6 +103,15 @@ class TargetSpec:
         return "-".join(self.halide[0].split("-")[:2])
 
     @property
+    def toolchain(self) -> Toolchain:
+        """The compiler (and launcher) for this target's CPU; ValueError for a CPU without one."""
+        try:
+            return TOOLCHAINS[self.machine]
+        except KeyError:
+            raise ValueError(f"{self.name}: no C++ toolchain known for {self.machine} "
+                             "(halide_gen.targets.TOOLCHAINS)") from None
+
+    @property
     def gpu_api(self) -> str | None:
         """"opencl" or "vulkan" for GPU targets."""
         for api in ("opencl", "vulkan"):
@@ -87,15 +127,16 @@ _FP16_FEATURE = {"opencl": "cl_half", "vulkan": "vk_float16"}
 def _with_fp16(spec: TargetSpec) -> TargetSpec:
     """The half-precision variant of a GPU target."""
     feature = _FP16_FEATURE[spec.gpu_api]
-    return TargetSpec(f"{spec.name}-fp16", tuple(f"{t}-{feature}" for t in spec.halide), spec.family, "fp16")
+    return TargetSpec(f"{spec.name}-fp16", tuple(f"{t}-{feature}" for t in spec.halide), spec.family, "fp16",
+                      spec.packaging)
 
 
 _BASE_TARGETS = [
     TargetSpec("host", (_X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
     TargetSpec("arm64-linux", ("arm-64-linux",), "arm"),
-    TargetSpec("arm64-android", ("arm-64-android",), "arm"),
-    TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu"),
-    TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu"),
+    TargetSpec("arm64-android", ("arm-64-android",), "arm", packaging="android-cmake"),
+    TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu", packaging="android-cmake"),
+    TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu", packaging="android-cmake"),
     TargetSpec("host-opencl", (f"{_X86_AVX2}-opencl",), "gpu"),
     TargetSpec("host-vulkan", (f"{_X86_AVX2}-{_VULKAN}",), "gpu"),
 ]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from halide_gen.aot import compile_runtime
 from halide_gen.bundle import DELEGATE_DIR, HALIDE_INCLUDE, compiler_for, runtime_sources
 
@@ -51,7 +53,7 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
 
     import numpy as np
 
-    from halide_gen.bundle import PACK_CODES
+    from halide_gen.bundle_abi import PACK
     from halide_gen.pack import PACKERS, pack
 
     (tmp_path / "wrapper.cc").write_text(PACK_WRAPPER)
@@ -61,11 +63,6 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
                             "-o", str(lib)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr[-3000:]
     native = ctypes.CDLL(str(lib)).pack_constant
-    import re
-
-    header = (DELEGATE_DIR / "include" / "dnnfusion" / "bundle.h").read_text()
-    enum = header[header.index("enum class Pack"):]
-    codes = {name: int(value) for name, value in re.findall(r"(k\w+) = (\d+)", enum[:enum.index("};")])}
     rng = np.random.default_rng(0)
     ranks = {"ohwi_to_hwio": 4, "oi_to_io": 2, "pad_channels": None, "o_blocked": None}
     for name in PACKERS:
@@ -77,8 +74,27 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
                 expected = pack(name, src)
                 dst = np.full(expected.shape, 77, dtype)  # padding must be written as zeros
                 dims = lambda a: (ctypes.c_int32 * a.ndim)(*a.shape)  # noqa: E731
-                ok = native(codes[PACK_CODES[name]], src.ctypes.data_as(ctypes.c_void_p), dims(src), src.ndim,
+                ok = native(PACK.value(name), src.ctypes.data_as(ctypes.c_void_p), dims(src), src.ndim,
                             dst.ctypes.data_as(ctypes.c_void_p), dims(expected), expected.ndim,
                             ctypes.c_size_t(src.itemsize))
                 assert ok == 1, (name, shape)
                 np.testing.assert_array_equal(dst, expected, err_msg=f"{name} {shape} {dtype.__name__}")
+
+
+def test_bundle_abi_header_is_generated_from_its_python_definition():
+    # The table's structs and enums are written once, in halide_gen/bundle_abi.py; the committed
+    # header must be what that module writes (python -m halide_gen.bundle_abi regenerates it).
+    from halide_gen import bundle_abi
+
+    from halide_gen.pack import PACKERS
+
+    assert bundle_abi.HEADER.read_text() == bundle_abi.header(), "run: python -m halide_gen.bundle_abi"
+    assert {m.key for m in bundle_abi.PACK.members} == {None, *PACKERS}  # a code for every packing
+
+
+def test_initializer_refuses_a_missing_or_unknown_field():
+    from halide_gen.bundle_abi import NODE_SPEC, initializer
+
+    assert initializer(NODE_SPEC, n_outputs=5, index=1, builtin_code=2, first_io=3, n_inputs=4) == "{1, 2, 3, 4, 5}"
+    with pytest.raises(KeyError, match="missing \\['n_outputs'\\], unknown \\['outputs'\\]"):
+        initializer(NODE_SPEC, index=1, builtin_code=2, first_io=3, n_inputs=4, outputs=5)

@@ -6,15 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "dnnfusion/bundle_abi.h"  // ClaimPolicy
 #include "log.h"
 
 namespace dnnfusion {
-
-enum class ClaimPolicy {  // values fixed: the bundle stores its default as a number
-  kProfitable = 0,  // only blocks measured (or estimated) faster than TFLite on the same nodes
-  kAll = 1,         // every block the bundle has a kernel for
-  kNone = 2,        // nothing: load the library, report what would match, run stock TFLite
-};
 
 struct Options {
   int num_threads = 0;  // Halide's thread pool size; 0 = the interpreter's recommendation
