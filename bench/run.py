@@ -11,7 +11,9 @@ Per reference model (bench/zoo.py: ../shared/models when present):
   the ratio to XNNPACK; then the same at two threads, reported apart (a 2-core machine makes them noisy);
 - peak resident memory per contender (a fresh process each) and the planned activation bytes;
 - fusion: TFLite ops, our kernels, TVM relax's fused kernels (bench/tvm_fusion.py);
-- TVM latency, untuned, one thread (bench/tvm_latency.py), when --tvm-python is given.
+- TVM latency, untuned, one thread (bench/tvm_latency.py), when --tvm-python is given;
+- the ARM64 measure (bench/arm_count.py): aarch64 instructions and memory accesses per invoke on qemu's
+  cortex-a76, XNNPACK against the model fused for arm64-linux, when qemu-user and the cross compiler are here.
 
 MetaSchedule tuning is not run: in apache-tvm 0.27.0.post1 `relax.transform.MetaScheduleTuneIRMod`
 (64 trials, gpt2_small, after the same legalize/fuse passes) crashes the process with a segfault in
@@ -102,7 +104,22 @@ def measure_model(model: Path, out: Path, runs: int, tvm_python: str | None) -> 
         inputs.append(str(out / f"in{k}.npy"))
         np.save(inputs[-1], array)
     row["tvm"] = _tvm(tvm_python, "tvm_latency.py", str(model), *inputs)
+    row["arm64"] = _arm64(model, out / "arm64")
     return row
+
+
+def _arm64(model: Path, work: Path) -> dict:
+    """The ARM64 counts (bench/arm_count.py), or why there are none."""
+    import shutil
+
+    import arm_count
+
+    if not (shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-g++")):
+        return {"error": "qemu-user or g++-aarch64-linux-gnu not installed"}
+    try:
+        return arm_count.model_counts(model, "cortex-a76", work, invokes=3)
+    except Exception as exc:  # a missing rootfs or a failed emulated run: the rest of the report stands
+        return {"error": str(exc).splitlines()[0][:200]}
 
 
 def _ms(entry: dict) -> str:
@@ -145,8 +162,27 @@ def format_results(rows: list[dict], env: dict[str, str], command: str) -> str:
                      f"{r['ops'] / max(1, r['blocks']):.2f} / {rate_tvm} | {peaks} | "
                      f"{r['activations_before'] / 2**20:.1f} / {r['activations_after'] / 2**20:.1f} | "
                      f"{r['fuse_cold_s']:.0f} / {r['fuse_warm_s']:.1f} |")
-    lines += ["", "Charts: `bench/charts/speedup.png`, `bench/charts/fusion.png`, `bench/charts/memory.png`.", END]
+    lines += _format_arm64(rows)
+    lines += ["", "Charts: `bench/charts/speedup.png`, `bench/charts/fusion.png`, `bench/charts/memory.png`, "
+              "`bench/charts/arm64.png`.", END]
     return "\n".join(lines) + "\n"
+
+
+def _format_arm64(rows: list[dict]) -> list[str]:
+    """The ARM64 table: per-invoke counts on qemu's cortex-a76, ours / XNNPACK."""
+    lines = ["", "ARM64, one thread, deterministic (bench/arm_count.py: qemu-aarch64 -cpu cortex-a76, a counting "
+             "plugin; per invoke, millions; ratios ours / XNNPACK, < 1: ours executes less):", "",
+             "| model | XNNPACK M insns | XNNPACK M mem | ours all: insns | mem | ours profitable: insns | mem |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        arm = r.get("arm64") or {"error": "not measured"}
+        if "error" in arm:
+            lines.append(f"| {r['model']} | {arm['error']} | | | | | |")
+            continue
+        x, a, p = arm["xnnpack"], arm["dnnfusion-all"], arm["dnnfusion-profitable"]
+        lines.append(f"| {r['model']} | {x['insns'] / 1e6:.1f} | {x['mems'] / 1e6:.1f} | {a['insns'] / x['insns']:.3f} | "
+                     f"{a['mems'] / x['mems']:.3f} | {p['insns'] / x['insns']:.3f} | {p['mems'] / x['mems']:.3f} |")
+    return lines
 
 
 def draw_charts(rows: list[dict], folder: Path) -> list[Path]:
@@ -186,6 +222,15 @@ def draw_charts(rows: list[dict], folder: Path) -> list[Path]:
          "fusion.png")
     bars({c: [r["t1"][c]["peak_mib"] for r in rows] for c in CONTENDERS}, "Peak resident memory growth", "MiB",
          "memory.png")
+    arm = [r.get("arm64") or {} for r in rows]
+
+    def arm_ratio(policy: str, what: str) -> list[float]:
+        return [a[policy][what] / a["xnnpack"][what] if "xnnpack" in a else 0.0 for a in arm]
+
+    bars({"instructions, all blocks": arm_ratio("dnnfusion-all", "insns"),
+          "memory accesses, all blocks": arm_ratio("dnnfusion-all", "mems"),
+          "instructions, profitable": arm_ratio("dnnfusion-profitable", "insns")},
+         "ARM64 (cortex-a76, qemu): ours / XNNPACK per invoke (lower is better)", "ratio", "arm64.png", 1.0)
     return paths
 
 

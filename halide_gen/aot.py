@@ -43,6 +43,7 @@ def generator_digest() -> str:
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
 
+
 @dataclass
 class KernelArtifact:
     """A compiled kernel in the cache."""

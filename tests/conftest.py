@@ -41,6 +41,27 @@ def model_id(path: Path) -> str:
     return path.stem
 
 
+@pytest.fixture(scope="session")
+def arm64_root() -> Path:
+    """The emulated aarch64 Python with LiteRT (tests/arm64_rootfs.py), cached in the user's dnnfusion
+    cache across runs. Skips where qemu-user or the cross compiler is missing, except in CI."""
+    import shutil
+
+    from arm64_rootfs import Unavailable, prepare
+    from fusion.cost import default_cache_dir
+
+    if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-g++") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("qemu-user and g++-aarch64-linux-gnu are required in CI (scripts/install-system-deps.sh)")
+        pytest.skip("needs qemu-user and g++-aarch64-linux-gnu")
+    try:
+        return prepare(default_cache_dir())
+    except Unavailable as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(exc))
+
+
 @pytest.fixture
 def model_path():
     """Returns the path of a project test model by stem."""
@@ -61,6 +82,7 @@ def model_path():
 #   slow    — fuzzers and whole-model runs that take a minute or more
 MODULE_MARKS = {
     "test_arm64": ("cross", "network", "slow"),
+    "test_arm_count": ("cross", "network"),
     "test_android": ("cross",),
     "test_gpu_delegate": ("gpu", "slow"),
     "test_tflite_runtime": ("network", "slow"),

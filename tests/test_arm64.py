@@ -5,12 +5,9 @@ within tflite_tools.run's tolerance, and the delegate claims exactly the planned
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
-from arm64_rootfs import Unavailable, prepare, run_python
+from arm64_rootfs import run_python
 from conftest import MODELS
 from delegate_checks import invoke_elsewhere, planned_nodes
 from tflite_tools.fuse import fuse
@@ -21,31 +18,10 @@ from tflite_tools.fuse import fuse
 MODELS_ARM64 = ["unet_tiny", "depthwise_residual", "transformer_encoder", "fc_softmax", "mobilenet_v2_035_96_int8"]
 
 
-def _missing(tool: str) -> bool:
-    return shutil.which(tool) is None
-
-
-@pytest.fixture(scope="module")
-def rootfs():
-    """The emulated aarch64 Python, cached in the user's dnnfusion cache across runs."""
-    if _missing("qemu-aarch64") or _missing("aarch64-linux-gnu-g++"):
-        if os.environ.get("CI") == "true":
-            pytest.fail("qemu-user and g++-aarch64-linux-gnu are required in CI (scripts/install-system-deps.sh)")
-        pytest.skip("needs qemu-user and g++-aarch64-linux-gnu")
-    from fusion.cost import default_cache_dir
-
-    try:
-        return prepare(default_cache_dir())
-    except Unavailable as exc:
-        if os.environ.get("CI") == "true":
-            raise
-        pytest.skip(str(exc))
-
-
 @pytest.mark.parametrize("stem", MODELS_ARM64)
-def test_arm64_delegate_matches_host_litert(stem, rootfs, tmp_path):
+def test_arm64_delegate_matches_host_litert(stem, arm64_root, tmp_path):
     result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target="arm64-linux", cache_dir=tmp_path.parent / "k64")
-    errors, claims = invoke_elsewhere(lambda args: run_python(rootfs, *args), result, tmp_path, seed=4)
+    errors, claims = invoke_elsewhere(lambda args: run_python(arm64_root, *args), result, tmp_path, seed=4)
     assert all(e.ok for e in errors), errors
     assert claims["claimed_nodes"] == planned_nodes(result)
     assert claims["claimed_nodes"]  # the emulated delegate really ran kernels

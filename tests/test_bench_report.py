@@ -24,7 +24,9 @@ def row(name: str, tvm: dict | None = None) -> dict:
                "dnnfusion-all": contender(8.0, 0.8), "dnnfusion-profitable": contender(9.0, 0.9)}
     return {"model": name, "ops": 100, "kernels": 40, "blocks": 50, "profitable": 30,
             "activations_before": 8 * 2**20, "activations_after": 4 * 2**20, "fuse_cold_s": 31.0, "fuse_warm_s": 1.5,
-            "t1": timings, "t2": timings, "tvm_kernels": 60, "tvm": tvm or {}}
+            "t1": timings, "t2": timings, "tvm_kernels": 60, "tvm": tvm or {},
+            "arm64": {"xnnpack": {"insns": 100e6, "mems": 40e6}, "dnnfusion-all": {"insns": 90e6, "mems": 36e6},
+                      "dnnfusion-profitable": {"insns": 95e6, "mems": 38e6}}}
 
 
 def test_section_has_every_figure():
@@ -35,6 +37,13 @@ def test_section_has_every_figure():
     assert "| m1 | 10.00 (9.00-12.00) | 3.00x | 0.80x | 0.90x | 20.00 (2.00x) |" in text
     assert "| n/a (below) |" in text and "- TVM could not run m2: frontend: boom" in text
     assert "| m1 | 100 | 40 (30) | 60 | 2.00 / 1.67 | 40 / 40 / 40 / 40 | 8.0 / 4.0 | 31 / 1.5 |" in text
+    assert "| m1 | 100.0 | 40.0 | 0.900 | 0.900 | 0.950 | 0.950 |" in text
+
+
+def test_section_says_why_arm64_figures_are_missing():
+    missing = {**row("m3"), "arm64": {"error": "qemu-user or g++-aarch64-linux-gnu not installed"}}
+    text = bench_run.format_results([missing, {**row("m4"), "arm64": None}], ENV, "cmd")
+    assert "| m3 | qemu-user or g++-aarch64-linux-gnu not installed |" in text and "| m4 | not measured |" in text
 
 
 def test_section_replaces_itself_in_results(tmp_path):
@@ -49,5 +58,5 @@ def test_section_replaces_itself_in_results(tmp_path):
 def test_charts_are_written(tmp_path):
     pytest.importorskip("matplotlib")
     paths = bench_run.draw_charts([row("m1", {"median_ms": 20.0}), row("m2")], tmp_path)
-    assert [p.name for p in paths] == ["speedup.png", "fusion.png", "memory.png"]
+    assert [p.name for p in paths] == ["speedup.png", "fusion.png", "memory.png", "arm64.png"]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

@@ -1,0 +1,257 @@
+"""The ARM64 cost measure: aarch64 instructions and memory accesses per invoke, counted under qemu.
+
+    python bench/arm_count.py MODEL [MODEL ...] [--cpu cortex-a76] [--delegate LIB --fused MODEL]
+                              [--blocks] [--invokes 5] [--json]
+
+There is no ARM hardware here, and timings on this shared x86 machine move with its load. What does
+not move: the instructions an aarch64 CPU executes for one invoke. QEMU's user-mode emulator runs an
+aarch64 Python with LiteRT (tests/arm64_rootfs.py prepares it) with a TCG plugin
+(bench/arm64/counter.c) that counts every guest instruction and memory access; the guest script
+(bench/arm64/guest.py) marks the counters just before and after K invokes, after a warm-up, so the
+difference is what those invokes executed and nothing of the process's start-up. Repeated runs agree
+to a few hundredths of a percent (tests/test_arm_count.py checks 0.5 %).
+
+Per model it counts, one thread each, on the chosen `-cpu` (default cortex-a76, a phone's big core:
+NEON, dot product, fp16; cortex-a53 is a little ARMv8.0 core without dot product):
+- LiteRT + XNNPACK alone (XNNPACK's NEON micro-kernels, picked for that CPU);
+- the model fused for arm64-linux with our delegate claiming every block (`claim=all`) and with its
+  default policy (`claim=profitable`); XNNPACK runs what the delegate leaves.
+With --blocks, each planned block is also cut out into a model of its own (as bench/block_table.py
+does for x86 time) and counted both ways, so that the losses have names.
+
+Instruction counts ignore stalls and cache misses: read them beside the memory accesses, and never
+trade a few instructions for many more accesses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+HERE = REPO / "bench" / "arm64"
+CPUS = {
+    "cortex-a76": "big core (ARMv8.2: NEON, dot product, fp16)",
+    "cortex-a53": "little core (ARMv8.0: NEON, no dot product)",
+}
+TARGET = "arm64-linux"
+
+
+@dataclass(frozen=True)
+class Count:
+    """Per-invoke figures of one case."""
+
+    insns: float  # aarch64 instructions executed
+    mems: float  # memory accesses (loads and stores, each counted once whatever its width)
+
+
+@dataclass
+class Case:
+    """One model to count, with an optional external delegate and its options."""
+
+    name: str
+    model: Path
+    delegate: Path | None = None
+    options: dict[str, str] = field(default_factory=dict)
+
+
+def build_counter(cache_dir: Path) -> Path:
+    """The plugin, compiled once per source version into the cache."""
+    source = HERE / "counter.c"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    library = cache_dir / f"arm-count-{digest}.so"
+    if not library.exists():
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        partial = library.with_suffix(f".{os.getpid()}.tmp")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wall", "-o", str(partial), str(source)], check=True)
+        os.replace(partial, library)
+    return library
+
+
+def rootfs(cache_dir: Path) -> Path:
+    """The emulated aarch64 Python with LiteRT (prepared once; needs the package registries)."""
+    from arm64_rootfs import prepare
+
+    return prepare(cache_dir)
+
+
+def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: int = 2,
+          cache_dir: Path | None = None) -> dict[str, Count]:
+    """Per-invoke counts of each case, all in one emulated process on `cpu`, one thread."""
+    from fusion.cost import default_cache_dir
+
+    cache_dir = cache_dir or default_cache_dir()
+    root, plugin = rootfs(cache_dir), build_counter(cache_dir)
+    with tempfile.TemporaryDirectory() as tmp:
+        job, marks = Path(tmp) / "job.json", Path(tmp) / "marks.txt"
+        job.write_text(json.dumps({"warmup": warmup, "invokes": invokes, "threads": 1, "cases": [
+            {"model": str(c.model.resolve()), "delegate": str(c.delegate.resolve()) if c.delegate else None,
+             "options": c.options} for c in cases]}))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+        env.update(ARM_COUNT_OUT=str(marks), PYTHONHASHSEED="0")
+        proc = subprocess.run(["qemu-aarch64", "-cpu", cpu, "-plugin", str(plugin), "-L", str(root),
+                               str(root / "usr" / "bin" / "python3.11"), str(HERE / "guest.py"), str(job)],
+                              capture_output=True, text=True, env=env, timeout=3 * 3600)
+        if proc.returncode != 0:
+            raise RuntimeError(f"the emulated run failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
+        points = {}
+        for line in marks.read_text().splitlines():
+            what, tag, insns, mems = line.split()
+            if what == "mark":
+                points[int(tag)] = (int(insns), int(mems))
+    result = {}
+    for i, case in enumerate(cases):
+        (i0, m0), (i1, m1) = points[2 * i], points[2 * i + 1]
+        result[case.name] = Count((i1 - i0) / invokes, (m1 - m0) / invokes)
+    return result
+
+
+def fuse_for_arm(model: Path, out: Path):
+    """`fuse --target arm64-linux` of `model` into `out` (kernels from the shared cache)."""
+    from tflite_tools.fuse import fuse
+
+    return fuse(model, out, target=TARGET)
+
+
+def claimed_nodes(report: Path) -> int:
+    """How many nodes the delegate claimed, from its report option's file."""
+    from tflite_tools.run import read_claims
+
+    claims = read_claims(report)
+    return len(claims.get("claimed_nodes") or []) if claims else 0
+
+
+def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None) -> dict:
+    """XNNPACK alone against our delegate (claim all, and the default policy) on one model."""
+    work.mkdir(parents=True, exist_ok=True)
+    fused = fused or fuse_for_arm(model, work / "out")
+    reports = {policy: work / f"claims-{policy}.json" for policy in ("all", "profitable")}
+    cases = [Case("xnnpack", model)]
+    cases += [Case(f"dnnfusion-{policy}", fused.model, fused.library,
+                   {"claim": policy, "num_threads": "1", "report": str(reports[policy])}) for policy in reports]
+    counts = count(cases, cpu, invokes)
+    row = {"model": model.stem, "cpu": cpu, **{name: asdict(c) for name, c in counts.items()}}
+    for policy, report in reports.items():
+        row[f"dnnfusion-{policy}"]["claimed_nodes"] = claimed_nodes(report)
+    return row
+
+
+def block_counts(model: Path, cpu: str, work: Path, invokes: int) -> list[dict]:
+    """Each planned block cut out into a model of its own, fused, and counted against XNNPACK on the
+    same nodes."""
+    import tflite_tools
+    from fusion.pipeline import plan_model
+    from halide_gen.lower import LoweringError
+    from halide_gen.profile import cut_out
+    from tflite_tools.model.errors import ModelError
+
+    summary = plan_model(tflite_tools.load(model))
+    plan = summary.plan
+    cases, rows = [], []
+    for block in plan.blocks:
+        if block.opaque_reason:
+            continue
+        ops = [plan.ecg.nodes[i].op for i in block.ops]
+        names = " ".join(op.name + (f"+{op.fused_activation}" if op.fused_activation else "") for op in ops)
+        piece = work / f"{block.name}.tflite"
+        tflite_tools.save(cut_out(ops, block.inputs, block.outputs), piece)
+        try:
+            fused = fuse_for_arm(piece, work / block.name)
+        except (LoweringError, ModelError, RuntimeError) as exc:
+            rows.append({"block": block.name, "ops": names, "error": str(exc).splitlines()[0][:80]})
+            continue
+        report = work / f"{block.name}.claims.json"
+        cases += [Case(f"{block.name}/xnnpack", piece),
+                  Case(f"{block.name}/ours", fused.model, fused.library,
+                       {"claim": "all", "num_threads": "1", "report": str(report)})]
+        rows.append({"block": block.name, "ops": names, "report": report})
+    counts = count(cases, cpu, invokes)
+    for row in rows:
+        if "error" in row:
+            continue
+        ours, xnn = counts[f"{row['block']}/ours"], counts[f"{row['block']}/xnnpack"]
+        row.update(ours=asdict(ours), xnnpack=asdict(xnn), claimed=claimed_nodes(row.pop("report")) > 0)
+    return rows
+
+
+def _m(n: float) -> str:
+    return f"{n / 1e6:.2f}"
+
+
+def format_models(rows: list[dict]) -> str:
+    """The per-model table (M = millions per invoke; ratios are ours / XNNPACK)."""
+    lines = ["| model | cpu | XNNPACK M insns | all: M insns | ratio | mem ratio | profitable: M insns | ratio |"
+             " mem ratio | nodes claimed (all / profitable) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        x, a, p = r["xnnpack"], r["dnnfusion-all"], r["dnnfusion-profitable"]
+        lines.append(f"| {r['model']} | {r['cpu']} | {_m(x['insns'])} | {_m(a['insns'])} | "
+                     f"{a['insns'] / x['insns']:.3f} | {a['mems'] / x['mems']:.3f} | {_m(p['insns'])} | "
+                     f"{p['insns'] / x['insns']:.3f} | {p['mems'] / x['mems']:.3f} | "
+                     f"{a['claimed_nodes']} / {p['claimed_nodes']} |")
+    return "\n".join(lines)
+
+
+def format_blocks(model: str, rows: list[dict]) -> str:
+    """The per-block table of one model, worst ratio first."""
+    done = [r for r in rows if "error" not in r]
+    done.sort(key=lambda r: -(r["ours"]["insns"] - r["xnnpack"]["insns"]))
+    lines = [f"#### {model}", "", "| block | ops | ours M insns | XNNPACK M insns | ratio | mem ratio | excess M |",
+             "|---|---|---|---|---|---|---|"]
+    for r in done:
+        o, x = r["ours"], r["xnnpack"]
+        note = "" if r["claimed"] else " (not claimed)"
+        lines.append(f"| {r['block']}{note} | {r['ops']} | {_m(o['insns'])} | {_m(x['insns'])} | "
+                     f"{o['insns'] / x['insns']:.2f} | {o['mems'] / x['mems']:.2f} | "
+                     f"{(o['insns'] - x['insns']) / 1e6:+.2f} |")
+    ours, xnn = sum(r["ours"]["insns"] for r in done), sum(r["xnnpack"]["insns"] for r in done)
+    if xnn:
+        lines.append(f"| total | | {_m(ours)} | {_m(xnn)} | {ours / xnn:.2f} | | {(ours - xnn) / 1e6:+.2f} |")
+    lines += [f"| {r['block']} | {r['ops']} | - | - | - | - | not built: {r['error']} |"
+              for r in rows if "error" in r]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Counts the models and prints Markdown tables (or JSON)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="+", type=Path)
+    parser.add_argument("--cpu", default="cortex-a76", help=f"qemu -cpu name ({', '.join(CPUS)})")
+    parser.add_argument("--delegate", type=Path, help="an arm64-linux delegate library already built (with --fused)")
+    parser.add_argument("--fused", type=Path, help="the fused model that goes with --delegate")
+    parser.add_argument("--blocks", action="store_true", help="also count every block cut out on its own")
+    parser.add_argument("--invokes", type=int, default=5, help="invokes counted per case, after 2 to warm up")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if bool(args.delegate) != bool(args.fused) or (args.delegate and len(args.models) != 1):
+        parser.error("--delegate and --fused go together, with one model")
+
+    rows, blocks = [], {}
+    for model in args.models:
+        with tempfile.TemporaryDirectory() as tmp:
+            fused = None
+            if args.delegate:
+                fused = argparse.Namespace(model=args.fused, library=args.delegate)
+            rows.append(model_counts(model, args.cpu, Path(tmp), args.invokes, fused))
+            if args.blocks:
+                blocks[model.stem] = block_counts(model, args.cpu, Path(tmp), args.invokes)
+    if args.json:
+        print(json.dumps({"models": rows, "blocks": blocks}, indent=1))
+        return 0
+    print(format_models(rows))
+    for name, table in blocks.items():
+        print("\n" + format_blocks(name, table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""The ARM64 cost measure (bench/arm_count.py): its qemu plugin builds, and per-invoke counts of the
+same cases are reproducible, in one emulated process and across processes."""
+
+from __future__ import annotations
+
+import sys
+
+from conftest import MODELS, REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+
+import arm_count  # noqa: E402
+
+
+def test_counts_are_reproducible_and_see_the_delegate(arm64_root, tmp_path):
+    row = arm_count.model_counts(MODELS / "unet_tiny.tflite", "cortex-a76", tmp_path, invokes=2)
+    again = arm_count.model_counts(MODELS / "unet_tiny.tflite", "cortex-a76", tmp_path / "again", invokes=3)
+    for case in ("xnnpack", "dnnfusion-all", "dnnfusion-profitable"):
+        first, second = row[case], again[case]
+        assert first["insns"] > 1e6 and first["mems"] > 1e5, (case, first)
+        assert abs(first["insns"] - second["insns"]) <= 0.005 * first["insns"], (case, first, second)
+        assert abs(first["mems"] - second["mems"]) <= 0.005 * first["mems"], (case, first, second)
+    # Our delegate runs every planned block: its count is not XNNPACK's in disguise.
+    assert row["dnnfusion-all"]["claimed_nodes"] == 18
+    assert row["dnnfusion-all"]["insns"] != row["xnnpack"]["insns"]
+    table = arm_count.format_models([row])
+    assert "| unet_tiny | cortex-a76 |" in table
+
+
+def test_one_case_counted_alone_matches_the_same_case_among_others(arm64_root, tmp_path):
+    # Marks bracket each case's invokes, so what ran before (another interpreter, a delegate)
+    # does not leak into a case's figure.
+    model = MODELS / "unet_tiny.tflite"
+    alone = arm_count.count([arm_count.Case("x", model)], invokes=2)["x"]
+    among = arm_count.count([arm_count.Case("y", MODELS / "fc_softmax.tflite"), arm_count.Case("x", model)],
+                            invokes=2)["x"]
+    assert abs(alone.insns - among.insns) <= 0.005 * alone.insns, (alone, among)
