@@ -15,7 +15,7 @@ import numpy as np
 
 from tflite_tools.model.ir import Operator, Tensor
 
-from .lower import AccumulatorKind, LoweringError, OpContext, lower
+from .lower import AccumulatorKind, LoweringError, OpContext, ieee, lower
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, float_storage, halide_type
 
@@ -77,6 +77,19 @@ class Accumulator:
     value: Value
     kind: AccumulatorKind
     rdom: hl.RDom
+    source: hl.Func | None = None  # the activation the reduction walks, read at consecutive indices
+
+    @property
+    def extents(self) -> list[int]:
+        """The reduction domain's extents, innermost dimension last (they are constants: shapes are
+        static). Read from the Expr's text: Halide's Python bindings expose no constant accessor."""
+        extents = []
+        for k in range(self.rdom.dimensions()):
+            match = re.fullmatch(r"<halide\.Expr of type u?int\d+: (\d+)>", repr(self.rdom[k].extent()))
+            if match is None:
+                raise ValueError(f"reduction extent {self.rdom[k].extent()!r} is not a constant")
+            extents.append(int(match.group(1)))
+        return extents
 
 
 @dataclass
@@ -153,12 +166,25 @@ PRECISIONS = {"fp32": hl.Float(32), "fp16": hl.Float(16)}
 MAX_BUFFER_BYTES = 2**31 - 1
 
 
-def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32") -> BlockKernel:
-    """Lowers `ops` (in execution order) into one pipeline producing `outputs`.
+def _declare_dense(buffer, shape) -> None:
+    """Tells Halide a kernel buffer's whole layout: shapes are static and TFLite tensors (and packed
+    constants) dense, so every loop bound and every stride is a constant. Unrollable loops, no
+    runtime bounds arithmetic, and addresses LLVM folds into immediate offsets (paired NEON loads
+    instead of a register per row); the kernel checks the buffers the caller passes."""
+    stride = 1
+    for k, extent in enumerate(reversed(shape)):
+        buffer.dim(k).set_bounds(0, int(extent)).set_stride(stride)
+        stride *= int(extent)
+
+
+def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32",
+                native_minmax: bool = False) -> BlockKernel:
+    """Lowers `ops` (in execution order) into one pipeline producing `outputs`; `native_minmax` for
+    a target whose float min / max already treat NaN and inf as TFLite does (lower.ieee).
 
     Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
     """
-    with float_storage(PRECISIONS[precision]):
+    with float_storage(PRECISIONS[precision]), ieee.native_minmax(native_minmax):
         return _build_block(name, ops, outputs)
 
 
@@ -194,10 +220,7 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         if key not in params:
             rank = len(PACKERS[packing].shape(tuple(t.shape))) if packing else len(t.shape)
             arg = Argument(t, hl.ImageParam(halide_type(t.type_name), rank, f"{kernel.name}_in{len(params)}"), packing)
-            # Shapes are static: telling Halide makes every loop bound a constant (unrollable,
-            # no runtime bounds arithmetic) and checks the buffers the caller passes.
-            for k, extent in enumerate(reversed(arg.shape)):
-                arg.param.dim(k).set_bounds(0, int(extent))
+            _declare_dense(arg.param, arg.shape)
             kernel.arguments.append(arg)
             # Packed constants are weights, read only at indices a reduction walks.
             func = hl.Func(arg.param) if packing or len(arg.shape) < 2 else _edge_clamped(arg)
@@ -220,7 +243,7 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         kernel.op_helpers.append(list(ctx.materialize))
         kernel.row_reductions.extend(ctx.row_reductions)
         kernel.constants.extend(ctx.constants)
-        kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r) for acc, kind, r in ctx.accumulators)
+        kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r, src) for acc, kind, r, src in ctx.accumulators)
 
     for k, t in enumerate(outputs):
         v = kernel.values.get(id(t))
@@ -234,6 +257,7 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         wrapper[vars_] = hl.cast(halide_type(t.type_name), v.func[vars_])
         for var, extent in zip(vars_, reversed(v.shape)):
             wrapper.bound(var, 0, int(extent))
+        _declare_dense(wrapper.output_buffer(), v.shape)
         kernel.copied_from[id(wrapper)] = v.func
         kernel.outputs.append((t, Value(wrapper, v.shape, wrapper.type())))
     return kernel

@@ -103,6 +103,12 @@ class TargetSpec:
         return "-".join(self.halide[0].split("-")[:2])
 
     @property
+    def native_minmax(self) -> bool:
+        """Whether the CPU's float min / max give TFLite's NaN and inf answers by themselves (ARM's
+        fmax / fmin do; x86's maxps does not): halide_gen.lower.ieee then emits no extra tests."""
+        return self.family == "arm"
+
+    @property
     def toolchain(self) -> Toolchain:
         """The compiler (and launcher) for this target's CPU; ValueError for a CPU without one."""
         try:

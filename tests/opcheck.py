@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -53,6 +54,25 @@ def halide(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     sg = model.main
     jit = JitKernel(build_block("block", sg.operators, sg.outputs, PRECISION))
     return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
+
+
+def aot(model: Model, inputs: Sequence[np.ndarray], target: str, work: Path) -> list[np.ndarray]:
+    """Outputs of all the model's ops as one kernel compiled ahead of time for `target` and run
+    where that target runs here (natively, or under qemu-aarch64 for ARM64)."""
+    import hashlib
+
+    from halide_gen.aot import compile_kernel
+    from halide_gen.harness import build_runner
+    from halide_gen.pack import pack
+
+    sg = model.main
+    signature = hashlib.sha256(tflite_tools.serialize(model)).hexdigest()[:24]
+    artifact = compile_kernel(sg.operators, sg.outputs, signature, target, cache_dir=work / "cache")
+    runner = build_runner(artifact, target, work / "build")
+    constants = {t.name: t.data for t in sg.tensors if t.is_constant}
+    given = {t.name: a for t, a in zip(sg.inputs, inputs)}
+    return runner([pack(d["pack"], constants[d["name"]]) if d["name"] in constants else given[d["name"]]
+                   for d in artifact.arguments])
 
 
 def compare(model: Model, make_inputs: Callable[[np.random.Generator], list[np.ndarray]] | None = None,

@@ -13,9 +13,19 @@ which C++ expression it stands for and gives its answer for NaN and +-inf:
 - exp and log follow std::exp / std::log at the edges (overflow to inf, log of a negative is NaN).
 
 Integer expressions pass through unchanged: only floats have NaN.
+
+Where the target's float min / max instructions already give TFLite's answer, the explicit tests
+cost instructions for nothing: ARM's `fmax` / `fmin` return NaN when either operand is NaN and
+clamp +-inf like any other value, exactly `std::min(std::max(x, lo), hi)`. A build for such a target
+lowers inside `native_minmax()`, and clamps are then plain min / max (on NEON the tests were 7 % of
+MobileNetV2's instructions; tests/test_special_values.py checks the ARM kernels under qemu).
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Iterator
 
 import halide as hl
 import numpy as np
@@ -23,6 +33,20 @@ import numpy as np
 FLT_MAX = float(np.finfo(np.float32).max)
 # The largest float whose expf is finite: std::exp overflows to +inf above it.
 EXP_OVERFLOW = float(np.nextafter(np.float32(np.log(FLT_MAX)), np.float32(0)))
+
+
+_NATIVE_MINMAX: contextvars.ContextVar[bool] = contextvars.ContextVar("native_minmax", default=False)
+
+
+@contextlib.contextmanager
+def native_minmax(enabled: bool = True) -> Iterator[None]:
+    """Lowers everything inside the `with` block for a target whose float min / max propagate NaN
+    and whose code keeps a clamp to +-FLT_MAX (ARM NEON; halide_gen.targets.TargetSpec.native_minmax)."""
+    token = _NATIVE_MINMAX.set(enabled)
+    try:
+        yield
+    finally:
+        _NATIVE_MINMAX.reset(token)
 
 
 def _is_float(e: hl.Expr) -> bool:
@@ -56,6 +80,8 @@ def clamp(x: hl.Expr, lo: float, hi: float) -> hl.Expr:
     Infinities are picked out on the bits: under LLVM's no-infs flag a clamp to +-FLT_MAX is a
     no-op it may delete."""
     bounded = hl.clamp(x, hl.f32(lo), hl.f32(hi))
+    if _NATIVE_MINMAX.get() or not _is_float(x):
+        return bounded
     if lo == -FLT_MAX or hi == FLT_MAX:
         bounded = hl.select(is_inf(x), hl.select(negative(x), hl.f32(lo), hl.f32(hi)), bounded)
     return keep_nan(x, bounded)
@@ -63,7 +89,8 @@ def clamp(x: hl.Expr, lo: float, hi: float) -> hl.Expr:
 
 def at_least(x: hl.Expr, lo: float) -> hl.Expr:
     """`x < lo ? lo : x` (TFLite's RELU): NaN stays NaN."""
-    return keep_nan(x, hl.max(x, hl.f32(lo)))
+    bounded = hl.max(x, hl.f32(lo))
+    return bounded if _NATIVE_MINMAX.get() else keep_nan(x, bounded)
 
 
 def greater_of(a: hl.Expr, b: hl.Expr) -> hl.Expr:

@@ -135,7 +135,8 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         pixel = src(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel)
         return arith.term(pixel, weight(o, r[0], r[1], r[2]))
 
-    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r)
+    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r,
+                     source=src.func if pointwise else None)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
@@ -227,7 +228,9 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         src = unflatten(x.shape, row * depth + r[0]) if x.rank != 2 or x.shape[1] != depth else [row, r[0]]
         return arith.term(x.at(src), weight(i[-1], r[0]))
 
-    acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.MATMUL, r)
+    direct = x.rank == 2 and x.shape[1] == depth
+    acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.MATMUL, r,
+                     source=x.func if direct else None)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 

@@ -33,7 +33,7 @@ class OpContext:
     # when a packer is named), an in-block tensor is its producer's Func.
     value_of: Callable[..., Value]
     materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
-    accumulators: list[tuple[hl.Func, str, hl.RDom]] = field(default_factory=list)  # (Func, kind, RDom)
+    accumulators: list[tuple] = field(default_factory=list)  # (Func, kind, RDom, source Func or None)
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
     # Two-stage innermost-axis reductions (reduce.row_reduce): (16-lane partials, row totals).
     row_reductions: list[tuple[Value, Value]] = field(default_factory=list)
@@ -91,7 +91,8 @@ class AccumulatorKind(enum.Enum):
     REDUCE = "reduce"  # sums over outer axes (global average pooling)
 
 
-def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: hl.RDom) -> hl.Func:
+def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: hl.RDom,
+               source: hl.Func | None = None) -> hl.Func:
     """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
 
     Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its
@@ -102,7 +103,7 @@ def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r
     at = list(reversed(idx))
     acc[at] = init(*idx)
     acc[at] = acc[at] + update(*idx)
-    ctx.accumulators.append((acc, kind, r))
+    ctx.accumulators.append((acc, kind, r, source))
     return acc
 
 
