@@ -51,3 +51,25 @@ def test_host_profiler_answers_yellow_cells(model_path, tmp_path, monkeypatch, c
     assert cached and all(v > 0 for v in cached.values())
     covered = sorted(i for b in data["blocks"] for i in b["ops"])
     assert covered == list(range(data["ops_after_rewrite"]))
+
+
+@pytest.mark.parametrize("channels, width", [(1280, 7), (96, 112), (24, 56), (144, 28), (1000, 1), (768, 128), (3, 5)])
+@pytest.mark.parametrize("steps", [1, 4])
+def test_modelled_register_tile_fits_the_registers_and_the_op(channels, width, steps):
+    # NEON's register tile (schedule.cpu.modelled_tile): accumulators, one input vector per pixel
+    # and one step's weights within 31 of the 32 registers, a channel tile dividing the packed
+    # channel count, and no wider than the op.
+    from halide_gen.pack import padded
+    from halide_gen.schedule.cpu import NEON, modelled_tile
+
+    size, pixels = modelled_tile(channels, width, NEON.lanes, NEON.registers, True, steps)
+    vectors = size // NEON.lanes
+    assert vectors * pixels + pixels + vectors <= NEON.registers - 1
+    assert padded(channels) % size == 0 and 1 <= pixels <= width
+
+
+def test_modelled_tile_prefers_whole_rows_to_a_tail():
+    from halide_gen.schedule.cpu import modelled_tile
+
+    assert modelled_tile(1280, 7, 4, 32, True, 4) == (8, 7)  # 7 pixels: no 6 + 1
+    assert modelled_tile(1000, 1, 4, 32, True, 4) == (32, 1)  # a GEMV: the widest tile that fits

@@ -50,6 +50,14 @@ class CpuParams:
     # Fewest output rows per streamed strip (a few coarse tasks, little halo: schedules.md, lesson
     # 4). Tests set 2 so that small maps are cut into several strips too.
     strip_rows: int = 8
+    # Vector registers a convolution's or matrix product's register tile may fill. Nonzero: the
+    # tile shape is chosen per op by `modelled_tile` (fewest instructions for its channel count and
+    # row width); 0: the fixed shapes above, as measured.
+    registers: int = 0
+    # Reduction steps per input load: at 4, a pointwise conv or matrix product loads 4 consecutive
+    # input channels of a pixel in one vector and multiplies by each lane (NEON's `fmla` by element),
+    # instead of one broadcast load per step.
+    reduce_unroll: int = 1
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
@@ -57,8 +65,14 @@ class CpuParams:
 # Fully connected, 128 rows, same host (XNNPACK 0.61 ms for 256->1024, 0.15 ms for 256->256):
 # 32 units x 4 rows 0.97 ms, 32x6 0.66, 32x8 0.61 (1.00x), 16x8 0.86; 256->256 ties at every shape.
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=4, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=8)
-# NEON: 4 lanes, 32 registers: 4 vectors x 6 pixels = 24 accumulators (schedules.md, lesson 1).
-NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=16, dw_pixels=4, mm_channels=16, mm_rows=6)
+# NEON: 4 lanes, 32 registers. Counted on qemu's cortex-a76 (bench/arm_count.py, MobileNetV2, ours /
+# XNNPACK instructions, blocks cut out one by one): a fixed 4 vectors x 6 pixels tile with one
+# broadcast load per reduction step 1.21; 4 steps per vector load with `fmla` by element 1.05 with a
+# 4 x 5 tile (4 x 6 then spills: 24 accumulators + 6 inputs + 4 weights > 32); the modelled shape
+# per op (modelled_tile: 2 x 7 on 7-pixel rows, 2 x 8 on 56, 8 x 1 for a GEMV) 1.05 -> 0.98 with
+# NEON's NaN-propagating min / max (lower.ieee.native_minmax).
+NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=16, dw_pixels=4, mm_channels=16, mm_rows=6,
+                 registers=32, reduce_unroll=4)
 
 
 def _vars(f: hl.Func) -> list[hl.Var]:
@@ -95,11 +109,12 @@ def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int,
         home.align_bounds(c, channels)
 
 
-def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, pixels: int,
+def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: int, pixels: int,
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
                    parallel: bool = True) -> None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
     its reduction loops (in `rdom_order`, innermost first) outside the tile."""
+    lanes = params.lanes
     v = _vars(home)
     c = v[0]
     co, ci = hl.Var(c.name() + "_o"), hl.Var(c.name() + "_i")
@@ -110,14 +125,11 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
         acc.acc.compute_at(home, co).vectorize(_vars(acc.acc)[0], lanes, hl.TailStrategy.RoundUp)
         return
     x = v[1]
-    # A row or pixel count smaller than the tile (a 1x1 squeeze-excite conv, a one-row GEMV) gets
-    # a tile of its own size instead of mostly-guarded lanes.
-    requested = pixels
-    pixels = max(1, min(pixels, acc.value.shape[-2] if len(acc.value.shape) >= 2 else 1))
-    if pixels < requested:
-        # Keep the accumulator count: fewer pixels, more channels (a one-row GEMV gets 8x the
-        # channels). With rounded-up channels the tile must divide the packed channel count.
-        channels = _widened(channels, channels * requested // pixels, acc.value.shape[-1], round_up_channels)
+    rvars = [acc.rdom[k] for k in range(acc.rdom.dimensions())]
+    order = rvars if rdom_order is None else [rvars[k] for k in rdom_order]
+    extents = acc.extents if rdom_order is None else [acc.extents[k] for k in rdom_order]
+    steps = params.reduce_unroll if not unroll_taps and extents[0] % params.reduce_unroll == 0 else 1
+    channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, steps, modelled=not unroll_taps)
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
@@ -140,14 +152,76 @@ def _register_tile(home: hl.Func, acc: Accumulator, lanes: int, channels: int, p
     channel_tail = hl.TailStrategy.RoundUp if round_up_channels else guard
     f.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
     update = f.update()
-    rvars = [acc.rdom[k] for k in range(acc.rdom.dimensions())]
-    order = rvars if rdom_order is None else [rvars[k] for k in rdom_order]
-    update.reorder([hl.VarOrRVar(av[0]), hl.VarOrRVar(av[1])] + [hl.VarOrRVar(r) for r in order]
-                   + [hl.VarOrRVar(a) for a in av[2:]])
+    tile_loops = [hl.VarOrRVar(av[0]), hl.VarOrRVar(av[1])]
+    if steps > 1:
+        # The innermost reduction axis in groups of `steps`, unrolled inside the tile: each pixel's
+        # `steps` consecutive input values come in one vector load (the source read through a
+        # wrapper computed per group), and each lane multiplies a vector of weights.
+        outer, inner = hl.RVar(order[0].name() + "_o"), hl.RVar(order[0].name() + "_i")
+        update.split(order[0], outer, inner, steps)
+        order = [outer, *order[1:]]
+        tile_loops.append(hl.VarOrRVar(inner))
+    update.reorder(tile_loops + [hl.VarOrRVar(r) for r in order] + [hl.VarOrRVar(a) for a in av[2:]])
     update.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
+    if steps > 1:
+        update.unroll(inner)
+        if acc.source is not None:
+            group = acc.source.in_(f)
+            group.compute_at(f, outer).vectorize(_vars(group)[0], steps)
+            for var in _vars(group)[1:]:
+                group.unroll(var)
     if unroll_taps:
         for r in order:
             update.unroll(r)
+
+
+def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int, round_up: bool,
+                steps: int, modelled: bool) -> tuple[int, int]:
+    """The register tile (channels, pixels) of one accumulator: modelled where the CPU's
+    parameters give a register count (reductions over input channels only: a depthwise tile's
+    taps are not in the model), else the fixed shape fitted to the op."""
+    width = acc.value.shape[-2] if len(acc.value.shape) >= 2 else 1
+    if params.registers and modelled:
+        return modelled_tile(acc.value.shape[-1], width, params.lanes, params.registers, round_up, steps)
+    # A row or pixel count smaller than the tile (a 1x1 squeeze-excite conv, a one-row GEMV) gets
+    # a tile of its own size instead of mostly-guarded lanes.
+    requested = pixels
+    pixels = max(1, min(pixels, width))
+    if pixels < requested:
+        # Keep the accumulator count: fewer pixels, more channels (a one-row GEMV gets 8x the
+        # channels). With rounded-up channels the tile must divide the packed channel count.
+        channels = _widened(channels, channels * requested // pixels, acc.value.shape[-1], round_up)
+    return channels, pixels
+
+
+def modelled_tile(channels: int, width: int, lanes: int, registers: int, round_up: bool,
+                  steps: int) -> tuple[int, int]:
+    """The register tile with the fewest instructions for an op with `channels` outputs per pixel
+    and rows `width` pixels long, counting per group of `steps` reduction steps: one fused
+    multiply-add per accumulator vector and step, one input load per pixel (a vector of `steps`
+    values, or a broadcast when `steps` is 1), weight vectors loaded in pairs, and 3 for the loop.
+    Accumulators, one input per pixel and one step's weights must fit in `registers` (one spare):
+    past that the tile spills (4 x 6 on NEON with 4-step loads did). Tiles that run past the last
+    channel or pixel count in full: their lanes are wasted work."""
+    best: tuple[float, int, int] | None = None
+    limit = padded(channels) if round_up else channels
+    for vectors in (2, 4, 8):
+        size = vectors * lanes
+        if size > max(limit, 2 * lanes) or (round_up and limit % size):
+            continue
+        for px in range(1, min(width, 12) + 1):
+            if vectors * px + px + vectors > registers - 1:
+                break
+
+            def cost(p: int) -> int:
+                return vectors * p * steps + p + -(-vectors * steps // 2) + 3
+
+            full, tail = divmod(width, px)
+            total = -(-channels // size) * (full * cost(px) + (cost(tail) if tail else 0))
+            if best is None or total < best[0]:
+                best = (total, size, px)
+    assert best is not None
+    return best[1], best[2]
 
 
 def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, lanes: int) -> None:
@@ -188,13 +262,13 @@ def _widened(base: int, want: int, extent: int, must_divide_padding: bool) -> in
 
 def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
     """Channels x pixels, the taps unrolled."""
-    _register_tile(home, acc, params.lanes, params.dw_channels, params.dw_pixels, None, unroll_taps=True,
+    _register_tile(home, acc, params, params.dw_channels, params.dw_pixels, None, unroll_taps=True,
                    round_up_channels=True, parallel=parallel)
 
 
 def _tile_conv(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
     """Channels x pixels; RDom (ky, kx, ci) loops ci innermost, then kx, then ky."""
-    _register_tile(home, acc, params.lanes, params.conv_channels, params.conv_pixels, [2, 1, 0],
+    _register_tile(home, acc, params, params.conv_channels, params.conv_pixels, [2, 1, 0],
                    unroll_taps=False, round_up_channels=True, parallel=parallel)
 
 
@@ -224,7 +298,7 @@ def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, t
     home = _home(kernel, acc)
     tiled.add(id(home))
     packed = any(a.pack for a in kernel.arguments if a.tensor in kernel.ops[acc.op_index].inputs)
-    _register_tile(home, acc, params.lanes, params.mm_channels, params.mm_rows, None, unroll_taps=False,
+    _register_tile(home, acc, params, params.mm_channels, params.mm_rows, None, unroll_taps=False,
                    round_up_channels=packed)
 
 
