@@ -133,6 +133,14 @@ def exp(x: hl.Expr) -> hl.Expr:
     return keep_nan(x, hl.select(x > hl.f32(EXP_OVERFLOW), inf, hl.exp(hl.min(x, hl.f32(EXP_OVERFLOW)))))
 
 
+def exp_nonpositive(x: hl.Expr) -> hl.Expr:
+    """std::exp for x <= 0 (softmax's shifted values, logistic's -|x|), where it cannot overflow:
+    Halide's fast_exp, within 1.7e-6 relative over [-88, 0] (measured; the tests' tolerance is
+    1e-5) and a fraction of hl.exp's instructions, clamped at -88, below which e^x is 0 to float
+    precision and fast_exp would return NaN. NaN stays NaN."""
+    return keep_nan(x, hl.fast_exp(hl.max(x, hl.f32(-88))))
+
+
 def log(x: hl.Expr) -> hl.Expr:
     """std::log: NaN below 0 and for NaN, -inf at 0, +inf at +inf, and right for subnormals, which
     Halide's polynomial (it reads the exponent field) takes for 2^-126."""

@@ -115,37 +115,47 @@ def lower_reduce(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, lambda *i: finish(reducer(x.at(source(i)))))]
 
 
-def _last_axis_stats(ctx: OpContext, x: Value, shifted) -> tuple[Value, Value]:
-    """Row max and row sum of exp(shifted(v, max)) over the last axis."""
-    rows, depth = x.shape[:-1], x.shape[-1]
-    # TFLite's row max skips NaNs; a NaN (or +inf, through inf - inf) then reaches the sum through
-    # exp and makes the whole row NaN, as in the reference kernel.
-    row_max = row_reduce(ctx, "max", rows, depth, lambda row, k: x.at(row + [k]), _max_skipping_nan)
-    row_sum = row_reduce(ctx, "sum", rows, depth,
-                         lambda row, k: ieee.exp(shifted(x.at(row + [k]), row_max.at(row + [hl.Expr(0)]))), hl.sum)
-    ctx.materialize.extend([row_max, row_sum])
-    return row_max, row_sum
+def _row_max(ctx: OpContext, x: Value) -> Value:
+    """The max over the last axis, for subtracting before exp. TFLite's skips NaNs; here a NaN
+    may win or not, and either way the row comes out NaN as the reference's does: a NaN in the
+    max makes every shifted value NaN, and a NaN the max skipped reaches the row's sum through exp
+    (as does +inf, through inf - inf). So a plain max, without the per-element NaN test."""
+    row_max = row_reduce(ctx, "max", x.shape[:-1], x.shape[-1], lambda row, k: x.at(row + [k]), hl.maximum)
+    ctx.materialize.append(row_max)
+    return row_max
+
+
+def _shifted_exp(beta: float):
+    """exp(beta * (v - max)): at most 1 for beta >= 0 (the converter's softmax), so the cheaper
+    non-positive exponential serves; any other beta takes the full one."""
+    return ieee.exp_nonpositive if beta >= 0 else ieee.exp
 
 
 @register("SOFTMAX")
 def lower_softmax(ctx: OpContext) -> list[Value]:
-    """exp(beta * (x - max)) / sum over the last axis."""
+    """exp(beta * (x - max)) / sum over the last axis; each exponential computed once, kept for the
+    sum and the division (as XNNPACK does), not computed again for the output."""
     x = ctx.value(0)
-    beta = hl.f32(float(ctx.option("beta", 1.0)))
-    row_max, row_sum = _last_axis_stats(ctx, x, lambda v, m: (v - m) * beta)
-
-    def body(*i):
-        row = list(i[:-1]) + [hl.Expr(0)]
-        return ieee.exp((x(*i) - row_max.at(row)) * beta) / row_sum.at(row)
-
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    beta = float(ctx.option("beta", 1.0))
+    row_max = _row_max(ctx, x)
+    exp = _shifted_exp(beta)
+    exps = define(ctx.func_name("exp"), x.shape,
+                  lambda *i: exp((x(*i) - row_max.at(list(i[:-1]) + [hl.Expr(0)])) * hl.f32(beta)))
+    ctx.materialize.append(exps)
+    row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1], lambda row, k: exps.at(row + [k]), hl.sum)
+    ctx.materialize.append(row_sum)
+    return [define(ctx.func_name(), ctx.out_shape(),
+                   lambda *i: exps(*i) / row_sum.at(list(i[:-1]) + [hl.Expr(0)]))]
 
 
 @register("LOG_SOFTMAX")
 def lower_log_softmax(ctx: OpContext) -> list[Value]:
     """x - max - log(sum exp(x - max)) over the last axis."""
     x = ctx.value(0)
-    row_max, row_sum = _last_axis_stats(ctx, x, lambda v, m: v - m)
+    row_max = _row_max(ctx, x)
+    row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1],
+                         lambda row, k: ieee.exp_nonpositive(x.at(row + [k]) - row_max.at(row + [hl.Expr(0)])), hl.sum)
+    ctx.materialize.append(row_sum)
 
     def body(*i):
         row = list(i[:-1]) + [hl.Expr(0)]
