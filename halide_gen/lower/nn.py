@@ -136,7 +136,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         return arith.term(pixel, weight(o, r[0], r[1], r[2]))
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r,
-                     source=src.func if pointwise else None)
+                     source=src.func)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
@@ -223,12 +223,17 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     weight = _weights(ctx, 1, "oi_to_io", matrix_vector=int(np.prod(out[:-1])) == 1)
     r = hl.RDom([(0, depth)], ctx.func_name("r"))
 
+    # The usual input has the output's leading shape and `depth` innermost: read it at the output's
+    # own leading indices (consecutive along the reduction, so a schedule may load it in vectors).
+    direct = tuple(x.shape[:-1]) == tuple(out[:-1]) and x.shape[-1] == depth
+
     def update(*i):
+        if direct:
+            return arith.term(x.at([*i[:-1], r[0]]), weight(i[-1], r[0]))
         row = flat_index(out[:-1], i[:-1]) if len(out) > 1 else hl.Expr(0)
         src = unflatten(x.shape, row * depth + r[0]) if x.rank != 2 or x.shape[1] != depth else [row, r[0]]
         return arith.term(x.at(src), weight(i[-1], r[0]))
 
-    direct = x.rank == 2 and x.shape[1] == depth
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.MATMUL, r,
                      source=x.func if direct else None)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
