@@ -127,8 +127,10 @@ def _row_max(ctx: OpContext, x: Value) -> Value:
 
 def _shifted_exp(beta: float):
     """exp(beta * (v - max)): at most 1 for beta >= 0 (the converter's softmax), so the cheaper
-    non-positive exponential serves; any other beta takes the full one."""
-    return ieee.exp_nonpositive if beta >= 0 else ieee.exp
+    non-positive exponential serves; any other beta takes the full one. NaN stays NaN."""
+    if beta >= 0:
+        return lambda v: ieee.keep_nan(v, ieee.exp_nonpositive(v))
+    return ieee.exp
 
 
 @register("SOFTMAX")
@@ -154,7 +156,7 @@ def lower_log_softmax(ctx: OpContext) -> list[Value]:
     x = ctx.value(0)
     row_max = _row_max(ctx, x)
     row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1],
-                         lambda row, k: ieee.exp_nonpositive(x.at(row + [k]) - row_max.at(row + [hl.Expr(0)])), hl.sum)
+                         lambda row, k: _shifted_exp(1.0)(x.at(row + [k]) - row_max.at(row + [hl.Expr(0)])), hl.sum)
     ctx.materialize.append(row_sum)
 
     def body(*i):
