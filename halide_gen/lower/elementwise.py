@@ -69,14 +69,35 @@ def logistic(x: hl.Expr) -> hl.Expr:
     return ieee.keep_nan(x, hl.select(x < hl.f32(-9), t, hl.select(x >= 0, one, t) / (one + t)))
 
 
+# erf(x) = x P(x^2) / Q(x^2) on |x| <= 3.92 (erf is 1 in float beyond): coefficients constant term
+# first, fitted here by iterated weighted least squares; 8.3e-7 absolute in float32 (measured).
+_ERF_P = (1.1283784, 0.36864498, 0.07283643, 0.01041831, 0.00026450827, -1.5147338e-06)
+_ERF_Q = (1.0, 0.6600245, 0.18461128, 0.02847492, 0.0024554112)
+_ERF_EDGE = 3.92
+
+
+def _polynomial(coefficients, s: hl.Expr) -> hl.Expr:
+    value = hl.f32(coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        value = value * s + hl.f32(c)
+    return value
+
+
+def erf(x: hl.Expr) -> hl.Expr:
+    """erf for finite x as a rational function: 11 multiply-adds and a division, where hl.erf
+    spent about twice that (bert_small's GELU blocks); NaN gives an unspecified value."""
+    z = hl.clamp(x, hl.f32(-_ERF_EDGE), hl.f32(_ERF_EDGE))
+    s = z * z
+    return z * _polynomial(_ERF_P, s) / _polynomial(_ERF_Q, s)
+
+
 def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
     """GELU: the erf form, or the tanh approximation when `approximate`."""
     half = hl.f32(0.5)
     if approximate:
         inner = hl.f32(math.sqrt(2.0 / math.pi)) * (x + hl.f32(0.044715) * x * x * x)
         return ieee.keep_nan(x, half * x * (hl.f32(1) + hl.tanh(inner)))
-    # erf is +-1 in float beyond +-4; Halide's polynomial turns NaN past float range.
-    return ieee.keep_nan(x, half * x * (hl.f32(1) + hl.erf(hl.clamp(x * hl.f32(SQRT1_2), hl.f32(-8), hl.f32(8)))))
+    return ieee.keep_nan(x, half * x * (hl.f32(1) + erf(x * hl.f32(SQRT1_2))))
 
 
 def round_half_away(x: hl.Expr) -> hl.Expr:
