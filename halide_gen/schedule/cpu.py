@@ -79,21 +79,54 @@ def _vars(f: hl.Func) -> list[hl.Var]:
     return [hl.Var(a.name()) for a in f.args()]
 
 
+# Innermost axes this short (an RGB image's 3 channels) are unrolled inside vectors of pixels.
+INTERLEAVED_CHANNELS = 4
+
+
 def _vectorize_inner(f: hl.Func, shape, lanes: int) -> None:
-    """Vectorizes `f` along TFLite's innermost axis when that axis holds at least one vector."""
-    if shape and shape[-1] >= lanes and f.args():
-        f.vectorize(_vars(f)[0], lanes, hl.TailStrategy.GuardWithIf)
+    """Vectorizes `f` along TFLite's innermost axis when that axis holds at least one vector, else
+    (a few channels, as a network's RGB input) along the pixels with the channels unrolled inside:
+    Halide turns the channel-strided accesses into interleaved vector loads and stores (NEON's
+    ld3 / st3) instead of a scalar loop (MobileNetV3's normalised 224x224x3 input: 10 scalar
+    instructions per element)."""
+    if not shape or not f.args():
+        return
+    v = _vars(f)
+    if shape[-1] >= lanes:
+        f.vectorize(v[0], lanes, hl.TailStrategy.GuardWithIf)
+    elif len(v) >= 2 and shape[-1] <= INTERLEAVED_CHANNELS and shape[-2] >= lanes:
+        # Split, not bound: a consumer whose channel tile rounds up reads past the last channel.
+        co, ci = hl.Var(v[0].name() + "_o"), hl.Var(v[0].name() + "_i")
+        f.split(v[0], co, ci, shape[-1], hl.TailStrategy.GuardWithIf).reorder(ci, v[1], co).unroll(ci)
+        f.vectorize(v[1], lanes, hl.TailStrategy.GuardWithIf)
 
 
 def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
-    """The Func where the accumulator's op output is realized: the block output that copies it,
-    or the op's own Func (computed at the root) when later ops of the block read it."""
+    """The Func where the accumulator's op output is realized: the block output that copies it, or
+    that computes it through an elementwise epilogue (the op's result inlined), or else the op's own
+    Func, computed at the root, when later ops of the block read it otherwise."""
     if kernel.inline_into_output(acc.value.func):
         for _, v in kernel.outputs:
             if kernel.copied_from.get(id(v.func)) is acc.value.func:
                 return v.func
+    if _feeds_only_its_epilogue(kernel, acc):
+        return kernel.outputs[0][1].func
     acc.value.func.compute_root()
     return acc.value.func
+
+
+def _feeds_only_its_epilogue(kernel: BlockKernel, acc: Accumulator) -> bool:
+    """Whether the block's last reduction feeds nothing but an elementwise epilogue (bias, an
+    activation, HARD_SWISH, a squeeze-excite MUL, a residual ADD) into the block's one output, all
+    at the reduction's own indices: the epilogue then runs in the reduction's register tile instead
+    of a pass of its own over a materialised result (MobileNetV3's first conv + HARD_SWISH, a
+    U-Net's final conv + LOGISTIC)."""
+    if acc is not kernel.accumulators[-1] or len(kernel.outputs) != 1 or len(acc.value.shape) < 2:
+        return False
+    shape = tuple(acc.value.shape)
+    after = kernel.ops[acc.op_index + 1:]
+    return (tuple(kernel.outputs[0][0].shape) == shape
+            and all(op.name in ELEMENTWISE and tuple(op.outputs[0].shape) == shape for op in after))
 
 
 def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int, round_up: bool) -> None:
