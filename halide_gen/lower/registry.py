@@ -33,7 +33,8 @@ class OpContext:
     # when a packer is named), an in-block tensor is its producer's Func.
     value_of: Callable[..., Value]
     materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
-    accumulators: list[tuple] = field(default_factory=list)  # (Func, kind, RDom, source Func or None)
+    # Explicit reductions (accumulate): the Func, its kind, its RDom, and the activation it walks.
+    accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None]] = field(default_factory=list)
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
     # Two-stage innermost-axis reductions (reduce.row_reduce): (16-lane partials, row totals).
     row_reductions: list[tuple[Value, Value]] = field(default_factory=list)

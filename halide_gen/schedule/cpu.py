@@ -160,8 +160,9 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     x = v[1]
     rvars = [acc.rdom[k] for k in range(acc.rdom.dimensions())]
     order = rvars if rdom_order is None else [rvars[k] for k in rdom_order]
-    extents = acc.extents if rdom_order is None else [acc.extents[k] for k in rdom_order]
-    steps = params.reduce_unroll if not unroll_taps and extents[0] % params.reduce_unroll == 0 else 1
+    innermost = 0 if rdom_order is None else rdom_order[0]
+    grouped = params.reduce_unroll > 1 and not unroll_taps and acc.extents[innermost] % params.reduce_unroll == 0
+    steps = params.reduce_unroll if grouped else 1
     channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, steps, modelled=not unroll_taps)
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
