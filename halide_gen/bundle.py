@@ -30,8 +30,8 @@ from tflite_tools.model.ir import Operator, Tensor
 
 from .aot import KernelArtifact, compile_runtime, default_kernel_cache
 from .block import Argument
-from .bundle_abi import ARG_SPEC, BLOCK_SPEC, BUNDLE, CLAIM_POLICY, GPU_API, MAX_RANK, NODE_SPEC, PACK, TENSOR_SPEC
-from .bundle_abi import TFLITE_TYPES, initializer
+from .bundle_abi import ARG_SOURCE, ARG_SPEC, BLOCK_SPEC, BUNDLE, CLAIM_POLICY, GPU_API, MAX_RANK, NODE_SPEC, PACK
+from .bundle_abi import TENSOR_SPEC, TFLITE_TYPES, initializer
 from .cache import cached_entry
 from .pack import CHANNEL_TILE
 from .targets import VULKAN_ALLOC_CONFIG, target_spec
@@ -110,6 +110,18 @@ def _dims(shape: Sequence[int]) -> str:
     return "{" + ", ".join(str(int(d)) for d in shape) + "}"
 
 
+def _source(t: Tensor) -> tuple[str, Tensor | None]:
+    """Where an argument's data comes from (bundle_abi.ARG_SOURCE) and, for a weight TFLite decodes
+    (fusion.rewrite.fold.restore_decoded), the stored constant at the start of its decoding."""
+    if t.is_constant:
+        return "constant", None
+    if t.decoded_from is None:
+        return "computed", None
+    while t.decoded_from is not None and not t.is_constant:
+        t = t.decoded_from.inputs[0]
+    return "decoded", t
+
+
 def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
     """C++ source defining `dnnfusion::bundle()` for `blocks`."""
     spec = target_spec(info.target)
@@ -130,8 +142,10 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
             node_io.extend(ins + outs)
         for a in b.arguments:
             touched[idx(a.tensor)] = a.tensor
-            args.append(initializer(ARG_SPEC, tensor=idx(a.tensor), constant=int(a.tensor.is_constant),
-                                    pack=PACK.code(a.pack), rank=len(a.shape), dims=_dims(a.shape)))
+            source, stored = _source(a.tensor)
+            args.append(initializer(ARG_SPEC, tensor=idx(a.tensor), source=ARG_SOURCE.code(source),
+                                    stored=idx(stored), pack=PACK.code(a.pack), rank=len(a.shape),
+                                    dims=_dims(a.shape)))
         for t in b.outputs:
             touched[idx(t)] = t
             outputs.append(str(idx(t)))

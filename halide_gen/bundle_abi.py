@@ -82,6 +82,13 @@ PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_
     Member("o_blocked", "kOBlocked", 4, "matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]"),
 ))
 
+ARG_SOURCE = Enum("ArgSource", "Where a kernel argument's data comes from (ArgSpec::source).", (
+    Member("computed", "kComputed", 0, "a partition input or a block's output: bound at every Invoke"),
+    Member("constant", "kConstant", 1, "a constant of the model: checked at claim, packed once at Prepare"),
+    Member("decoded", "kDecoded", 2, "decoded by TFLite (DEQUANTIZE, DENSIFY) from the constant ArgSpec::stored "
+                                     "before the partition runs: packed once, at the first Invoke"),
+))
+
 GPU_API = Enum("GpuApi", "Where a bundle's kernels run (Bundle::gpu_api).", (
     Member(None, "kNoGpu", 0, "on the CPU"),
     Member("opencl", "kOpenCl", 1),
@@ -120,7 +127,8 @@ NODE_SPEC = Struct("NodeSpec", "A graph node a block replaces.", (
 
 ARG_SPEC = Struct("ArgSpec", "One kernel argument: the tensor it reads and the shape the kernel sees after packing.", (
     Field("tensor", "int32_t", "index in the subgraph"),
-    Field("constant", "int32_t", "1: a constant of the model, packed once at Prepare"),
+    Field("source", "ArgSource"),
+    Field("stored", "int32_t", "kDecoded: the stored constant it is decoded from (else -1)"),
     Field("pack", "Pack"),
     Field("rank", "int32_t"),
     Field("dims", "int32_t[kMaxRank]", "after packing, TFLite order"),
@@ -164,7 +172,7 @@ BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
     Field("vulkan_alloc_config", "const char*", "HL_VK_ALLOC_CONFIG unless the environment sets one"),
 ))
 
-ENUMS = (PACK, GPU_API, CLAIM_POLICY)
+ENUMS = (PACK, ARG_SOURCE, GPU_API, CLAIM_POLICY)
 STRUCTS = (TENSOR_SPEC, NODE_SPEC, ARG_SPEC, BLOCK_SPEC, BUNDLE)
 
 

@@ -16,6 +16,7 @@ from conftest import NOT_RUNNABLE, corpus_model_paths, model_id, project_model_p
 from delegate_checks import planned_nodes
 from tflite_tools import cli, runtime
 from tflite_tools.fuse import FuseResult, fuse
+from tflite_tools.model.fingerprint import METADATA_NAME
 from tflite_tools.run import compare, read_claims, reference_resolver, run
 
 RUNNABLE = [p for p in project_model_paths() if p.stem not in NOT_RUNNABLE]
@@ -72,6 +73,22 @@ def test_every_test_model_matches_litert(path, fused, tmp_path):
     assert claims["graph_matches"]
     assert claims["claimed_nodes"] == planned_nodes(result)  # exactly the planned blocks with kernels
     assert claims["declined"] == []
+
+
+@pytest.mark.parametrize("path", project_model_paths(), ids=model_id)
+def test_the_fused_model_is_no_larger_than_the_original(path, fused, tmp_path):
+    # App size is the first thing a mobile team checks. Weights keep their stored precision and
+    # format (tests/test_stored_weights.py), so the fused model is at most the original plus 1 %
+    # and the fingerprint's metadata entry (which alone is more than 1 % of the smallest models).
+    result = fused(path.stem)
+    model = tflite_tools.load(result.model)
+    model.metadata = [(k, v) for k, v in model.metadata if k != METADATA_NAME]
+    tflite_tools.save(model, tmp_path / "without_fingerprint.tflite")
+    bare = (tmp_path / "without_fingerprint.tflite").stat().st_size
+    assert bare <= path.stat().st_size * 1.01
+    assert result.sizes == {"original_model": path.stat().st_size, "fused_model": result.model.stat().st_size,
+                            "library": result.library.stat().st_size}
+    assert result.sizes["fused_model"] - bare <= 160, "the fingerprint entry (64 hex digits) should be small"
 
 
 @pytest.mark.parametrize("path", RUNNABLE + corpus_model_paths(), ids=model_id)

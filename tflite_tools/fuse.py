@@ -35,6 +35,7 @@ from typing import Callable
 from fusion.cost import default_cache_dir
 from fusion.pipeline import plan_model
 from fusion.report import format_summary
+from fusion.rewrite.fold import restore_decoded
 from halide_gen.aot import compile_kernel, generator_digest
 from halide_gen.block import build_block
 from halide_gen.bundle import (BundleBlock, BundleInfo, build_cmake_project, bundle_source, claim_groups,
@@ -84,6 +85,10 @@ class FuseResult:
     android_project: Path | None = None
     default_claim: str = "profitable"  # the delegate's policy when its options name none
     whole_model_ms: dict[str, float] = field(default_factory=dict)  # --measure: median per policy
+    # DEQUANTIZE / DENSIFY nodes put back at the front of the fused model to decode stored weights:
+    # a plan block's op index (rewritten graph) + decoders = its node index in model.fused.tflite.
+    decoders: int = 0
+    sizes: dict[str, int | None] = field(default_factory=dict)  # bytes: original_model, fused_model, library
 
     @property
     def claimable_nodes(self) -> int:
@@ -127,9 +132,10 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     job = _Job(Path(model_path), spec, cache_dir, progress, measure, autoschedulers, emit_asm, debug_runtime)
     try:
         summary = plan_model(model, fast_math=fast_math, cost=cost)
+        records, blocks = _compile_blocks(job, model.main, summary.plan.blocks)
+        decoders = _restore_stored_weights(model, records, blocks)
         fingerprint = subgraph_fingerprint(model.main)
         _set_metadata(model, METADATA_NAME, fingerprint.encode())
-        records, blocks = _compile_blocks(job, model.main, summary.plan.blocks)
         library, default_claim, whole_model = _package(job, model, fingerprint, blocks, staging.path)
         out = staging.out
         result = FuseResult(
@@ -137,7 +143,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             library=out / library.relative_to(staging.path) if library else None,
             plan_json=out / "plan.json", report_md=out / "report.md", kernels=records,
             seconds=time.perf_counter() - start, android_project=out / ANDROID_PROJECT if job.android else None,
-            default_claim=default_claim, whole_model_ms=whole_model)
+            default_claim=default_claim, whole_model_ms=whole_model, decoders=decoders,
+            sizes=_sizes(job.model_path, staging.path / "model.fused.tflite", library))
         _write_plan(job, result, summary, fingerprint, staging.path)
         staging.commit()
     finally:
@@ -230,6 +237,17 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
     return records, blocks
 
 
+def _restore_stored_weights(model: Model, records: list[KernelRecord], blocks: list[BundleBlock]) -> int:
+    """Puts fp16, int8 and sparse weights back in their stored form with the DEQUANTIZE / DENSIFY
+    nodes that decode them (fusion.rewrite.fold.restore_decoded), so the fused model is no larger
+    than the original; the compiler has already seen the decoded values. The decoders go first,
+    so the records' and blocks' node indices move by their number, which is returned."""
+    decoders = restore_decoded(model.main)
+    for item in (*records, *blocks):
+        item.nodes = [n + decoders for n in item.nodes]
+    return decoders
+
+
 def _package(job: _Job, model: Model, fingerprint: str, blocks: list[BundleBlock], folder: Path) -> tuple[Path | None, str, dict]:
     """Writes the delegate (or the Android project), the fused model and any assembly into
     `folder`; returns the library (None for Android without an NDK), the default claim policy and,
@@ -269,10 +287,18 @@ def _write_plan(job: _Job, result: FuseResult, summary, fingerprint: str, folder
     plan = {"model": str(job.model_path), "target": job.spec.name, "fingerprint": fingerprint,
             "library": str(result.library.relative_to(out)) if result.library else None,
             "android_project": ANDROID_PROJECT.as_posix() if job.android else None,
-            "default_claim": result.default_claim, "whole_model_ms": result.whole_model_ms, **summary.to_json(),
+            "default_claim": result.default_claim, "whole_model_ms": result.whole_model_ms,
+            "decoders": result.decoders, "bytes": result.sizes, **summary.to_json(),
             "kernels": [vars(r) for r in result.kernels]}
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     (folder / "report.md").write_text(format_report(result, summary, str(job.model_path), job.spec.name))
+
+
+def _sizes(original: Path, fused: Path, library: Path | None) -> dict[str, int | None]:
+    """File sizes an app pays for: the original model, the fused one and the delegate library
+    (None while an Android library waits for the NDK)."""
+    return {"original_model": original.stat().st_size, "fused_model": fused.stat().st_size,
+            "library": library.stat().st_size if library is not None else None}
 
 
 def _best_default_claim(model: Path, library: Path) -> tuple[str, dict[str, float]]:
@@ -356,6 +382,13 @@ class _BlockTimings:
         save_json_table(self.path, self.table)
 
 
+def _size_line(sizes: dict[str, int | None]) -> str:
+    def mib(n: int) -> str:
+        return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+    text = f"fused model {mib(sizes['fused_model'])} (original {mib(sizes['original_model'])})"
+    return text + (f"; delegate library {mib(sizes['library'])}" if sizes.get("library") is not None else "")
+
+
 def format_report(result: FuseResult, summary, source: str, target: str) -> str:
     """report.md: the plan, then what became of each block."""
     with_kernel = [k for k in result.kernels if k.kernel]
@@ -367,6 +400,7 @@ def format_report(result: FuseResult, summary, source: str, target: str) -> str:
         f"profitable: {sum(k.profitable for k in result.kernels)}",
         f"- Delegate: `{result.library.name if result.library else 'android/arm64-v8a (build it with the NDK)'}`; "
         f"fused model: `model.fused.tflite`",
+        f"- Size: {_size_line(result.sizes)}",
         f"- Compile: {result.seconds:.1f} s ({sum(k.cached for k in with_kernel)} of {len(with_kernel)} kernels "
         "from the cache)",
         f"- Default claim policy: `{result.default_claim}`"

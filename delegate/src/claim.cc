@@ -71,13 +71,29 @@ std::string CheckGraph(TfLiteContext* context, const Bundle& bundle) {
   return "";
 }
 
+// False when a float32 or float16 constant holds NaN or infinity (other types are always finite).
 bool AllFinite(const TfLiteTensor& t) {
-  const size_t n = t.bytes / sizeof(float);
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(t.data.f[i])) return false;
+  if (t.type == kTfLiteFloat32) {
+    for (size_t i = 0; i < t.bytes / sizeof(float); ++i) {
+      if (!std::isfinite(t.data.f[i])) return false;
+    }
+  } else if (t.type == kTfLiteFloat16) {
+    const auto* bits = reinterpret_cast<const uint16_t*>(t.data.raw);
+    for (size_t i = 0; i < t.bytes / sizeof(uint16_t); ++i) {
+      if ((bits[i] & 0x7c00) == 0x7c00) return false;  // exponent all ones: infinity or NaN
+    }
   }
   return true;
 }
+
+bool IsConstant(const TfLiteTensor& t) {
+  return (t.allocation_type == kTfLiteMmapRo || t.allocation_type == kTfLitePersistentRo) && t.data.raw != nullptr;
+}
+
+// TFLite's convolutions skip the taps that fall on padding; a kernel reading a zero-padded input
+// multiplies them by zero, and 0 * inf is NaN. Weights are read from the model at run time, so
+// only here can a model whose weights changed since fuse be caught.
+const char kNotFinite[] = "' holds NaN or infinity (the kernel would differ from TFLite's at padding)";
 
 // Why tensor `index` differs from the bundle's spec, or "" when it matches.
 std::string CheckTensor(TfLiteContext* context, const Bundle& bundle, int index, bool constant) {
@@ -99,16 +115,22 @@ std::string CheckTensor(TfLiteContext* context, const Bundle& bundle, int index,
       if (t.dims_signature->data[i] < 0) return "tensor '" + name + "' has a dynamic dimension";
     }
   }
-  if (constant && ((t.allocation_type != kTfLiteMmapRo && t.allocation_type != kTfLitePersistentRo) ||
-                   t.data.raw == nullptr)) {
-    return "tensor '" + name + "' is not a constant in this graph";
+  if (constant && !IsConstant(t)) return "tensor '" + name + "' is not a constant in this graph";
+  if (constant && !AllFinite(t)) return "tensor '" + name + kNotFinite;
+  return "";
+}
+
+// Why the stored constant a decoded weight comes from (ArgSource::kDecoded) cannot back a kernel,
+// or "" when it can. TFLite decodes it only when the partition first runs, so its values are
+// judged here by what is stored (decoding fp16, int8 or sparse values keeps them finite).
+std::string CheckStored(TfLiteContext* context, int stored) {
+  if (stored < 0 || static_cast<size_t>(stored) >= context->tensors_size) {
+    return "stored weight " + std::to_string(stored) + " is not in this graph";
   }
-  if (constant && t.type == kTfLiteFloat32 && !AllFinite(t)) {
-    // TFLite's convolutions skip the taps that fall on padding; a kernel reading a zero-padded input
-    // multiplies them by zero, and 0 * inf is NaN. Weights are read from the model at run time, so
-    // only here can a model whose weights changed since fuse be caught.
-    return "tensor '" + name + "' holds NaN or infinity (the kernel would differ from TFLite's at padding)";
-  }
+  const TfLiteTensor& t = context->tensors[stored];
+  const std::string name = t.name ? t.name : std::to_string(stored);
+  if (!IsConstant(t)) return "stored weight '" + name + "' is not a constant in this graph";
+  if (!AllFinite(t)) return "stored weight '" + name + kNotFinite;
   return "";
 }
 
@@ -133,7 +155,8 @@ std::string CheckBlock(TfLiteContext* context, const Bundle& bundle, const Block
   }
   for (int k = 0; k < block.n_args; ++k) {
     const ArgSpec& arg = bundle.args[block.first_arg + k];
-    std::string why = CheckTensor(context, bundle, arg.tensor, arg.constant != 0);
+    std::string why = CheckTensor(context, bundle, arg.tensor, arg.source == ArgSource::kConstant);
+    if (why.empty() && arg.source == ArgSource::kDecoded) why = CheckStored(context, arg.stored);
     if (!why.empty()) return why;
   }
   for (int k = 0; k < block.n_outputs; ++k) {

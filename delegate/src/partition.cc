@@ -130,28 +130,56 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
     *error = std::string("tensor '") + (t.name ? t.name : "?") + "' has a type Halide kernels cannot hold";
     return nullptr;
   }
+  b.pack = pack;
   if (role == Role::kInternal) b.arena_offset = arena_offset_.at(tensor);
+  if (pack != static_cast<int>(Pack::kNone)) {
+    size_t count = 1;
+    for (int d = 0; d < rank; ++d) count *= dims[d];
+    b.packed.resize(count * (b.raw.type.bits / 8));
+    b.raw.host = b.packed.data();
+  }
   if (role == Role::kConstant) {
-    if (pack != static_cast<int>(Pack::kNone)) {
-      const TensorSpec* spec = FindTensorSpec(*state_.bundle, tensor);
-      size_t count = 1, elements = 1;
-      for (int d = 0; d < rank; ++d) count *= dims[d];
-      for (int d = 0; d < spec->rank; ++d) elements *= spec->dims[d];
-      const size_t element = t.bytes / std::max<size_t>(1, elements);
-      b.packed.resize(count * element);
-      if (!PackConstant(static_cast<Pack>(pack), t.data.raw, spec->dims, spec->rank, b.packed.data(), dims, rank,
-                        element)) {
-        *error = std::string("cannot pack constant '") + (t.name ? t.name : "?") + "'";
-        return nullptr;
-      }
-      b.raw.host = b.packed.data();
-    } else {
+    if (b.packed.empty()) {
       b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
+    } else if (!Pack(t, b, dims, rank)) {
+      *error = std::string("cannot pack constant '") + (t.name ? t.name : "?") + "'";
+      return nullptr;
     }
     b.raw.set_host_dirty(true);  // uploaded once, on the first GPU kernel that reads it
   }
   by_key_[key] = &b;
   return &b;
+}
+
+bool Partition::Pack(const TfLiteTensor& t, Buffer& b, const int32_t* dims, int rank) {
+  const TensorSpec* spec = FindTensorSpec(*state_.bundle, b.tensor);
+  return spec != nullptr && t.data.raw != nullptr &&
+         PackConstant(static_cast<dnnfusion::Pack>(b.pack), t.data.raw, spec->dims, spec->rank, b.packed.data(), dims,
+                      rank, b.raw.type.bits / 8);
+}
+
+TfLiteStatus Partition::TakeDecoded(TfLiteContext* context, Buffer& b) {
+  // TFLite's decoder ran before this partition (it precedes it in the execution plan) and keeps
+  // its output; a re-allocation may move that output, never change it. Packed weights are packed
+  // once; an unpacked one is rebound when it moves and re-uploaded only then.
+  const TfLiteTensor& t = context->tensors[b.tensor];
+  if (t.data.raw == nullptr) {
+    return Fail(context, std::string("decoded weight '") + (t.name ? t.name : "?") + "' has no data");
+  }
+  if (b.packed.empty()) {
+    if (b.taken == t.data.raw) return kTfLiteOk;
+    b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
+  } else {
+    if (b.taken != nullptr) return kTfLiteOk;
+    std::vector<int32_t> dims(b.dims.size());  // the packed shape in TFLite's order
+    for (size_t k = 0; k < b.dims.size(); ++k) dims[b.dims.size() - 1 - k] = b.dims[k].extent;
+    if (!Pack(t, b, dims.data(), static_cast<int>(dims.size()))) {
+      return Fail(context, std::string("cannot pack decoded weight '") + (t.name ? t.name : "?") + "'");
+    }
+  }
+  b.taken = t.data.raw;
+  b.raw.set_host_dirty(true);
+  return kTfLiteOk;
 }
 
 TfLiteStatus Partition::Build(TfLiteContext* context) {
@@ -185,10 +213,11 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
     const BlockSpec& block = bundle.blocks[step.block];
     for (int k = 0; k < block.n_args; ++k) {
       const ArgSpec& arg = bundle.args[block.first_arg + k];
-      const Role role = arg.constant            ? Role::kConstant
-                        : internal.count(arg.tensor) ? Role::kInternal
-                        : produced.count(arg.tensor) ? Role::kOutput
-                                                     : Role::kInput;
+      const Role role = arg.source == ArgSource::kConstant  ? Role::kConstant
+                        : arg.source == ArgSource::kDecoded ? Role::kDecoded
+                        : internal.count(arg.tensor)         ? Role::kInternal
+                        : produced.count(arg.tensor)         ? Role::kOutput
+                                                             : Role::kInput;
       Buffer* b = BufferFor(context, arg.tensor, static_cast<int>(arg.pack), arg.rank, arg.dims, role, &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
@@ -248,6 +277,7 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
   UseThreads(threads);
   // TFLite's memory for the partition's edges may move between invokes: rebind it every time.
   for (Buffer& b : buffers_) {
+    if (b.role == Role::kDecoded && TakeDecoded(context, b) != kTfLiteOk) return kTfLiteError;
     if (b.role != Role::kInput && b.role != Role::kOutput) continue;
     const TfLiteTensor& t = context->tensors[b.tensor];
     if (t.data.raw == nullptr) {

@@ -6,6 +6,10 @@
 // happen only at the partition's edges — inputs are marked host-dirty at each Invoke (Halide
 // uploads them when a kernel first reads them), weights are marked once, outputs are copied back
 // after the block that writes them. On a CPU target the same flags cost nothing.
+//
+// Weights stored compactly (fp16, int8, sparse) reach the partition decoded by TFLite's own
+// DEQUANTIZE / DENSIFY nodes, which run before it and keep their result: the partition takes
+// them at its first Invoke (packing them, when the kernel wants another layout) and never again.
 #pragma once
 
 #include <cstddef>
@@ -38,6 +42,7 @@ class Partition {
   enum class Role {
     kInput,     // read from TFLite's memory, written before the partition runs
     kConstant,  // a weight: TFLite's read-only data, or a packed copy the partition owns
+    kDecoded,   // a weight TFLite decodes before the partition first runs: taken then, as kConstant
     kInternal,  // written and read only inside the partition: lives in the arena
     kOutput,    // written here, read by TFLite after: TFLite's memory
   };
@@ -45,7 +50,9 @@ class Partition {
     int tensor = -1;
     Role role = Role::kInput;
     size_t arena_offset = 0;
-    std::vector<uint8_t> packed;
+    int pack = 0;                  // Pack: the layout the kernel reads
+    std::vector<uint8_t> packed;   // the packed copy, when `pack` is not kNone
+    const void* taken = nullptr;   // kDecoded: the TFLite data last bound (packed: the data packed)
     std::vector<halide_dimension_t> dims;
     halide_buffer_t raw{};
   };
@@ -61,6 +68,8 @@ class Partition {
   TfLiteStatus Build(TfLiteContext* context);
   TfLiteStatus CheckShapes(TfLiteContext* context) const;
   void WriteProfile() const;
+  bool Pack(const TfLiteTensor& t, Buffer& b, const int32_t* dims, int rank);
+  TfLiteStatus TakeDecoded(TfLiteContext* context, Buffer& b);
   Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims, Role role,
                     std::string* error);
 

@@ -3,6 +3,11 @@
 Folding through TFLite's own reference kernels (not a numpy re-implementation) makes the folded
 constant exactly what the runtime would have computed — including fp16 -> fp32 DEQUANTIZE of
 weights and DENSIFY of sparse weights, whose formats we then never have to decode ourselves.
+
+Decoding is folded for the compiler only. A decoded weight is 2x (fp16), 4x (int8) or more
+(sparse) the bytes of its stored form, so `restore_decoded` puts the stored constant and its
+DEQUANTIZE / DENSIFY node back before the model is saved: TFLite decodes it once, before the
+delegate's partition first runs, and the delegate packs what TFLite decoded (delegate/src/partition.cc).
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ MAX_GROWTH = 4
 # persistent tensor at Prepare, so folding it costs file size, not memory. A weight sparser than
 # 1 in MAX_GROWTH stayed a DENSIFY before and left its conv (and the blocks around it) to TFLite.
 GROWTH_UNLIMITED = {"DENSIFY"}
+
+# Ops that only decode a stored constant into the values it stands for: their folded outputs
+# remember the node (Tensor.decoded_from), and the saved model keeps the stored form.
+DECODERS = {"DEQUANTIZE", "DENSIFY"}
 
 
 def foldable(op: Operator) -> bool:
@@ -74,4 +83,38 @@ def fold(op: Operator, graph_outputs: set[int]) -> bool:
         v = np.ascontiguousarray(v.reshape(t.shape))
         v.flags.writeable = False
         t.data = v
+        if op.name in DECODERS:
+            t.decoded_from = op
     return True
+
+
+def restore_decoded(sg: Subgraph) -> int:
+    """Gives every decoded constant that an operator still reads its stored form back: the stored
+    constant, and the DEQUANTIZE / DENSIFY node that decodes it, inserted at the front of the
+    operators. The decoded tensor keeps `decoded_from` and loses its data: TFLite computes it,
+    once, as the original model did.
+
+    Only the last decoder of a chain is restored (DENSIFY -> DEQUANTIZE keeps the densified fp16
+    weights): XNNPACK, applied after the delegate, takes the first decoder of a chain whose last
+    one feeds a node it does not run, and never writes that decoder's output.
+
+    Returns how many nodes were inserted: every later node's index moves by that much. Call it
+    after the compiler is done with the decoded values and before the graph is fingerprinted.
+    """
+    decoders: list[Operator] = []
+    known = {id(t) for t in sg.tensors}
+    for op in list(sg.operators):
+        if any(t.decoded_from is op for t in op.outputs):
+            continue  # a decoder already restored: what it reads stays stored
+        for t in op.inputs:
+            if t is None or t.data is None or t.decoded_from is None:
+                continue
+            decoder = t.decoded_from
+            for stored in decoder.inputs:
+                if stored is not None and id(stored) not in known:
+                    known.add(id(stored))
+                    sg.tensors.append(stored)
+            decoders.append(decoder)
+            t.data = None
+    sg.operators[:0] = decoders
+    return len(decoders)

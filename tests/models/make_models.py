@@ -2,6 +2,7 @@
 
     python tests/models/make_models.py builder      # ModelBuilder-made models (needs only the package)
     python tests/models/make_models.py tensorflow   # real converter output (pip install '.[models]')
+    python tests/models/make_models.py tensorflow --only transformer_encoder_fp16   # just that one
 
 Builder models are deterministic: the test suite regenerates them and checks the committed bytes.
 Converter models use fixed seeds but depend on the TensorFlow version (2.21.0 made the committed
@@ -155,8 +156,9 @@ def make_builder(out: Path) -> list[Path]:
 # Real converter output, small versions of the reference models.
 
 
-def make_tensorflow(out: Path) -> list[Path]:
-    """Converts small Keras / tf.function models with TensorFlow and writes them to `out`."""
+def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
+    """Converts small Keras / tf.function models with TensorFlow and writes them to `out` (those
+    named in `only`, when given: the others' bytes move with the TensorFlow version)."""
     import tensorflow as tf
 
     from tflite_tools.model.atomic import write_bytes_atomic
@@ -167,6 +169,8 @@ def make_tensorflow(out: Path) -> list[Path]:
     paths = []
 
     def write(name: str, data: bytes) -> None:
+        if only and name not in only:
+            return
         path = out / f"{name}.tflite"
         write_bytes_atomic(path, data)
         paths.append(path)
@@ -182,6 +186,9 @@ def make_tensorflow(out: Path) -> list[Path]:
         alpha=0.35, input_tensor=keras.Input((96, 96, 3), batch_size=1), weights=None, classes=16
     )
     write("mobilenet_v2_035_96", from_keras(mobilenet))
+    # The same with float16 weights: a DEQUANTIZE in front of every weight, as phones get them.
+    write("mobilenet_v2_035_96_fp16", from_keras(mobilenet, optimizations=[tf.lite.Optimize.DEFAULT],
+                                                 target_spec=_fp16_spec(tf)))
 
     def representative():
         rng = np.random.default_rng(0)
@@ -211,7 +218,10 @@ def make_tensorflow(out: Path) -> list[Path]:
     f = keras.layers.Dense(128, activation="gelu")(h)
     f = keras.layers.Dense(64)(f)
     h = keras.layers.LayerNormalization(epsilon=1e-6)(h + f)
-    write("transformer_encoder", from_keras(keras.Model(tokens, h)))
+    encoder = keras.Model(tokens, h)
+    write("transformer_encoder", from_keras(encoder))
+    write("transformer_encoder_fp16", from_keras(encoder, optimizations=[tf.lite.Optimize.DEFAULT],
+                                                 target_spec=_fp16_spec(tf)))
 
     # Tiny U-Net on 32x32: MAX_POOL_2D, TRANSPOSE_CONV, CONCATENATION skips, LOGISTIC head.
     image = keras.Input((32, 32, 3), batch_size=1, name="image")
@@ -304,13 +314,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", choices=["builder", "tensorflow", "all"], nargs="?", default="builder")
     parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="converter models to write (default: all)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(HERE.parents[1]))  # run from a checkout without installing
     written = []
     if args.which in ("builder", "all"):
         written += make_builder(args.out)
     if args.which in ("tensorflow", "all"):
-        written += make_tensorflow(args.out)
+        written += make_tensorflow(args.out, set(args.only or ()))
     for path in written:
         print(f"{path.name:<32} {path.stat().st_size:>9} bytes")
     return 0

@@ -64,6 +64,10 @@ class Tensor:
     sparsity: Any = None  # SparsityParametersT, kept verbatim
     variant_tensors: Any = None  # list[VariantSubTypeT], kept verbatim
     external_buffer: int = 0
+    # The DEQUANTIZE / DENSIFY node whose stored constant (fp16, int8, sparse) `data` was decoded
+    # from by constant folding. The compiler sees the decoded values; the saved model keeps the
+    # compact stored form and the node (fusion.rewrite.fold.restore_decoded).
+    decoded_from: Operator | None = None
 
     @property
     def is_constant(self) -> bool:

@@ -34,6 +34,13 @@ enum class Pack : int32_t {
   kOBlocked = 4,  // matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]
 };
 
+// Where a kernel argument's data comes from (ArgSpec::source).
+enum class ArgSource : int32_t {
+  kComputed = 0,  // a partition input or a block's output: bound at every Invoke
+  kConstant = 1,  // a constant of the model: checked at claim, packed once at Prepare
+  kDecoded = 2,  // decoded by TFLite (DEQUANTIZE, DENSIFY) from the constant ArgSpec::stored before the partition runs: packed once, at the first Invoke
+};
+
 // Where a bundle's kernels run (Bundle::gpu_api).
 enum GpuApi : int32_t {
   kNoGpu = 0,  // on the CPU
@@ -68,7 +75,8 @@ struct NodeSpec {
 // One kernel argument: the tensor it reads and the shape the kernel sees after packing.
 struct ArgSpec {
   int32_t tensor;  // index in the subgraph
-  int32_t constant;  // 1: a constant of the model, packed once at Prepare
+  ArgSource source;
+  int32_t stored;  // kDecoded: the stored constant it is decoded from (else -1)
   Pack pack;
   int32_t rank;
   int32_t dims[kMaxRank];  // after packing, TFLite order
