@@ -58,6 +58,12 @@ TOOLCHAINS: dict[str, Toolchain] = {
                         ("qemu-aarch64", "-L", _AARCH64_SYSROOT)),
 }
 
+# The oldest Android the arm64-android* builds are for (API level 26, Android 8.0): the NDK builds
+# with -DANDROID_PLATFORM=android-26 and the AAR's manifest says minSdkVersion 26. Vulkan builds
+# need the platform's libvulkan.so (API 24+); 26 is the one level every build (CPU, OpenCL,
+# Vulkan) shares with a margin, and below it nothing has been built or run.
+ANDROID_MIN_SDK = 26
+
 # How a target's delegate is delivered in OUT: "library", a shared library linked here; "android-cmake",
 # a CMake project for the Android NDK (linked here too when $ANDROID_NDK is set: tflite_tools.fuse).
 PACKAGINGS = ("library", "android-cmake")
@@ -116,6 +122,14 @@ class TargetSpec:
         except KeyError:
             raise ValueError(f"{self.name}: no C++ toolchain known for {self.machine} "
                              "(halide_gen.targets.TOOLCHAINS)") from None
+
+    @property
+    def library_suffix(self) -> str:
+        """What sets this target's delegate library apart from the CPU one of the same model, so an
+        app can ship both: "" for CPUs, "_opencl", "_vulkan", "_opencl_fp16", ..."""
+        if self.gpu_api is None:
+            return ""
+        return f"_{self.gpu_api}" + ("_fp16" if self.precision == "fp16" else "")
 
     @property
     def gpu_api(self) -> str | None:

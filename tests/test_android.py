@@ -4,15 +4,22 @@ fuse's $ANDROID_NDK path with a stand-in toolchain file — so it never rots."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import subprocess
+import zipfile
+from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 
 from conftest import MODELS
 from halide_gen.bundle import build_cmake_project
+from halide_gen.targets import ANDROID_MIN_SDK
+from tflite_tools import cli
+from tflite_tools.aar import package_aar
 from tflite_tools.fuse import fuse
 
 CROSS = "aarch64-linux-gnu-g++"
@@ -40,6 +47,18 @@ def elf_machine(library) -> int:
     return int.from_bytes(library.read_bytes()[18:20], "little")  # e_machine: 183 = AArch64
 
 
+def load_segment_alignments(library) -> list[int]:
+    readelf = shutil.which("aarch64-linux-gnu-readelf") or "readelf"
+    out = subprocess.run([readelf, "-lW", str(library)], capture_output=True, text=True, check=True).stdout
+    return [int(line.split()[-1], 16) for line in out.splitlines() if line.split()[:1] == ["LOAD"]]
+
+
+def needed(library) -> set[str]:
+    readelf = shutil.which("aarch64-linux-gnu-readelf") or "readelf"
+    out = subprocess.run([readelf, "-dW", str(library)], capture_output=True, text=True, check=True).stdout
+    return {line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line}
+
+
 def test_android_project_builds_with_the_cross_compiler(cross, tmp_path, monkeypatch):
     monkeypatch.delenv("ANDROID_NDK", raising=False)
     result = fuse(MODELS / "depthwise_residual.tflite", tmp_path / "out", target="arm64-android",
@@ -56,6 +75,8 @@ def test_android_project_builds_with_the_cross_compiler(cross, tmp_path, monkeyp
     library = tmp_path / "build" / "libdepthwise_residual_dnnfusion.so"
     assert elf_machine(library) == 183
     assert exported(library) == {"tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate"}
+    # Google Play takes only 16 KB-aligned native libraries for apps targeting Android 15+.
+    assert load_segment_alignments(library) and all(a % 16384 == 0 for a in load_segment_alignments(library))
 
 
 def test_fuse_builds_with_android_ndk_when_set(cross, tmp_path, monkeypatch):
@@ -72,9 +93,101 @@ def test_fuse_builds_with_android_ndk_when_set(cross, tmp_path, monkeypatch):
 
 
 def test_android_ndk_without_toolchain_is_a_clear_error(tmp_path, monkeypatch):
-    from tflite_tools import cli
-
     monkeypatch.setenv("ANDROID_NDK", str(tmp_path / "nowhere"))
     assert cli.main(["fuse", str(MODELS / "add_relu.tflite"), "-o", str(tmp_path / "out"),
                      "--target", "arm64-android"]) == 2
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+# -- the Android-only branch: logcat and the JNI shim ---------------------------------------------
+
+JNI_EXPORTS = {"Java_org_dnnfusion_DnnFusionDelegate_nativeCreate", "Java_org_dnnfusion_DnnFusionDelegate_nativeDestroy",
+               "Java_org_dnnfusion_DnnFusionDelegate_nativeClaimReport"}
+
+
+@pytest.fixture
+def android_ndk(cross, tmp_path) -> Path:
+    """A stand-in NDK: its android.toolchain.cmake points CMake at Debian's aarch64 cross compiler
+    and gives the build what the NDK gives an Android one — ANDROID set, __ANDROID__ defined,
+    jni.h (the JDK's) and android/log.h (android-liblog-dev) on the include path, a liblog.so to
+    link — so the Android-only branch of the generated CMake project (logcat, the JNI shim) is
+    compiled and linked here."""
+    javac = shutil.which("javac")
+    log_h = Path("/usr/include/android/android/log.h")
+    if javac is None or not log_h.exists():
+        if os.environ.get("CI") == "true":
+            pytest.fail("a JDK and android-liblog-dev are required in CI (scripts/install-system-deps.sh)")
+        pytest.skip("needs javac (a JDK) and android-liblog-dev")
+    jdk_include = Path(javac).resolve().parents[1] / "include"
+    ndk = tmp_path / "ndk"
+    (ndk / "lib").mkdir(parents=True)
+    (ndk / "log.c").write_text("int __android_log_print(int p, const char* t, const char* f, ...) { return 0; }\n")
+    subprocess.run(["aarch64-linux-gnu-gcc", "-shared", "-fPIC", str(ndk / "log.c"), "-o", str(ndk / "lib" / "liblog.so")],
+                   check=True)
+    (ndk / "build" / "cmake").mkdir(parents=True)
+    (ndk / "build" / "cmake" / "android.toolchain.cmake").write_text(CROSS_TOOLCHAIN + f"""set(ANDROID TRUE)
+set(CMAKE_CXX_FLAGS_INIT "-D__ANDROID__ -isystem {jdk_include} -isystem {jdk_include / 'linux'} -isystem {log_h.parents[1]}")
+set(CMAKE_SHARED_LINKER_FLAGS_INIT "-L{ndk / 'lib'}")
+""")
+    return ndk
+
+
+def native_methods(classes: Path) -> set[str]:
+    """DnnFusionDelegate's native methods, read from its class file with javap."""
+    javap = Path(shutil.which("javac")).resolve().parent / "javap"
+    out = subprocess.run([str(javap), "-p", "-cp", str(classes), "org.dnnfusion.DnnFusionDelegate"], capture_output=True,
+                         text=True, check=True).stdout
+    return {line.split("(")[0].split()[-1] for line in out.splitlines() if " native " in line}
+
+
+def test_android_build_logs_to_logcat_and_exports_the_jni_shim(android_ndk, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANDROID_NDK", str(android_ndk))
+    result = fuse(MODELS / "depthwise_residual.tflite", tmp_path / "out", target="arm64-android",
+                  cache_dir=tmp_path / "k")
+    library = result.library
+    assert library.name == "libdepthwise_residual_dnnfusion.so" and elf_machine(library) == 183
+    assert exported(library) == {"tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate", *JNI_EXPORTS}
+    assert "liblog.so" in needed(library)  # Log() writes through __android_log_print
+    assert all(a % 16384 == 0 for a in load_segment_alignments(library))
+    # Every native method the Java class declares has its JNI symbol, and no symbol lacks one.
+    aar = package_aar([tmp_path / "out"], tmp_path / "m.aar")
+    with zipfile.ZipFile(aar) as archive:
+        (tmp_path / "classes").mkdir()
+        with zipfile.ZipFile(io.BytesIO(archive.read("classes.jar"))) as jar:
+            jar.extractall(tmp_path / "classes")
+    assert {f"Java_org_dnnfusion_DnnFusionDelegate_{m}" for m in native_methods(tmp_path / "classes")} == JNI_EXPORTS
+
+
+def test_cpu_and_gpu_builds_ship_side_by_side_in_one_aar(android_ndk, tmp_path, monkeypatch):
+    monkeypatch.setenv("ANDROID_NDK", str(android_ndk))
+    outs = []
+    for target in ("arm64-android", "arm64-android-opencl"):
+        outs.append(tmp_path / target)
+        fuse(MODELS / "add_relu.tflite", outs[-1], target=target, cache_dir=tmp_path / "k")
+    assert cli.main(["aar", *map(str, outs), "-o", str(tmp_path / "add_relu.aar")]) == 0
+    with zipfile.ZipFile(tmp_path / "add_relu.aar") as archive:
+        names = set(archive.namelist())
+        assert names == {"AndroidManifest.xml", "classes.jar", "proguard.txt", "R.txt",
+                         "jni/arm64-v8a/libadd_relu_dnnfusion.so", "jni/arm64-v8a/libadd_relu_dnnfusion_opencl.so"}
+        manifest = ElementTree.fromstring(archive.read("AndroidManifest.xml"))
+        rules = archive.read("proguard.txt").decode()
+        with zipfile.ZipFile(io.BytesIO(archive.read("classes.jar"))) as jar:
+            assert jar.namelist() == ["org/dnnfusion/DnnFusionDelegate.class"]  # none of TFLite's classes
+    android = "{http://schemas.android.com/apk/res/android}"
+    assert manifest.get("package") == "org.dnnfusion.add_relu"
+    assert manifest.find("uses-sdk").get(f"{android}minSdkVersion") == str(ANDROID_MIN_SDK)
+    (opencl,) = manifest.find("application").findall("uses-native-library")
+    assert opencl.get(f"{android}name") == "libOpenCL.so" and opencl.get(f"{android}required") == "false"
+    assert "-keep class org.dnnfusion.DnnFusionDelegate" in rules and "native <methods>;" in rules
+
+
+def test_aar_refuses_what_it_cannot_package(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("ANDROID_NDK", raising=False)
+    fuse(MODELS / "add_relu.tflite", tmp_path / "host", cache_dir=tmp_path / "k")
+    fuse(MODELS / "add_relu.tflite", tmp_path / "android", target="arm64-android", cache_dir=tmp_path / "k")
+    for out, message in [(tmp_path / "host", "an AAR takes the arm64-android* targets"),
+                         (tmp_path / "android", "the library is not built yet"),
+                         (tmp_path / "nowhere", "not a `tflite_tools fuse` output folder")]:
+        assert cli.main(["aar", str(out), "-o", str(tmp_path / "x.aar")]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.aar").exists()

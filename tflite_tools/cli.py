@@ -22,6 +22,7 @@ from halide_gen.profile import HostProfiler
 from halide_gen.targets import TARGETS as ALL_TARGETS
 from halide_gen.targets import with_precision
 
+from .aar import package_aar
 from .bench import benchmark, format_benchmark, measure_peak_memory, ratios
 from .fuse import fuse
 from .info import format_info, model_info
@@ -141,6 +142,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_aar(args: argparse.Namespace) -> int:
+    """Packages the built Android libraries of fuse output folders into one AAR."""
+    print(f"  wrote {package_aar([Path(o) for o in args.outs], Path(args.output))}")
+    return 0
+
+
 def write_dot(text: str, path: str) -> None:
     """Writes Graphviz text, or renders it when `path` ends in .svg / .png / .pdf."""
     target = Path(path)
@@ -218,6 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--memory", action="store_true", help="also measure peak memory, one process per contender")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.set_defaults(run=cmd_bench)
+
+    aar = sub.add_parser("aar", help="package built arm64-android delegates (CPU, OpenCL, Vulkan) as an Android AAR")
+    aar.add_argument("outs", nargs="+", metavar="OUT", help="fuse --target arm64-android* output folders, one model")
+    aar.add_argument("-o", "--output", required=True, metavar="FILE.aar", help="the AAR to write")
+    aar.set_defaults(run=cmd_aar)
     return parser
 
 

@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "delegate_state.h"
 #include "dnnfusion/tflite_abi.h"
+#include "report.h"
 
 extern "C" TfLiteDelegate* tflite_plugin_create_delegate(char** keys, char** values, size_t count,
                                                          void (*report_error)(const char*));
@@ -48,6 +50,13 @@ Java_org_dnnfusion_DnnFusionDelegate_nativeCreate(JNIEnv* env, jclass, jobjectAr
     return 0;
   }
   return reinterpret_cast<jlong>(delegate);
+}
+
+extern "C" __attribute__((visibility("default"))) JNIEXPORT jstring JNICALL
+Java_org_dnnfusion_DnnFusionDelegate_nativeClaimReport(JNIEnv* env, jclass, jlong handle) {
+  auto* delegate = reinterpret_cast<TfLiteDelegate*>(handle);
+  auto* state = static_cast<dnnfusion::DelegateState*>(delegate->data_);
+  return env->NewStringUTF(dnnfusion::LastReport(*state).c_str());
 }
 
 extern "C" __attribute__((visibility("default"))) JNIEXPORT void JNICALL

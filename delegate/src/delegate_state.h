@@ -3,6 +3,7 @@
 #pragma once
 
 #include <mutex>
+#include <string>
 
 #include "dnnfusion/bundle.h"
 #include "options.h"
@@ -12,7 +13,8 @@ namespace dnnfusion {
 struct DelegateState {
   Options options;
   const Bundle* bundle = nullptr;
-  std::mutex report_mutex;  // serialises appends to options.report and options.profile
+  std::mutex report_mutex;  // serialises appends to options.report and options.profile, and last_report
+  std::string last_report;  // the JSON line of the last claim (report.h)
 };
 
 }  // namespace dnnfusion

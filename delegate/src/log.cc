@@ -5,6 +5,10 @@
 #include <cstdio>
 #include <cstring>
 
+#if defined(__ANDROID__)
+#include <android/log.h>
+#endif
+
 namespace dnnfusion {
 namespace {
 
@@ -33,7 +37,14 @@ void Log(LogLevel level, const char* format, ...) {
   va_start(args, format);
   std::vsnprintf(line, sizeof(line), format, args);
   va_end(args);
+#if defined(__ANDROID__)
+  // An app's stderr goes nowhere: logcat is where Android developers look (`adb logcat -s dnnfusion`).
+  static const int kPriorities[] = {ANDROID_LOG_SILENT, ANDROID_LOG_ERROR, ANDROID_LOG_WARN, ANDROID_LOG_INFO,
+                                    ANDROID_LOG_VERBOSE};
+  __android_log_print(kPriorities[static_cast<int>(level)], "dnnfusion", "%s", line);
+#else
   std::fprintf(stderr, "dnnfusion: %s: %s\n", kNames[static_cast<int>(level)], line);
+#endif
 }
 
 }  // namespace dnnfusion

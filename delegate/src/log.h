@@ -1,4 +1,5 @@
-// Delegate logging: one prefixed line per message on stderr, filtered by the log_level option.
+// Delegate logging: one line per message, filtered by the log_level option — on stderr prefixed
+// "dnnfusion: <level>:", on Android in logcat with tag "dnnfusion" and the level as its priority.
 // Messages about a failing Invoke also go to TFLite's error reporter (context->ReportError).
 #pragma once
 

@@ -64,7 +64,7 @@ TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
   Claim claim = ClaimBlocks(context, *state.bundle, state.options);
   KeepBlocksWhole(context, *state.bundle, &claim);
   LogClaim(*state.bundle, claim, state.options.claim);
-  if (!state.options.report.empty()) AppendReport(state, claim);
+  RecordReport(state, claim);
   if (claim.nodes.empty()) return kTfLiteOk;
   TfLiteIntArray* nodes = static_cast<TfLiteIntArray*>(std::malloc(sizeof(int) * (1 + claim.nodes.size())));
   if (nodes == nullptr) return kTfLiteOk;  // decline everything rather than fail the interpreter
@@ -109,11 +109,12 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   }
   if (!error.empty()) {
     const std::string message = "dnnfusion: " + error;
-    // benchmark_model's external_delegate.cc may pass no reporter: fall back to stderr.
+    // benchmark_model's external_delegate.cc may pass no reporter: fall back to the log (stderr,
+    // or logcat on Android).
     if (report_error != nullptr) {
       report_error(message.c_str());
     } else {
-      std::fprintf(stderr, "%s\n", message.c_str());
+      Log(LogLevel::kError, "%s", error.c_str());
     }
     delete state;
     std::free(delegate);

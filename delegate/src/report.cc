@@ -46,7 +46,7 @@ void LogClaim(const Bundle& bundle, const Claim& claim, ClaimPolicy policy) {
   }
 }
 
-void AppendReport(DelegateState& state, const Claim& claim) {
+void RecordReport(DelegateState& state, const Claim& claim) {
   const Bundle& bundle = *state.bundle;
   std::string line = "{\"model\": " + JsonString(bundle.model) + ", \"target\": " + JsonString(bundle.target) +
                      ", \"graph_matches\": " +
@@ -62,8 +62,11 @@ void AppendReport(DelegateState& state, const Claim& claim) {
     line += std::string(i ? ", " : "") + "{\"block\": " + JsonString(BlockName(bundle, claim.declined[i].block)) +
             ", \"reason\": " + JsonString(claim.declined[i].reason) + "}";
   }
-  line += "]}\n";
+  line += "]}";
   std::lock_guard<std::mutex> lock(state.report_mutex);
+  state.last_report = line;
+  if (state.options.report.empty()) return;
+  line += "\n";
   FILE* f = std::fopen(state.options.report.c_str(), "a");
   if (f == nullptr) {
     Log(LogLevel::kWarning, "cannot write the report to %s", state.options.report.c_str());
@@ -71,6 +74,11 @@ void AppendReport(DelegateState& state, const Claim& claim) {
   }
   std::fputs(line.c_str(), f);
   std::fclose(f);
+}
+
+std::string LastReport(DelegateState& state) {
+  std::lock_guard<std::mutex> lock(state.report_mutex);
+  return state.last_report;
 }
 
 }  // namespace dnnfusion

@@ -1,6 +1,9 @@
-// Saying what was claimed: a log line per Prepare, and (option `report`) one JSON line per
-// Prepare appended to a file, which `tflite_tools run` and the tests read.
+// Saying what was claimed: a log line per Prepare, and one JSON line per Prepare, kept as the
+// last report (the Java API's claimReport()) and, with option `report`, appended to a file, which
+// `tflite_tools run` and the tests read.
 #pragma once
+
+#include <string>
 
 #include "claim.h"
 #include "delegate_state.h"
@@ -9,7 +12,11 @@ namespace dnnfusion {
 
 void LogClaim(const Bundle& bundle, const Claim& claim, ClaimPolicy policy);
 
-// Appends {"graph_matches", "claimed_blocks", "claimed_nodes", "declined": [{"block", "reason"}]}.
-void AppendReport(DelegateState& state, const Claim& claim);
+// Records {"graph_matches", "claimed_blocks", "claimed_nodes", "declined": [{"block", "reason"}]}
+// as the last report and appends it to the `report` file when the option names one.
+void RecordReport(DelegateState& state, const Claim& claim);
+
+// The last report's JSON line (without its newline); "" before any Prepare.
+std::string LastReport(DelegateState& state);
 
 }  // namespace dnnfusion
