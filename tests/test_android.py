@@ -106,19 +106,29 @@ JNI_EXPORTS = {"Java_org_dnnfusion_DnnFusionDelegate_nativeCreate", "Java_org_dn
 
 
 @pytest.fixture
-def android_ndk(cross, tmp_path) -> Path:
+def jdk() -> Path:
+    """The JDK's bin folder (javac, javap, java): the AAR's classes and jni.h come from it."""
+    javac = shutil.which("javac")
+    if javac is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("a JDK is required in CI (scripts/install-system-deps.sh)")
+        pytest.skip("needs javac (a JDK)")
+    return Path(javac).resolve().parent
+
+
+@pytest.fixture
+def android_ndk(cross, jdk, tmp_path) -> Path:
     """A stand-in NDK: its android.toolchain.cmake points CMake at Debian's aarch64 cross compiler
     and gives the build what the NDK gives an Android one — ANDROID set, __ANDROID__ defined,
     jni.h (the JDK's) and android/log.h (android-liblog-dev) on the include path, a liblog.so to
     link — so the Android-only branch of the generated CMake project (logcat, the JNI shim) is
     compiled and linked here."""
-    javac = shutil.which("javac")
     log_h = Path("/usr/include/android/android/log.h")
-    if javac is None or not log_h.exists():
+    if not log_h.exists():
         if os.environ.get("CI") == "true":
-            pytest.fail("a JDK and android-liblog-dev are required in CI (scripts/install-system-deps.sh)")
-        pytest.skip("needs javac (a JDK) and android-liblog-dev")
-    jdk_include = Path(javac).resolve().parents[1] / "include"
+            pytest.fail("android-liblog-dev is required in CI (scripts/install-system-deps.sh)")
+        pytest.skip("needs android-liblog-dev")
+    jdk_include = jdk.parent / "include"
     ndk = tmp_path / "ndk"
     (ndk / "lib").mkdir(parents=True)
     (ndk / "log.c").write_text("int __android_log_print(int p, const char* t, const char* f, ...) { return 0; }\n")
@@ -132,15 +142,14 @@ set(CMAKE_SHARED_LINKER_FLAGS_INIT "-L{ndk / 'lib'}")
     return ndk
 
 
-def native_methods(classes: Path) -> set[str]:
+def native_methods(jdk: Path, classes: Path) -> set[str]:
     """DnnFusionDelegate's native methods, read from its class file with javap."""
-    javap = Path(shutil.which("javac")).resolve().parent / "javap"
-    out = subprocess.run([str(javap), "-p", "-cp", str(classes), "org.dnnfusion.DnnFusionDelegate"], capture_output=True,
+    out = subprocess.run([str(jdk / "javap"), "-p", "-cp", str(classes), "org.dnnfusion.DnnFusionDelegate"], capture_output=True,
                          text=True, check=True).stdout
     return {line.split("(")[0].split()[-1] for line in out.splitlines() if " native " in line}
 
 
-def test_android_build_logs_to_logcat_and_exports_the_jni_shim(android_ndk, tmp_path, monkeypatch):
+def test_android_build_logs_to_logcat_and_exports_the_jni_shim(android_ndk, jdk, tmp_path, monkeypatch):
     monkeypatch.setenv("ANDROID_NDK", str(android_ndk))
     result = fuse(MODELS / "depthwise_residual.tflite", tmp_path / "out", target="arm64-android",
                   cache_dir=tmp_path / "k")
@@ -155,7 +164,7 @@ def test_android_build_logs_to_logcat_and_exports_the_jni_shim(android_ndk, tmp_
         (tmp_path / "classes").mkdir()
         with zipfile.ZipFile(io.BytesIO(archive.read("classes.jar"))) as jar:
             jar.extractall(tmp_path / "classes")
-    assert {f"Java_org_dnnfusion_DnnFusionDelegate_{m}" for m in native_methods(tmp_path / "classes")} == JNI_EXPORTS
+    assert {f"Java_org_dnnfusion_DnnFusionDelegate_{m}" for m in native_methods(jdk, tmp_path / "classes")} == JNI_EXPORTS
 
 
 def test_cpu_and_gpu_builds_ship_side_by_side_in_one_aar(android_ndk, tmp_path, monkeypatch):
@@ -191,3 +200,37 @@ def test_aar_refuses_what_it_cannot_package(tmp_path, capsys, monkeypatch):
         assert cli.main(["aar", str(out), "-o", str(tmp_path / "x.aar")]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "x.aar").exists()
+
+
+JAVA_PROBE = """import java.util.HashMap;
+import org.dnnfusion.DnnFusionDelegate;
+
+public class Probe {
+  public static void main(String[] args) {
+    System.out.println(DnnFusionDelegate.isSupported("no_such_dnnfusion"));
+    System.out.println(DnnFusionDelegate.createOrNull("no_such_dnnfusion", new HashMap<String, String>()) == null);
+    try {
+      new DnnFusionDelegate("no_such_dnnfusion", new HashMap<String, String>());
+      System.out.println("created");
+    } catch (UnsatisfiedLinkError e) {
+      System.out.println("UnsatisfiedLinkError");
+    }
+  }
+}
+"""
+
+
+def test_java_api_falls_back_where_the_library_is_missing(jdk, tmp_path):
+    # On a device whose ABI has no library (or an APK without it) the app asks first and runs
+    # without the delegate; run here on the host's JVM against the class the AAR ships.
+    from tflite_tools.aar import JAVA_SOURCE, TFLITE_DELEGATE_STUB
+
+    stub = tmp_path / "src" / "org" / "tensorflow" / "lite" / "Delegate.java"
+    stub.parent.mkdir(parents=True)
+    stub.write_text(TFLITE_DELEGATE_STUB)
+    (tmp_path / "src" / "Probe.java").write_text(JAVA_PROBE)
+    subprocess.run([str(jdk / "javac"), "-d", str(tmp_path / "classes"), str(JAVA_SOURCE), str(stub),
+                    str(tmp_path / "src" / "Probe.java")], check=True)
+    out = subprocess.run([str(jdk / "java"), "-cp", str(tmp_path / "classes"), "Probe"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split() == ["false", "true", "UnsatisfiedLinkError"]
