@@ -30,6 +30,7 @@ from .lower import LoweringError
 from .schedule import schedule_for
 from .schedule.auto import schedule_auto
 from .targets import TargetSpec, target_spec
+from .values import tflite_type_name
 
 
 
@@ -53,6 +54,7 @@ class KernelArtifact:
     header: Path
     arguments: list[dict]  # per kernel argument: name, type, shape (TFLite order, packed), pack
     outputs: list[dict]
+    scratch: list[dict] = field(default_factory=list)  # type, shape: extra outputs the caller allocates (GPU)
     extra: list[Path] = field(default_factory=list)  # .s / .stmt when asked for
     cached: bool = False
 
@@ -120,7 +122,7 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
     else:
         schedule_auto(kernel, schedule, spec.targets()[0])
     args = [arg.param for arg in kernel.arguments]
-    pipeline = kernel.pipeline()
+    pipeline = kernel.aot_pipeline()
     targets = spec.targets()
     try:
         if len(targets) > 1:
@@ -152,6 +154,7 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
         "halide_targets": list(spec.halide),
         "arguments": [{**_describe(a.tensor), "shape": list(a.shape), "pack": a.pack} for a in kernel.arguments],
         "outputs": [_describe(t) for t, _ in kernel.outputs],
+        "scratch": [{"type": tflite_type_name(v.func.type()), "shape": list(v.shape)} for v in kernel.scratch],
         "extra": extra,
     }
     (folder / "kernel.json").write_text(json.dumps(meta, indent=1))
@@ -165,6 +168,7 @@ def _load(entry: Path, cached: bool) -> KernelArtifact:
         header=entry / meta["header"],
         arguments=meta["arguments"],
         outputs=meta["outputs"],
+        scratch=meta["scratch"],
         extra=[entry / name for name in meta["extra"]],
         cached=cached,
     )

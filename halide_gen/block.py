@@ -110,6 +110,9 @@ class BlockKernel:
     - read_in_block: id() of the op-result Funcs a later op of the block reads (they cannot be
       computed inside an output's copy).
     - copied_from: id(output Func) -> the op result Func it copies (an output read in-block is copied).
+    - scratch: materialised Funcs a GPU schedule (schedule/gpu.py) makes extra outputs of the AOT
+      kernel, after the real ones: their memory is the caller's, allocated once, not a device
+      allocation on every call.
     """
 
     name: str
@@ -125,6 +128,7 @@ class BlockKernel:
     op_helpers: list[list[Value]] = field(default_factory=list)  # per op, the helpers it materialises
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
     copied_from: dict[int, hl.Func] = field(default_factory=dict)  # id(output Func) -> the Func it copies
+    scratch: list[Value] = field(default_factory=list)  # extra AOT outputs the caller allocates (GPU)
 
     def is_output(self, f: hl.Func) -> bool:
         """True for an output Func or the Func it copies."""
@@ -155,6 +159,13 @@ class BlockKernel:
     def pipeline(self) -> hl.Pipeline:
         """The Halide pipeline computing every block output."""
         return hl.Pipeline(self.output_funcs())
+
+    def aot_pipeline(self) -> hl.Pipeline:
+        """The pipeline an AOT kernel is compiled from: the block outputs, then the scratch Funcs
+        (dense, over their tensor shapes: what the kernel's other stages read of them)."""
+        for v in self.scratch:
+            _declare_dense(v.func.output_buffer(), v.shape)
+        return hl.Pipeline(self.output_funcs() + [v.func for v in self.scratch])
 
 
 # Float storage type per precision: "fp16" holds every tensor a block computes in half precision

@@ -31,7 +31,7 @@ from tflite_tools.model.ir import Operator, Tensor
 from .aot import KernelArtifact, compile_runtime, default_kernel_cache
 from .block import Argument
 from .bundle_abi import ARG_SOURCE, ARG_SPEC, BLOCK_SPEC, BUNDLE, CLAIM_POLICY, GPU_API, MAX_RANK, NODE_SPEC, PACK
-from .bundle_abi import TENSOR_SPEC, TFLITE_TYPES, initializer
+from .bundle_abi import SCRATCH_SPEC, TENSOR_SPEC, TFLITE_TYPES, initializer
 from .cache import cached_entry
 from .pack import CHANNEL_TILE
 from .targets import ANDROID_MIN_SDK, VULKAN_ALLOC_CONFIG, target_spec
@@ -131,9 +131,9 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         return -1 if t is None else index[id(t)]
 
     touched: dict[int, Tensor] = {}
-    nodes, node_io, args, outputs, rows = [], [], [], [], []
+    nodes, node_io, args, outputs, scratch, rows = [], [], [], [], [], []
     for b in blocks:
-        first_node, first_arg, first_out = len(nodes), len(args), len(outputs)
+        first_node, first_arg, first_out, first_scratch = len(nodes), len(args), len(outputs), len(scratch)
         for n in b.nodes:
             op = info.operators[n]
             ins, outs = [idx(t) for t in op.inputs], [idx(t) for t in op.outputs]
@@ -149,11 +149,14 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         for t in b.outputs:
             touched[idx(t)] = t
             outputs.append(str(idx(t)))
+        for desc in b.artifact.scratch:
+            scratch.append(initializer(SCRATCH_SPEC, type=TFLITE_TYPES.value(desc["type"]), rank=len(desc["shape"]),
+                                       dims=_dims(desc["shape"])))
         rows.append(initializer(BLOCK_SPEC, name=_c_string(b.name), signature=_c_string(b.artifact.function),
                                 kernel=f"{b.artifact.function}_argv", profitable=int(b.profitable),
                                 first_node=first_node, n_nodes=len(b.nodes), first_arg=first_arg,
                                 n_args=len(b.arguments), first_output=first_out, n_outputs=len(b.outputs),
-                                group=b.group))
+                                group=b.group, first_scratch=first_scratch, n_scratch=len(b.artifact.scratch)))
     tensors = [initializer(TENSOR_SPEC, index=i, type=TFLITE_TYPES.value(t.type_name), rank=len(t.shape),
                            dims=_dims(t.shape)) for i, t in sorted(touched.items())]
     functions = sorted({b.artifact.function for b in blocks})
@@ -178,6 +181,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         table("int32_t", "kNodeTensors", [str(i) for i in node_io] or ["0"]),
         table("ArgSpec", "kArgs", args or ["{}"]),
         table("int32_t", "kOutputs", outputs or ["0"]),
+        table("ScratchSpec", "kScratch", scratch or ["{}"]),
         table("BlockSpec", "kBlocks", rows or ["{}"]),
         "}  // namespace",
         "",
@@ -191,7 +195,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
             default_claim=CLAIM_POLICY.value(info.default_claim),
             has_custom_ops=int(any(op.opcode.is_custom for op in info.operators)),
             gpu_api=GPU_API.code(spec.gpu_api), half_precision=int(spec.precision == "fp16"),
-            vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG)) + ";",
+            vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG), scratch="kScratch") + ";",
         "  return b;",
         "}",
         "",

@@ -134,6 +134,13 @@ ARG_SPEC = Struct("ArgSpec", "One kernel argument: the tensor it reads and the s
     Field("dims", "int32_t[kMaxRank]", "after packing, TFLite order"),
 ))
 
+SCRATCH_SPEC = Struct("ScratchSpec", "A buffer a GPU kernel computes into for its own later stages (an extra output "
+                                     "after the block's): the partition allocates it once.", (
+    Field("type", "int32_t", "TfLiteType"),
+    Field("rank", "int32_t"),
+    Field("dims", "int32_t[kMaxRank]", "TFLite order"),
+))
+
 BLOCK_SPEC = Struct("BlockSpec", "One fused block and its kernel.", (
     Field("name", "const char*", "as in plan.json and report.md"),
     Field("signature", "const char*", "the kernel's block signature (identical blocks share a kernel)"),
@@ -147,6 +154,8 @@ BLOCK_SPEC = Struct("BlockSpec", "One fused block and its kernel.", (
     Field("n_outputs", "int32_t"),
     Field("group", "int32_t", "nonzero: claimed with the other blocks of its group or not at all "
                               "(MediaPipe argmax indices)"),
+    Field("first_scratch", "int32_t", "slice of Bundle::scratch: the kernel's arguments after its outputs"),
+    Field("n_scratch", "int32_t"),
 ))
 
 BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
@@ -170,10 +179,11 @@ BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
     Field("gpu_api", "int32_t", "GpuApi"),
     Field("half_precision", "int32_t", "1: float tensors stored as fp16 (--gpu-precision fp16)"),
     Field("vulkan_alloc_config", "const char*", "HL_VK_ALLOC_CONFIG unless the environment sets one"),
+    Field("scratch", "const ScratchSpec*", "GPU kernels' scratch buffers (BlockSpec::first_scratch)"),
 ))
 
 ENUMS = (PACK, ARG_SOURCE, GPU_API, CLAIM_POLICY)
-STRUCTS = (TENSOR_SPEC, NODE_SPEC, ARG_SPEC, BLOCK_SPEC, BUNDLE)
+STRUCTS = (TENSOR_SPEC, NODE_SPEC, ARG_SPEC, SCRATCH_SPEC, BLOCK_SPEC, BUNDLE)
 
 
 def initializer(struct: Struct, **values: Any) -> str:

@@ -68,7 +68,10 @@ def runner_source(artifact: KernelArtifact) -> str:
         lines.append(f"  in{k}.set_host_dirty();")
     for k, desc in enumerate(artifact.outputs):
         lines.append(_buffer(f"out{k}", desc))
-    buffers = [f"in{k}.raw_buffer()" for k in range(n_in)] + [f"out{k}.raw_buffer()" for k in range(n_out)]
+    for k, desc in enumerate(artifact.scratch):  # a GPU kernel's scratch: its memory, never read here
+        lines.append(_buffer(f"scratch{k}", desc))
+    buffers = ([f"in{k}.raw_buffer()" for k in range(n_in)] + [f"out{k}.raw_buffer()" for k in range(n_out)]
+               + [f"scratch{k}.raw_buffer()" for k in range(len(artifact.scratch))])
     lines.append(f"  void *args[] = {{{', '.join(buffers)}}};")
     lines.append(f"  int err = {artifact.function}_argv(args);")
     lines.append('  if (err) { std::fprintf(stderr, "kernel failed: %d\\n", err); return 1; }')

@@ -167,6 +167,14 @@ def halide_type(type_name: str) -> hl.Type:
         raise NotImplementedError(f"no Halide type for TFLite {type_name}") from None
 
 
+def tflite_type_name(t: hl.Type) -> str:
+    """The TFLite type name a Halide storage type stands for (uint8 is UINT8, never BOOL)."""
+    for name, halide in _HALIDE_TYPES.items():
+        if halide == t and name != "BOOL":
+            return name
+    raise NotImplementedError(f"no TFLite type for Halide {t}")
+
+
 def as_buffer(array: np.ndarray, type_name: str) -> hl.Buffer:
     """A Halide buffer viewing a numpy array in TFLite order (bools as uint8 storage)."""
     # np.require keeps 0-d arrays 0-d (ascontiguousarray does not); Halide wants writable memory.

@@ -151,6 +151,27 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   return &b;
 }
 
+Partition::Buffer* Partition::ScratchBuffer(const ScratchSpec& spec, std::string* error) {
+  buffers_.emplace_back();
+  Buffer& b = buffers_.back();
+  b.role = Role::kScratch;
+  b.dims = HalideDims(spec.rank, spec.dims);
+  b.raw.dimensions = spec.rank;
+  b.raw.dim = b.dims.data();
+  if (!HalideType(spec.type, &b.raw.type)) {
+    *error = "a scratch buffer has a type Halide kernels cannot hold";
+    return nullptr;
+  }
+  // Host memory too, though the kernel never reads it there: a buffer with neither host memory nor
+  // a device allocation would make the kernel a bounds query. Its device memory is allocated by the
+  // first kernel that writes it and kept until the partition is freed.
+  size_t bytes = b.raw.type.bits / 8;
+  for (int d = 0; d < spec.rank; ++d) bytes *= static_cast<size_t>(spec.dims[d]);
+  b.packed.resize(bytes);
+  b.raw.host = b.packed.data();
+  return &b;
+}
+
 bool Partition::Pack(const TfLiteTensor& t, Buffer& b, const int32_t* dims, int rank) {
   const TensorSpec* spec = FindTensorSpec(*state_.bundle, b.tensor);
   return spec != nullptr && t.data.raw != nullptr &&
@@ -231,6 +252,11 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       step.argv.push_back(&b->raw);
       if (role == Role::kOutput) step.to_host.push_back(b);
     }
+    for (int k = 0; k < block.n_scratch; ++k) {
+      Buffer* b = ScratchBuffer(bundle.scratch[block.first_scratch + k], &error);
+      if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
+      step.argv.push_back(&b->raw);
+    }
   }
   for (Buffer& b : buffers_) {
     if (b.role == Role::kInternal) b.raw.host = arena_.data() + b.arena_offset;
@@ -243,7 +269,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
 TfLiteStatus Partition::CheckShapes(TfLiteContext* context) const {
   const Bundle& bundle = *state_.bundle;
   for (const Buffer& b : buffers_) {
-    if (!b.packed.empty()) continue;
+    if (!b.packed.empty() || b.role == Role::kScratch) continue;  // packed or scratch: shapes of our own
     const TensorSpec* spec = FindTensorSpec(bundle, b.tensor);
     const TfLiteIntArray* dims = context->tensors[b.tensor].dims;
     bool same = dims != nullptr && dims->size == spec->rank;
@@ -294,6 +320,9 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
       event = profiler->BeginEvent(block.name, tflite::Profiler::EventType::DELEGATE_OPERATOR_INVOKE_EVENT,
                                    step.block, 0);
     }
+    // At log_level:verbose the debug runtime's trace of launches, allocations and copies follows,
+    // and bench/gpu_counts.py attributes it to the block named here.
+    Log(LogLevel::kVerbose, "block %s", block.name);
     ClearHalideError();
     const bool timed = !state_.options.profile.empty();
     const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();

@@ -45,6 +45,7 @@ class Partition {
     kDecoded,   // a weight TFLite decodes before the partition first runs: taken then, as kConstant
     kInternal,  // written and read only inside the partition: lives in the arena
     kOutput,    // written here, read by TFLite after: TFLite's memory
+    kScratch,   // a GPU kernel's own intermediate (ScratchSpec): allocated once, lives on the device
   };
   struct Buffer {
     int tensor = -1;
@@ -70,6 +71,7 @@ class Partition {
   void WriteProfile() const;
   bool Pack(const TfLiteTensor& t, Buffer& b, const int32_t* dims, int rank);
   TfLiteStatus TakeDecoded(TfLiteContext* context, Buffer& b);
+  Buffer* ScratchBuffer(const ScratchSpec& spec, std::string* error);
   Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims, Role role,
                     std::string* error);
 

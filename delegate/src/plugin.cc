@@ -135,10 +135,10 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
     setenv("HL_VK_ALLOC_CONFIG", state->bundle->vulkan_alloc_config, /*overwrite=*/0);
   }
   if (state->bundle->gpu_api != kNoGpu) {
-    // A kernel's compute_root scratch is a device allocation and a free on every call; where the
-    // API's runtime keeps a cache (Vulkan's block allocator: no vkAllocateMemory after the first
-    // invoke) freed memory is handed back instead, released with the partition. Halide's OpenCL
-    // runtime has no such cache: there each scratch buffer is still a clCreateBuffer per call.
+    // Template kernels take their scratch from the partition (ScratchSpec), allocated once. What
+    // a kernel still allocates itself (an autoscheduled one's intermediates, Vulkan's staging
+    // buffers) is then handed back to the API runtime's cache where it keeps one (Vulkan's block
+    // allocator), released with the partition; Halide's OpenCL runtime has no such cache.
     halide_reuse_device_allocations(nullptr, true);
   }
   delegate->data_ = state;

@@ -1,6 +1,17 @@
-"""The GPU schedule family (OpenCL and Vulkan): every materialised Func is its own kernel launch,
-tiled over its two innermost dimensions (TFLite's C and W) into 16 x 16 work-groups; everything
-else is inlined into those kernels. Tuple-valued reductions (ARG_MAX) tile their update too.
+"""The GPU schedule family (OpenCL and Vulkan): every materialised Func is one kernel launch that
+covers all of it — its two innermost dimensions (TFLite's C and W) tiled into 16 x 16 work-groups,
+the outer ones (H, N, ...) fused into the grid's third dimension — and everything else is inlined
+into those kernels. A phone GPU pays 5-20 us per launch and more per device allocation, so:
+
+- a convolution's or matrix product's accumulator is computed per thread, inside the launch of
+  the Func that reads it (its init and its reduction loop in registers: no launch, no buffer);
+- pure helpers a CPU template materialises (a zero-padded input) are inlined: a GPU re-reads and
+  re-selects cheaply, and their buffer would be a device allocation on every call;
+- reductions that are helpers (statistics, ARG_MAX's tuples) keep their own launch, update
+  included;
+- what stays materialised besides the outputs becomes the kernel's scratch (BlockKernel.scratch):
+  extra outputs whose buffers the delegate allocates once per partition, so no invoke after the
+  first asks the device for memory (Halide's OpenCL runtime keeps no allocation cache).
 
 Innermost-axis reductions (softmax and normalisation statistics, reductions over C) run in
 shared memory: a work-group takes ROWS rows, its 16 x ROWS threads each fold one 16-lane partial
@@ -47,6 +58,21 @@ def _gpu_tile(f: hl.Func, extents: list[int], stage=None) -> None:
     c, x = hl.Var(names[0]), hl.Var(names[1])
     co, ci, xo, xi = (hl.Var(n) for n in (names[0] + "_o", names[0] + "_i", names[1] + "_o", names[1] + "_i"))
     target.gpu_tile(c, x, co, xo, ci, xi, _tile(extents[0], TILE), _tile(extents[1], TILE), shift)
+    if len(names) > 2:
+        # The rows (and batches) are the grid's third dimension: left as a loop they would run on
+        # the host, one launch per row.
+        outer = hl.Var(names[2])
+        for k, name in enumerate(names[3:]):
+            fused = hl.Var(f"{names[2]}_{k}_fused")
+            target.fuse(outer, hl.Var(name), fused)
+            outer = fused
+        target.gpu_blocks(outer)
+
+
+def _innermost_thread(f: hl.Func) -> hl.Var:
+    """The innermost thread loop _gpu_tile gives `f`: computed there, a producer is one thread's."""
+    names = [a.name() for a in f.args()]
+    return hl.Var(names[0] + "_i")
 
 
 def _row_reduction_in_shared_memory(partial: Value, total: Value) -> None:
@@ -65,13 +91,24 @@ def _row_reduction_in_shared_memory(partial: Value, total: Value) -> None:
     p.compute_at(t, xo).gpu_threads(lane, px)
 
 
+def _landing(kernel: BlockKernel, f: hl.Func) -> hl.Func:
+    """The launched Func that computes `f`: `f` itself, or the output whose copy it is inlined into."""
+    if kernel.inline_into_output(f):
+        for _, v in kernel.outputs:
+            if v.func is f or kernel.copied_from.get(id(v.func)) is f:
+                return v.func
+    return f
+
+
 def schedule_gpu(kernel: BlockKernel) -> None:
     """Applies the GPU schedule in place."""
     shared = {id(f.func) for pair in kernel.row_reductions for f in pair}
     for partial, total in kernel.row_reductions:
         _row_reduction_in_shared_memory(partial, total)
-    roots = [v for v in kernel.materialize if id(v.func) not in shared]
-    roots += [Value(a.acc, a.value.shape, a.value.type) for a in kernel.accumulators]
+        kernel.scratch.append(total)
+    roots = [v for v in kernel.materialize if id(v.func) not in shared and v.func.num_update_definitions() > 0]
+    # What reads an accumulator is launched (it computes the accumulator in its threads).
+    roots += [a.value for a in kernel.accumulators if not kernel.inline_into_output(a.value.func)]
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM:
             roots += [v for v in values if not kernel.inline_into_output(v.func)]
@@ -84,9 +121,13 @@ def schedule_gpu(kernel: BlockKernel) -> None:
         seen.add(id(f))
         if not kernel.inline_into_output(f) and not any(f is o.func for _, o in kernel.outputs):
             f.compute_root()
+            kernel.scratch.append(v)
         # A helper's realized region can exceed its nominal shape (a padded input), never fall
         # short of it, so tiles sized from the shape always fit.
         shape = list(reversed(v.shape))
         _gpu_tile(f, shape)
         for k in range(f.num_update_definitions()):
             _gpu_tile(f, shape, f.update(k))
+    for a in kernel.accumulators:
+        landing = _landing(kernel, a.value.func)
+        a.acc.compute_at(landing, _innermost_thread(landing))

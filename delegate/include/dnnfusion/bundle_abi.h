@@ -82,6 +82,13 @@ struct ArgSpec {
   int32_t dims[kMaxRank];  // after packing, TFLite order
 };
 
+// A buffer a GPU kernel computes into for its own later stages (an extra output after the block's): the partition allocates it once.
+struct ScratchSpec {
+  int32_t type;  // TfLiteType
+  int32_t rank;
+  int32_t dims[kMaxRank];  // TFLite order
+};
+
 // One fused block and its kernel.
 struct BlockSpec {
   const char* name;  // as in plan.json and report.md
@@ -95,6 +102,8 @@ struct BlockSpec {
   int32_t first_output;  // slice of Bundle::outputs (tensor indices)
   int32_t n_outputs;
   int32_t group;  // nonzero: claimed with the other blocks of its group or not at all (MediaPipe argmax indices)
+  int32_t first_scratch;  // slice of Bundle::scratch: the kernel's arguments after its outputs
+  int32_t n_scratch;
 };
 
 // The whole table of one delegate library.
@@ -119,6 +128,7 @@ struct Bundle {
   int32_t gpu_api;  // GpuApi
   int32_t half_precision;  // 1: float tensors stored as fp16 (--gpu-precision fp16)
   const char* vulkan_alloc_config;  // HL_VK_ALLOC_CONFIG unless the environment sets one
+  const ScratchSpec* scratch;  // GPU kernels' scratch buffers (BlockSpec::first_scratch)
 };
 
 }  // namespace dnnfusion
