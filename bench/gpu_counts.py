@@ -4,8 +4,9 @@ depend on the device (PoCL and lavapipe give the ones a phone's GPU would see) o
 
     python bench/gpu_counts.py [MODEL ...] [--api opencl vulkan] [--invokes 3] [--json]
 
-Each model is fused for host-<api> with `--debug-runtime` and invoked `--invokes` times in a fresh
-process with `claim:all` and `log_level:verbose`; the delegate names each block before its kernel
+Each model is fused for host-<api> with `--debug-runtime`, checked against LiteRT's reference
+(`tflite_tools run`: an error outside its tolerance shows as inf) and invoked `--invokes` times in a
+fresh process with `claim:all` and `log_level:verbose`; the delegate names each block before its kernel
 runs (delegate/src/partition.cc), so the trace splits into blocks. The last invoke is the steady
 state: weights were uploaded by the first.
 """
@@ -126,28 +127,43 @@ def trace(model: Path, library: Path, api: str, invokes: int = 3) -> list[Invoke
     return parse(proc.stderr, api)
 
 
+def matches_litert(model: Path, library: Path, api: str) -> float:
+    """The largest relative error of the delegate's outputs (claim:all) against LiteRT's reference
+    (`tflite_tools run`), or inf when it is outside the tolerance: counts of a wrong kernel mean nothing."""
+    proc = subprocess.run([sys.executable, "-m", "tflite_tools", "run", str(model), "--delegate", str(library),
+                           "--option", "claim=all", "--option", "log_level=error", "--json"],
+                          capture_output=True, text=True, env=device_env(api), timeout=1800)
+    if proc.returncode != 0:
+        return float("inf")
+    report = json.loads(proc.stdout)
+    return max(o["max_rel"] for o in report["outputs"]) if report["ok"] else float("inf")
+
+
 def measure(model: Path, api: str, out: Path, invokes: int = 3, cache_dir: Path | None = None) -> dict:
-    """One row: the model fused for host-<api> with the debug runtime, its first and last invoke."""
+    """One row: the model fused for host-<api> with the debug runtime, its first and last invoke,
+    and its outputs' error against LiteRT."""
     from tflite_tools.fuse import fuse
 
     result = fuse(model, out / model.stem / api, target=f"host-{api}", debug_runtime=True, cache_dir=cache_dir)
     runs = trace(result.model, result.library, api, invokes)
     return {"model": model.stem, "api": api, "blocks": sum(1 for k in result.kernels if k.kernel),
             "first": asdict(runs[0].total), "steady": asdict(runs[-1].total),
-            "per_block": {name: asdict(c) for name, c in runs[-1].blocks.items()}}
+            "per_block": {name: asdict(c) for name, c in runs[-1].blocks.items()},
+            "max_rel": matches_litert(result.model, result.library, api)}
 
 
 def table(rows: list[dict]) -> str:
     """Markdown: per model and API, the steady-state invoke's counts against the block count."""
     lines = ["| model | API | blocks | launches / invoke | launches / block | device allocations / invoke | "
-             "copies / invoke | bytes copied / invoke (OpenCL) | first invoke: allocations, copies |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "copies / invoke | bytes copied / invoke (OpenCL) | first invoke: allocations, copies | "
+             "max rel. error vs LiteRT |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s, f = r["steady"], r["first"]
         copied = f"{s['bytes_copied']:,}" if r["api"] == "opencl" else "-"
         lines.append(f"| {r['model']} | {r['api']} | {r['blocks']} | {s['launches']} | "
                      f"{s['launches'] / max(1, r['blocks']):.2f} | {s['allocations']} | {s['copies']} | {copied} | "
-                     f"{f['allocations']}, {f['copies']} |")
+                     f"{f['allocations']}, {f['copies']} | {r['max_rel']:.2g} |")
     return "\n".join(lines)
 
 

@@ -72,6 +72,24 @@ def test_gpu_delegate_matches_litert(stem, api, tmp_path):
     assert report["ok"], report["outputs"]
 
 
+@pytest.mark.parametrize("api", ["opencl", "vulkan"])
+def test_a_wide_softmax_matches_litert(api, tmp_path):
+    # Classifier heads are 1000 wide: with its exps inlined into the shared-memory partial sums,
+    # Vulkan's kernel summed them wrong (and overran its buffers on lavapipe) from some width up.
+    from tflite_tools import serialize
+    from tflite_tools.model.builder import ModelBuilder
+
+    env = gpu_env(api)
+    b = ModelBuilder()
+    b.output(b.op("SOFTMAX", [b.input("logits", [2, 1000])], [2, 1000], beta=1.0))
+    (tmp_path / "softmax.tflite").write_bytes(serialize(b.build()))
+    result = fuse(tmp_path / "softmax.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path / "k")
+    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
+                    "--option", "claim=all"], env)
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["claims"]["claimed_nodes"] == [0], report
+
+
 @pytest.mark.parametrize("stem", GPU_MODELS)
 def test_fp16_vulkan_delegate_matches_litert(stem, tmp_path):
     env = gpu_env("vulkan")

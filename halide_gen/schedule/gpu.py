@@ -5,9 +5,9 @@ into those kernels. A phone GPU pays 5-20 us per launch and more per device allo
 
 - a convolution's or matrix product's accumulator is computed per thread, inside the launch of
   the Func that reads it (its init and its reduction loop in registers: no launch, no buffer);
-- pure helpers a CPU template materialises (a zero-padded input) are inlined: a GPU re-reads and
-  re-selects cheaply, and their buffer would be a device allocation on every call;
-- reductions that are helpers (statistics, ARG_MAX's tuples) keep their own launch, update
+- the zero-padded input a CPU template materialises for a convolution is inlined into the
+  accumulator that walks it: a GPU re-reads and re-selects cheaply, and it saves a launch;
+- other helpers (statistics, a softmax's exps, ARG_MAX's tuples) keep their own launch, update
   included;
 - what stays materialised besides the outputs becomes the kernel's scratch (BlockKernel.scratch):
   extra outputs whose buffers the delegate allocates once per partition, so no invoke after the
@@ -106,7 +106,10 @@ def schedule_gpu(kernel: BlockKernel) -> None:
     for partial, total in kernel.row_reductions:
         _row_reduction_in_shared_memory(partial, total)
         kernel.scratch.append(total)
-    roots = [v for v in kernel.materialize if id(v.func) not in shared and v.func.num_update_definitions() > 0]
+    # A padded input an accumulator walks is inlined into it; other helpers stay materialised (the
+    # exps a softmax sums, inlined into its shared-memory partials, made Vulkan's 1000-wide rows wrong).
+    walked = {id(a.source) for a in kernel.accumulators if a.source is not None}
+    roots = [v for v in kernel.materialize if id(v.func) not in shared and id(v.func) not in walked]
     # What reads an accumulator is launched (it computes the accumulator in its threads).
     roots += [a.value for a in kernel.accumulators if not kernel.inline_into_output(a.value.func)]
     for op, values in zip(kernel.ops, kernel.op_values):
