@@ -102,7 +102,7 @@ class BlockKernel:
     - values, op_values: every tensor's Value (keyed by id(tensor): tensors are not hashable), and
       per op its output Values in op order.
     - materialize, op_helpers: helper Values a lowering asked not to inline (a padded input, a row
-      statistic), all of them and per op.
+      statistic), all of them and per op; padded: the zero-padded inputs among them.
     - accumulators: explicit reductions, each tagged with its AccumulatorKind; a template per kind
       tiles it (schedule/cpu.py TEMPLATES).
     - row_reductions: (partials, totals) pairs of innermost-axis reductions (lower/reduce.py).
@@ -122,6 +122,7 @@ class BlockKernel:
     values: dict[int, Value] = field(default_factory=dict)  # id(tensor) -> Value, every tensor
     op_values: list[list[Value]] = field(default_factory=list)  # per op, its output Values
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
+    padded: list[Value] = field(default_factory=list)  # of those, zero-padded inputs (OpContext.padded)
     accumulators: list[Accumulator] = field(default_factory=list)
     row_reductions: list[tuple[Value, Value]] = field(default_factory=list)  # (partials, totals), see OpContext
     constants: list[hl.Buffer] = field(default_factory=list)  # tables compiled into the kernel
@@ -251,6 +252,7 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
             kernel.values[id(t)] = v
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
+        kernel.padded.extend(ctx.padded)
         kernel.op_helpers.append(list(ctx.materialize))
         kernel.row_reductions.extend(ctx.row_reductions)
         kernel.constants.extend(ctx.constants)

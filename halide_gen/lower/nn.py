@@ -128,6 +128,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     else:
         src = _zero_outside(x, ctx.func_name("padded"))
         ctx.materialize.append(src)
+        ctx.padded.append(src)
     r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
 
     def update(n, y, xx, o):
@@ -155,6 +156,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
     padded = _zero_outside(x, ctx.func_name("padded"))
     ctx.materialize.append(padded)
+    ctx.padded.append(padded)
     r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
 
     def update(n, y, xx, o):

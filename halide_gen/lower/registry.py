@@ -33,6 +33,9 @@ class OpContext:
     # when a packer is named), an in-block tensor is its producer's Func.
     value_of: Callable[..., Value]
     materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
+    # Of those, zero-padded inputs (nn._zero_outside): CPU tiles read them materialised; a GPU
+    # schedule inlines them (their realised region exceeds their tensor's).
+    padded: list[Value] = field(default_factory=list)
     # Explicit reductions (accumulate): the Func, its kind, its RDom, and the activation it walks.
     accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None]] = field(default_factory=list)
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)

@@ -5,8 +5,8 @@ into those kernels. A phone GPU pays 5-20 us per launch and more per device allo
 
 - a convolution's or matrix product's accumulator is computed per thread, inside the launch of
   the Func that reads it (its init and its reduction loop in registers: no launch, no buffer);
-- the zero-padded input a CPU template materialises for a convolution is inlined into the
-  accumulator that walks it: a GPU re-reads and re-selects cheaply, and it saves a launch;
+- the zero-padded input a CPU template materialises for a convolution is inlined: a GPU re-reads
+  and re-selects cheaply, and it saves a launch;
 - other helpers (statistics, a softmax's exps, ARG_MAX's tuples) keep their own launch, update
   included;
 - what stays materialised besides the outputs becomes the kernel's scratch (BlockKernel.scratch):
@@ -106,10 +106,11 @@ def schedule_gpu(kernel: BlockKernel) -> None:
     for partial, total in kernel.row_reductions:
         _row_reduction_in_shared_memory(partial, total)
         kernel.scratch.append(total)
-    # A padded input an accumulator walks is inlined into it; other helpers stay materialised (the
-    # exps a softmax sums, inlined into its shared-memory partials, made Vulkan's 1000-wide rows wrong).
-    walked = {id(a.source) for a in kernel.accumulators if a.source is not None}
-    roots = [v for v in kernel.materialize if id(v.func) not in shared and id(v.func) not in walked]
+    # Padded inputs are inlined (their realised region exceeds their tensor, so they could not be
+    # scratch buffers of its shape anyway); every other helper holds a reduction or is read by one
+    # (a softmax's exps: inlined, Vulkan's 1000-wide rows came out wrong) and stays.
+    padded = {id(v.func) for v in kernel.padded}
+    roots = [v for v in kernel.materialize if id(v.func) not in shared and id(v.func) not in padded]
     # What reads an accumulator is launched (it computes the accumulator in its threads).
     roots += [a.value for a in kernel.accumulators if not kernel.inline_into_output(a.value.func)]
     for op, values in zip(kernel.ops, kernel.op_values):
