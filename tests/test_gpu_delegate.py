@@ -86,6 +86,7 @@ def test_a_wide_softmax_matches_litert(api, tmp_path):
     result = fuse(tmp_path / "softmax.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path / "k")
     proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
                     "--option", "claim=all"], env)
+    assert proc.returncode == 0, proc.stderr[-2000:]  # a buffer overrun shows as an abort at exit
     report = json.loads(proc.stdout)
     assert report["ok"] and report["claims"]["claimed_nodes"] == [0], report
 
