@@ -42,3 +42,20 @@ def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess],
     errors = compare([np.load(p) for p in outs], runtime.run(host, inputs), [str(p) for p in outs],
                      quantized=quantized_outputs(host))
     return errors, [json.loads(line) for line in report.read_text().splitlines()][-1]
+
+
+def mobilenet_logits(folder: Path) -> Path:
+    """The test MobileNet without its softmax, saved in `folder`. Its random weights shrink
+    activations to ~1e-10 and the softmax output is a flat 1/16: compare the logits instead,
+    where every conv, depthwise and residual counts."""
+    import tflite_tools
+
+    model = tflite_tools.load(Path(__file__).parent / "models" / "mobilenet_v2_035_96.tflite")
+    sg = model.main
+    softmax = sg.operators.pop()
+    assert softmax.name == "SOFTMAX"
+    sg.outputs = [softmax.inputs[0]]
+    sg.tensors.remove(softmax.outputs[0])
+    model.signatures = []
+    tflite_tools.save(model, folder / "logits.tflite")
+    return folder / "logits.tflite"

@@ -13,7 +13,7 @@ import pytest
 
 import tflite_tools
 from conftest import NOT_RUNNABLE, corpus_model_paths, model_id, project_model_paths
-from delegate_checks import planned_nodes
+from delegate_checks import mobilenet_logits, planned_nodes
 from tflite_tools import cli, runtime
 from tflite_tools.fuse import FuseResult, fuse
 from tflite_tools.model.fingerprint import METADATA_NAME
@@ -106,17 +106,7 @@ def test_never_worse(path, claim, fused, tmp_path):
 
 
 def test_cnn_logits_match_litert(kernel_cache, tmp_path):
-    # The test MobileNet's random weights shrink activations to ~1e-10 and its softmax output is a
-    # flat 1/16: compare the logits instead, where every conv, depthwise and residual counts.
-    model = tflite_tools.load(Path(__file__).parent / "models" / "mobilenet_v2_035_96.tflite")
-    sg = model.main
-    softmax = sg.operators.pop()
-    assert softmax.name == "SOFTMAX"
-    sg.outputs = [softmax.inputs[0]]
-    sg.tensors.remove(softmax.outputs[0])
-    model.signatures = []
-    tflite_tools.save(model, tmp_path / "logits.tflite")
-    result = fuse(tmp_path / "logits.tflite", tmp_path / "out", cache_dir=kernel_cache)
+    result = fuse(mobilenet_logits(tmp_path), tmp_path / "out", cache_dir=kernel_cache)
     outcome = run(result.model, delegate=result.library, options={"claim": "all"})
     assert outcome.claims["claimed_nodes"] == planned_nodes(result) and len(planned_nodes(result)) == 64
     assert outcome.ok and 0 < outcome.errors[0].max_rel < 1e-5, outcome.errors

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import MODELS, REPO
-from delegate_checks import planned_nodes
+from delegate_checks import mobilenet_logits, planned_nodes
 from tflite_tools.fuse import fuse
 from tflite_tools.run import RTOL, RTOL_FP16
 
@@ -70,6 +70,20 @@ def test_gpu_delegate_matches_litert(stem, api, tmp_path):
     report = json.loads(proc.stdout)
     assert report["claims"]["claimed_nodes"] == planned_nodes(result)
     assert report["ok"], report["outputs"]
+
+
+@pytest.mark.parametrize("api", ["opencl", "vulkan"])
+def test_cnn_logits_match_litert_on_the_gpu(api, tmp_path):
+    # Inverted residuals: expand, depthwise and project convolutions with the residual ADD, whose
+    # projection's accumulator is computed in the output's threads.
+    env = gpu_env(api)
+    result = fuse(mobilenet_logits(tmp_path), tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path.parent / "kgpu")
+    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
+                    "--option", "claim=all"], env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    assert report["claims"]["claimed_nodes"] == planned_nodes(result) and len(planned_nodes(result)) == 64
+    assert report["ok"] and 0 < report["outputs"][0]["max_rel"] < 1e-5, report["outputs"]
 
 
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])

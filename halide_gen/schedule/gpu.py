@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import halide as hl
 
-from fusion.mapping import MtM, op_mapping
+from fusion.mapping import MtM, OtO, op_mapping
 
 from ..block import BlockKernel
 from ..values import Value
@@ -101,6 +101,25 @@ def _landing(kernel: BlockKernel, f: hl.Func) -> hl.Func:
     return f
 
 
+def _elementwise_landing(kernel: BlockKernel, op_index: int) -> hl.Func | None:
+    """The output Func an op's result reaches through a chain of elementwise ops, each its
+    predecessor's only reader and of its shape (a projection conv, then the residual ADD that is
+    the block's output); None when it does not. Inlined along that chain, the result is computed
+    once per output element, so its accumulator can live in the output's threads."""
+    t = kernel.ops[op_index].outputs[0]
+    while True:
+        readers = [j for j, op in enumerate(kernel.ops) if any(x is t for x in op.inputs)]
+        if len(readers) != 1:
+            return None
+        op = kernel.ops[readers[0]]
+        if op_mapping(op) != OtO or tuple(op.outputs[0].shape) != tuple(t.shape):
+            return None
+        value = kernel.op_values[readers[0]][0]
+        if kernel.inline_into_output(value.func):
+            return _landing(kernel, value.func)
+        t = op.outputs[0]
+
+
 def schedule_gpu(kernel: BlockKernel) -> None:
     """Applies the GPU schedule in place."""
     shared = {id(f.func) for pair in kernel.row_reductions for f in pair}
@@ -112,11 +131,14 @@ def schedule_gpu(kernel: BlockKernel) -> None:
     # (a softmax's exps: inlined, Vulkan's 1000-wide rows came out wrong) and stays.
     padded = {id(v.func) for v in kernel.padded}
     roots = [v for v in kernel.materialize if id(v.func) not in shared and id(v.func) not in padded]
-    # What reads an accumulator is launched (it computes the accumulator in its threads).
-    roots += [a.value for a in kernel.accumulators if not kernel.inline_into_output(a.value.func)]
+    # What reads an accumulator is launched (it computes the accumulator in its threads), unless
+    # it only feeds the output through elementwise ops: then the output's threads compute it.
+    landings = {id(a.value.func): _elementwise_landing(kernel, a.op_index) for a in kernel.accumulators}
+    roots += [a.value for a in kernel.accumulators
+              if not kernel.inline_into_output(a.value.func) and landings[id(a.value.func)] is None]
     for op, values in zip(kernel.ops, kernel.op_values):
         if op_mapping(op) == MtM:
-            roots += [v for v in values if not kernel.inline_into_output(v.func)]
+            roots += [v for v in values if not kernel.inline_into_output(v.func) and landings.get(id(v.func)) is None]
     roots += [v for v in kernel.broadcast_sources() if not kernel.inline_into_output(v.func)]
     seen = set(shared)
     for v in roots + [v for _, v in kernel.outputs]:
@@ -134,5 +156,5 @@ def schedule_gpu(kernel: BlockKernel) -> None:
         for k in range(f.num_update_definitions()):
             _gpu_tile(f, shape, f.update(k))
     for a in kernel.accumulators:
-        landing = _landing(kernel, a.value.func)
+        landing = landings[id(a.value.func)] or _landing(kernel, a.value.func)
         a.acc.compute_at(landing, _innermost_thread(landing))
