@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 import halide as hl
+import numpy as np
 
 from tflite_tools.model.ir import Operator, Tensor
 
@@ -57,6 +58,11 @@ class KernelArtifact:
     scratch: list[dict] = field(default_factory=list)  # type, shape: extra outputs the caller allocates (GPU)
     extra: list[Path] = field(default_factory=list)  # .s / .stmt when asked for
     cached: bool = False
+
+
+# Scratch buffers smaller than this stay the kernel's own on Vulkan (_compile_into): the region
+# granule of halide_gen.targets.VULKAN_ALLOC_CONFIG.
+VULKAN_GRANULE = 64
 
 
 def kernel_name(signature: str) -> str:
@@ -121,14 +127,13 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
         schedule_for(kernel, spec)
     else:
         schedule_auto(kernel, schedule, spec.targets()[0])
-    if spec.gpu_api != "opencl":
-        # Scratch buffers are for Halide's OpenCL runtime, which keeps no allocation cache. Vulkan's
-        # pools its allocations (none after the first invoke without them), and there the clear
-        # of a fresh 4-byte scratch buffer wrote past the end of its memory block on lavapipe
-        # (valgrind; mobilenet_v3_small's softmax max): its kernels allocate their own as before.
-        for v in kernel.scratch:
-            v.func.compute_root()
-        kernel.scratch = []
+    if spec.gpu_api == "vulkan":
+        # Halide's Vulkan runtime clears a fresh buffer; for a 4-byte scratch buffer (a softmax's
+        # row max) that clear wrote past the end of its memory block on lavapipe (valgrind). Under
+        # 64 bytes (its allocator's granule here), a kernel allocates its own as before: the runtime
+        # pools those, and measured on every reference model none is allocated after the first invoke.
+        kernel.scratch = [v for v in kernel.scratch
+                          if int(np.prod(v.shape)) * v.func.type().bits() // 8 >= VULKAN_GRANULE]
     args = [arg.param for arg in kernel.arguments]
     pipeline = kernel.aot_pipeline()
     targets = spec.targets()

@@ -154,7 +154,7 @@ def test_gpu_autoschedulers_pick_a_source_per_block(api, tmp_path):
 
 
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])
-@pytest.mark.parametrize("stem", GPU_MODELS)
+@pytest.mark.parametrize("stem", [*GPU_MODELS, "mobilenet_v2_035_96"])
 def test_steady_invokes_launch_little_allocate_nothing_and_copy_only_at_edges(stem, api, tmp_path):
     # Halide's debug runtime traces every launch, device allocation and copy (bench/gpu_counts.py).
     # After the first invoke (weights go up once): at most 3 launches per block on average (one

@@ -136,9 +136,10 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   }
   if (state->bundle->gpu_api != kNoGpu) {
     // Template kernels take their scratch from the partition (ScratchSpec), allocated once. What
-    // a kernel still allocates itself (an autoscheduled one's intermediates, Vulkan's staging
-    // buffers) is then handed back to the API runtime's cache where it keeps one (Vulkan's block
-    // allocator), released with the partition; Halide's OpenCL runtime has no such cache.
+    // a kernel still allocates itself (an autoscheduled one's intermediates; on Vulkan, staging
+    // buffers and scratch under 64 bytes) is then handed back to the API runtime's cache where it
+    // keeps one (Vulkan's block allocator), released with the partition; Halide's OpenCL runtime has
+    // no such cache.
     halide_reuse_device_allocations(nullptr, true);
   }
   delegate->data_ = state;

@@ -10,9 +10,9 @@ into those kernels. A phone GPU pays 5-20 us per launch and more per device allo
 - other helpers (statistics, a softmax's exps, ARG_MAX's tuples) keep their own launch, update
   included;
 - what stays materialised besides the outputs is listed as the kernel's scratch
-  (BlockKernel.scratch): for OpenCL, whose Halide runtime keeps no allocation cache, aot.py makes
-  them extra outputs whose buffers the delegate allocates once per partition, so no invoke after
-  the first asks the device for memory (Vulkan's runtime pools its own allocations).
+  (BlockKernel.scratch): aot.py makes them extra outputs whose buffers the delegate allocates once
+  per partition, so no invoke after the first asks the device for memory (Halide's OpenCL runtime
+  keeps no allocation cache; on Vulkan, buffers under 64 bytes stay the kernel's: aot.py says why).
 
 Innermost-axis reductions (softmax and normalisation statistics, reductions over C) run in
 shared memory: a work-group takes ROWS rows, its 16 x ROWS threads each fold one 16-lane partial
