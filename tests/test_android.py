@@ -47,16 +47,17 @@ def elf_machine(library) -> int:
     return int.from_bytes(library.read_bytes()[18:20], "little")  # e_machine: 183 = AArch64
 
 
+def readelf(option: str, library) -> list[str]:
+    tool = shutil.which("aarch64-linux-gnu-readelf") or "readelf"
+    return subprocess.run([tool, option, str(library)], capture_output=True, text=True, check=True).stdout.splitlines()
+
+
 def load_segment_alignments(library) -> list[int]:
-    readelf = shutil.which("aarch64-linux-gnu-readelf") or "readelf"
-    out = subprocess.run([readelf, "-lW", str(library)], capture_output=True, text=True, check=True).stdout
-    return [int(line.split()[-1], 16) for line in out.splitlines() if line.split()[:1] == ["LOAD"]]
+    return [int(line.split()[-1], 16) for line in readelf("-lW", library) if line.split()[:1] == ["LOAD"]]
 
 
 def needed(library) -> set[str]:
-    readelf = shutil.which("aarch64-linux-gnu-readelf") or "readelf"
-    out = subprocess.run([readelf, "-dW", str(library)], capture_output=True, text=True, check=True).stdout
-    return {line.split("[")[1].rstrip("]") for line in out.splitlines() if "(NEEDED)" in line}
+    return {line.split("[")[1].rstrip("]") for line in readelf("-dW", library) if "(NEEDED)" in line}
 
 
 def test_android_project_builds_with_the_cross_compiler(cross, tmp_path, monkeypatch):

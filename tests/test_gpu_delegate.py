@@ -32,21 +32,18 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import gpu_counts  # noqa: E402
 
-POCL_ICD = Path("/etc/OpenCL/vendors/pocl.icd")
-LAVAPIPE_ICD = Path("/usr/share/vulkan/icd.d/lvp_icd.x86_64.json")
 GPU_MODELS = ["unet_tiny", "transformer_encoder", "depthwise_residual", "fc_softmax"]
 
 
 def gpu_env(api: str) -> dict[str, str]:
-    icd = POCL_ICD if api == "opencl" else LAVAPIPE_ICD
-    if not icd.exists():
-        package = "pocl-opencl-icd" if api == "opencl" else "mesa-vulkan-drivers"
+    """The environment that points a subprocess at PoCL / lavapipe (bench/gpu_counts.device_env);
+    skips without them, except in CI, where they are required."""
+    try:
+        return gpu_counts.device_env(api)
+    except FileNotFoundError as exc:
         if os.environ.get("CI") == "true":
-            pytest.fail(f"{package} is required in CI (scripts/install-system-deps.sh)")
-        pytest.skip(f"needs {package}")
-    key = "OCL_ICD_VENDORS" if api == "opencl" else "VK_ICD_FILENAMES"
-    env = {k: v for k, v in os.environ.items() if k != "HL_VK_ALLOC_CONFIG"}
-    return {**env, key: str(icd.parent if api == "opencl" else icd), "PYTHONPATH": str(REPO)}
+            pytest.fail(f"{exc}: required in CI (scripts/install-system-deps.sh)")
+        pytest.skip(str(exc))
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

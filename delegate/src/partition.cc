@@ -133,15 +133,14 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   b.pack = pack;
   if (role == Role::kInternal) b.arena_offset = arena_offset_.at(tensor);
   if (pack != static_cast<int>(Pack::kNone)) {
-    size_t count = 1;
-    for (int d = 0; d < rank; ++d) count *= dims[d];
-    b.packed.resize(count * (b.raw.type.bits / 8));
+    b.packed.resize(b.raw.size_in_bytes());
+    b.packed_dims = dims;
     b.raw.host = b.packed.data();
   }
   if (role == Role::kConstant) {
     if (b.packed.empty()) {
       b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
-    } else if (!Pack(t, b, dims, rank)) {
+    } else if (!PackWeight(t, b)) {
       *error = std::string("cannot pack constant '") + (t.name ? t.name : "?") + "'";
       return nullptr;
     }
@@ -165,18 +164,16 @@ Partition::Buffer* Partition::ScratchBuffer(const ScratchSpec& spec, std::string
   // Host memory too, though the kernel never reads it there: a buffer with neither host memory nor
   // a device allocation would make the kernel a bounds query. Its device memory is allocated by the
   // first kernel that writes it and kept until the partition is freed.
-  size_t bytes = b.raw.type.bits / 8;
-  for (int d = 0; d < spec.rank; ++d) bytes *= static_cast<size_t>(spec.dims[d]);
-  b.packed.resize(bytes);
+  b.packed.resize(b.raw.size_in_bytes());
   b.raw.host = b.packed.data();
   return &b;
 }
 
-bool Partition::Pack(const TfLiteTensor& t, Buffer& b, const int32_t* dims, int rank) {
+bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b) const {
   const TensorSpec* spec = FindTensorSpec(*state_.bundle, b.tensor);
   return spec != nullptr && t.data.raw != nullptr &&
-         PackConstant(static_cast<dnnfusion::Pack>(b.pack), t.data.raw, spec->dims, spec->rank, b.packed.data(), dims,
-                      rank, b.raw.type.bits / 8);
+         PackConstant(static_cast<Pack>(b.pack), t.data.raw, spec->dims, spec->rank, b.packed.data(), b.packed_dims,
+                      b.raw.dimensions, b.raw.type.bits / 8);
 }
 
 TfLiteStatus Partition::TakeDecoded(TfLiteContext* context, Buffer& b) {
@@ -192,9 +189,7 @@ TfLiteStatus Partition::TakeDecoded(TfLiteContext* context, Buffer& b) {
     b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
   } else {
     if (b.taken != nullptr) return kTfLiteOk;
-    std::vector<int32_t> dims(b.dims.size());  // the packed shape in TFLite's order
-    for (size_t k = 0; k < b.dims.size(); ++k) dims[b.dims.size() - 1 - k] = b.dims[k].extent;
-    if (!Pack(t, b, dims.data(), static_cast<int>(dims.size()))) {
+    if (!PackWeight(t, b)) {
       return Fail(context, std::string("cannot pack decoded weight '") + (t.name ? t.name : "?") + "'");
     }
   }

@@ -53,6 +53,7 @@ class Partition {
     size_t arena_offset = 0;
     int pack = 0;                  // Pack: the layout the kernel reads
     std::vector<uint8_t> packed;   // the packed copy, when `pack` is not kNone
+    const int32_t* packed_dims = nullptr;  // its shape, TFLite order (the bundle's ArgSpec::dims)
     const void* taken = nullptr;   // kDecoded: the TFLite data last bound (packed: the data packed)
     std::vector<halide_dimension_t> dims;
     halide_buffer_t raw{};
@@ -69,7 +70,7 @@ class Partition {
   TfLiteStatus Build(TfLiteContext* context);
   TfLiteStatus CheckShapes(TfLiteContext* context) const;
   void WriteProfile() const;
-  bool Pack(const TfLiteTensor& t, Buffer& b, const int32_t* dims, int rank);
+  bool PackWeight(const TfLiteTensor& t, Buffer& b) const;
   TfLiteStatus TakeDecoded(TfLiteContext* context, Buffer& b);
   Buffer* ScratchBuffer(const ScratchSpec& spec, std::string* error);
   Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims, Role role,
