@@ -44,7 +44,8 @@ CPUS = {
     "cortex-a76": "big core (ARMv8.2: NEON, dot product, fp16)",
     "cortex-a53": "little core (ARMv8.0: NEON, no dot product)",
 }
-TARGET = "arm64-linux"
+# The build each CPU runs: arm64-linux kernels use SDOT, which an ARMv8.0 core lacks.
+TARGETS = {"cortex-a76": "arm64-linux", "cortex-a53": "arm64-linux-nodot"}
 
 
 @dataclass(frozen=True)
@@ -116,11 +117,12 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
     return result
 
 
-def fuse_for_arm(model: Path, out: Path):
-    """`fuse --target arm64-linux` of `model` into `out` (kernels from the shared cache)."""
+def fuse_for_arm(model: Path, out: Path, cpu: str = "cortex-a76"):
+    """`fuse --target arm64-linux` (or -nodot, for a core without dot product) of `model` into
+    `out` (kernels from the shared cache)."""
     from tflite_tools.fuse import fuse
 
-    return fuse(model, out, target=TARGET)
+    return fuse(model, out, target=TARGETS[cpu])
 
 
 def claimed_nodes(report: Path) -> int:
@@ -134,7 +136,7 @@ def claimed_nodes(report: Path) -> int:
 def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None) -> dict:
     """XNNPACK alone against our delegate (claim all, and the default policy) on one model."""
     work.mkdir(parents=True, exist_ok=True)
-    fused = fused or fuse_for_arm(model, work / "out")
+    fused = fused or fuse_for_arm(model, work / "out", cpu)
     reports = {policy: work / f"claims-{policy}.json" for policy in ("all", "profitable")}
     cases = [Case("xnnpack", model)]
     cases += [Case(f"dnnfusion-{policy}", fused.model, fused.library,
@@ -166,7 +168,7 @@ def block_counts(model: Path, cpu: str, work: Path, invokes: int) -> list[dict]:
         piece = work / f"{block.name}.tflite"
         tflite_tools.save(cut_out(ops, block.inputs, block.outputs), piece)
         try:
-            fused = fuse_for_arm(piece, work / block.name)
+            fused = fuse_for_arm(piece, work / block.name, cpu)
         except (LoweringError, ModelError, RuntimeError) as exc:
             rows.append({"block": block.name, "ops": names, "error": str(exc).splitlines()[0][:80]})
             continue

@@ -165,7 +165,8 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
         "header": header.name,
         "target": spec.name,
         "halide_targets": list(spec.halide),
-        "arguments": [{**_describe(a.tensor), "shape": list(a.shape), "pack": a.pack} for a in kernel.arguments],
+        "arguments": [{**_describe(a.tensor), "type": a.type_name, "shape": list(a.shape), "pack": a.pack}
+                      for a in kernel.arguments],
         "outputs": [_describe(t) for t, _ in kernel.outputs],
         "scratch": [{"type": tflite_type_name(v.func.type()), "shape": list(v.shape)} for v in kernel.scratch],
         "extra": extra,

@@ -43,9 +43,19 @@ class Argument:
         """The shape the kernel sees (TFLite order), after packing."""
         return PACKERS[self.pack].shape(tuple(self.tensor.shape)) if self.pack else tuple(self.tensor.shape)
 
+    @property
+    def type_name(self) -> str:
+        """The element type the kernel sees (TFLite's name), after packing."""
+        return _packed_type(self.tensor, self.pack)
+
     def data_from(self, value: np.ndarray) -> np.ndarray:
         """The array to pass for this argument, given the tensor's TFLite data."""
         return pack(self.pack, value)
+
+
+def _packed_type(t: Tensor, packing: str | None) -> str:
+    """The element type of `t` as a kernel argument packed by `packing` (TFLite's name)."""
+    return (PACKERS[packing].dtype if packing else None) or t.type_name
 
 
 def _edge_clamped(arg: Argument) -> hl.Func:
@@ -78,6 +88,7 @@ class Accumulator:
     kind: AccumulatorKind
     rdom: hl.RDom
     source: hl.Func | None = None  # the activation the reduction walks, read at consecutive indices
+    dot: int = 0  # terms per dot-product lane along the innermost reduction axis (0: no dot product)
 
     @property
     def extents(self) -> list[int]:
@@ -231,7 +242,8 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         key = (id(t), packing)
         if key not in params:
             rank = len(PACKERS[packing].shape(tuple(t.shape))) if packing else len(t.shape)
-            arg = Argument(t, hl.ImageParam(halide_type(t.type_name), rank, f"{kernel.name}_in{len(params)}"), packing)
+            arg = Argument(t, hl.ImageParam(halide_type(_packed_type(t, packing)), rank, f"{kernel.name}_in{len(params)}"),
+                           packing)
             _declare_dense(arg.param, arg.shape)
             kernel.arguments.append(arg)
             # Packed constants are weights, read only at indices a reduction walks.
@@ -256,7 +268,8 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         kernel.op_helpers.append(list(ctx.materialize))
         kernel.row_reductions.extend(ctx.row_reductions)
         kernel.constants.extend(ctx.constants)
-        kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r, src) for acc, kind, r, src in ctx.accumulators)
+        kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r, src, dot)
+                                   for acc, kind, r, src, dot in ctx.accumulators)
 
     for k, t in enumerate(outputs):
         v = kernel.values.get(id(t))

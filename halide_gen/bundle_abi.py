@@ -80,6 +80,8 @@ PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_
     Member("oi_to_io", "kOiToIo", 2, "FULLY_CONNECTED weights [units, in] -> [in, units padded]"),
     Member("pad_channels", "kPadChannels", 3, "pad the innermost (channel) axis"),
     Member("o_blocked", "kOBlocked", 4, "matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]"),
+    Member("dot4", "kDot4", 5, "dot-product weights [O, ..., I] -> [..., I / 4, O padded, 4]"),
+    Member("channel_sums", "kChannelSums", 6, "int8 [O, ...] -> int32 [O padded]: each output channel's sum"),
 ))
 
 ARG_SOURCE = Enum("ArgSource", "Where a kernel argument's data comes from (ArgSpec::source).", (
@@ -180,6 +182,7 @@ BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
     Field("half_precision", "int32_t", "1: float tensors stored as fp16 (--gpu-precision fp16)"),
     Field("vulkan_alloc_config", "const char*", "HL_VK_ALLOC_CONFIG unless the environment sets one"),
     Field("scratch", "const ScratchSpec*", "GPU kernels' scratch buffers (BlockSpec::first_scratch)"),
+    Field("needs_dot_product", "int32_t", "1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)"),
 ))
 
 ENUMS = (PACK, ARG_SOURCE, GPU_API, CLAIM_POLICY)

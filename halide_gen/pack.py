@@ -7,6 +7,11 @@ load is dense and a tile that runs past the last channel still reads memory that
 (weights packed once, at init, as XNNPACK does: re-laying them out per call cost more than the
 convolution saved when measured on the x86 host).
 
+Int8 weights of a dot-product reduction (lower/quantized.py) are packed 4-deep: the four
+consecutive input channels an output channel sums in one `sdot` (ARMv8.2) lie together, then the
+output channels of a tile, so one 16-byte load feeds four output channels ("dot4"). Their sums per
+output channel ("channel_sums", int32) fold the input zero point into the bias.
+
 A kernel argument records the packer's name; whoever feeds the kernel (the JIT, the test runners,
 the delegate bundle) applies the same function to the constant.
 """
@@ -21,6 +26,8 @@ import numpy as np
 # Channels are padded to a multiple of this: every CPU template's channel tile divides it
 # (x86: 32 = 2 AVX-512 vectors; NEON: 16 = 4 vectors).
 CHANNEL_TILE = 32
+# Input channels summed by one dot-product instruction (ARM sdot, x86 vpdpbusd): 4 bytes per lane.
+DOT_DEPTH = 4
 
 
 def padded(n: int, multiple: int | None = None) -> int:
@@ -36,6 +43,7 @@ class Packer:
     name: str
     shape: Callable[[tuple[int, ...]], tuple[int, ...]]
     apply: Callable[[np.ndarray], np.ndarray]
+    dtype: str | None = None  # the packed element type (TFLite's name), when not the constant's own
 
 
 def _pad_last(a: np.ndarray) -> np.ndarray:
@@ -53,6 +61,23 @@ def _blocked(a: np.ndarray) -> np.ndarray:
     return np.moveaxis(tiled, 1, -1)
 
 
+def _dot4(a: np.ndarray) -> np.ndarray:
+    """[O, *mid, I] -> [*mid, I/4, O_padded, 4]: the 4 consecutive input channels one dot-product
+    lane sums, innermost (I is a multiple of 4)."""
+    o, i = a.shape[0], a.shape[-1]
+    out = np.zeros((padded(o),) + a.shape[1:], a.dtype)
+    out[:o] = a
+    grouped = out.reshape((out.shape[0],) + a.shape[1:-1] + (i // DOT_DEPTH, DOT_DEPTH))  # [O, *mid, I/4, 4]
+    return np.moveaxis(grouped, 0, -2)
+
+
+def _channel_sums(a: np.ndarray) -> np.ndarray:
+    """[O, ...] int8 -> [O_padded] int32: each output channel's weights summed."""
+    out = np.zeros(padded(a.shape[0]), np.int32)
+    out[: a.shape[0]] = a.reshape(a.shape[0], -1).astype(np.int32).sum(axis=1)
+    return out
+
+
 PACKERS: dict[str, Packer] = {
     # CONV_2D filter [O, kh, kw, I] -> [kh, kw, I, O_padded]
     "ohwi_to_hwio": Packer("ohwi_to_hwio", lambda s: (s[1], s[2], s[3], padded(s[0])),
@@ -68,6 +93,11 @@ PACKERS: dict[str, Packer] = {
     # inside the model, and the whole model went from 1.12x to 1.03x of XNNPACK (delegate `profile`).
     "o_blocked": Packer("o_blocked", lambda s: (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:]) + (CHANNEL_TILE,),
                         _blocked),
+    # Dot-product weights [O, *mid, I] -> [*mid, I/4, O_padded, 4] (CONV_2D: [kh, kw, I/4, O, 4];
+    # FULLY_CONNECTED: [I/4, O, 4]).
+    "dot4": Packer("dot4", lambda s: tuple(s[1:-1]) + (s[-1] // DOT_DEPTH, padded(s[0]), DOT_DEPTH), _dot4),
+    # Int8 weights [O, ...] -> int32 [O_padded]: sum over all but the output channel.
+    "channel_sums": Packer("channel_sums", lambda s: (padded(s[0]),), _channel_sums, dtype="INT32"),
 }
 
 

@@ -2,8 +2,10 @@
 
     host                  x86-64 Linux, multitarget: AVX-512, AVX2, and a plain x86-64 baseline
                           (Halide picks the best one the running CPU supports)
-    arm64-linux           AArch64 Linux (NEON)
-    arm64-android         AArch64 Android (NEON)
+    arm64-linux           AArch64 Linux (NEON, ARMv8.2 dot product: int8 sums with SDOT)
+    arm64-linux-nodot     AArch64 Linux for ARMv8.0 cores (Cortex-A53): NEON without dot product
+    arm64-android         AArch64 Android (NEON, dot product)
+    arm64-android-nodot   AArch64 Android for ARMv8.0 cores
     arm64-android-opencl  Android, kernels on the GPU through OpenCL (Adreno, Mali)
     arm64-android-vulkan  Android, kernels on the GPU through Vulkan
     host-opencl           x86-64 Linux with OpenCL (tested here on PoCL)
@@ -126,10 +128,17 @@ class TargetSpec:
     @property
     def library_suffix(self) -> str:
         """What sets this target's delegate library apart from the CPU one of the same model, so an
-        app can ship both: "" for CPUs, "_opencl", "_vulkan", "_opencl_fp16", ..."""
+        app can ship both: "" for CPUs, "_nodot" for ARMv8.0 builds, "_opencl", "_vulkan",
+        "_opencl_fp16", ..."""
         if self.gpu_api is None:
-            return ""
+            return "_nodot" if self.family == "arm" and not self.dot_product else ""
         return f"_{self.gpu_api}" + ("_fp16" if self.precision == "fp16" else "")
+
+    @property
+    def dot_product(self) -> bool:
+        """Whether the CPU kernels may use ARMv8.2's dot-product instructions (SDOT): int8
+        convolutions and matrix products sum 4 products per lane with them."""
+        return any("arm_dot_prod" in t for t in self.halide)
 
     @property
     def gpu_api(self) -> str | None:
@@ -153,8 +162,12 @@ def _with_fp16(spec: TargetSpec) -> TargetSpec:
 
 _BASE_TARGETS = [
     TargetSpec("host", (_X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
-    TargetSpec("arm64-linux", ("arm-64-linux",), "arm"),
-    TargetSpec("arm64-android", ("arm-64-android",), "arm", packaging="android-cmake"),
+    # ARMv8.2 and later (every big and little phone core since Cortex-A55 / A75) run int8 sums with
+    # SDOT; the -nodot builds are for ARMv8.0 cores (Cortex-A53), where the others decline to run.
+    TargetSpec("arm64-linux", ("arm-64-linux-arm_dot_prod",), "arm"),
+    TargetSpec("arm64-linux-nodot", ("arm-64-linux",), "arm"),
+    TargetSpec("arm64-android", ("arm-64-android-arm_dot_prod",), "arm", packaging="android-cmake"),
+    TargetSpec("arm64-android-nodot", ("arm-64-android",), "arm", packaging="android-cmake"),
     TargetSpec("arm64-android-opencl", ("arm-64-android-opencl",), "gpu", packaging="android-cmake"),
     TargetSpec("arm64-android-vulkan", (f"arm-64-android-{_VULKAN}",), "gpu", packaging="android-cmake"),
     TargetSpec("host-opencl", (f"{_X86_AVX2}-opencl",), "gpu"),

@@ -105,8 +105,10 @@ def prepare(cache_dir: Path) -> Path:
     return root
 
 
-def run_python(root: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    """Runs the emulated aarch64 Python with `args`."""
+def run_python(root: Path, *args: str, timeout: float = 600, cpu: str | None = None) -> subprocess.CompletedProcess:
+    """Runs the emulated aarch64 Python with `args`, on qemu's `cpu` model (its default, "max", when
+    None: every feature qemu has, dot product included)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-    return subprocess.run(["qemu-aarch64", "-L", str(root), str(root / "usr" / "bin" / PYTHON), *args],
+    cpu_args = ["-cpu", cpu] if cpu else []
+    return subprocess.run(["qemu-aarch64", *cpu_args, "-L", str(root), str(root / "usr" / "bin" / PYTHON), *args],
                           capture_output=True, text=True, timeout=timeout, env=env)

@@ -23,5 +23,34 @@ def test_arm64_delegate_matches_host_litert(stem, arm64_root, tmp_path):
     result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target="arm64-linux", cache_dir=tmp_path.parent / "k64")
     errors, claims = invoke_elsewhere(lambda args: run_python(arm64_root, *args), result, tmp_path, seed=4)
     assert all(e.ok for e in errors), errors
-    assert claims["claimed_nodes"] == planned_nodes(result)
+    assert claims["claimed_nodes"] == planned_nodes(result) and claims["claimed_nodes"]
     assert claims["claimed_nodes"]  # the emulated delegate really ran kernels
+
+
+def test_dot_product_kernels_decline_on_a_core_without_it(arm64_root, tmp_path):
+    # arm64-linux kernels may use SDOT (ARMv8.2). On an ARMv8.0 core (qemu's cortex-a53) they would
+    # die of SIGILL: the delegate declines every node and TFLite runs the model; the -nodot build
+    # claims its blocks there. (A float model: XNNPACK's own int8 kernels stop with SIGILL under
+    # qemu's cortex-a53 here, delegate or not.)
+    model = MODELS / "depthwise_residual.tflite"
+    on_a53 = lambda args: run_python(arm64_root, *args, cpu="cortex-a53")  # noqa: E731
+    dot = fuse(model, tmp_path / "dot", target="arm64-linux", cache_dir=tmp_path.parent / "k64")
+    errors, claims = invoke_elsewhere(on_a53, dot, tmp_path / "dot", seed=4)
+    assert all(e.ok for e in errors), errors
+    assert claims["claimed_nodes"] == []
+    assert any("dot-product instructions this CPU lacks" in d["reason"] for d in claims["declined"]), claims
+    nodot = fuse(model, tmp_path / "nodot", target="arm64-linux-nodot", cache_dir=tmp_path.parent / "k64")
+    assert nodot.library.name.endswith("_nodot.so")
+    errors, claims = invoke_elsewhere(on_a53, nodot, tmp_path / "nodot", seed=4)
+    assert all(e.ok for e in errors), errors
+    assert claims["claimed_nodes"] == planned_nodes(nodot)
+
+
+def test_int8_without_dot_product_matches_host_litert(arm64_root, tmp_path):
+    # The -nodot build sums the same 4-deep int8 groups without SDOT (Halide widens and adds
+    # pairwise): still TFLite's integer arithmetic, bit for bit.
+    result = fuse(MODELS / "mobilenet_v2_035_96_int8.tflite", tmp_path / "out", target="arm64-linux-nodot",
+                  cache_dir=tmp_path.parent / "k64")
+    errors, claims = invoke_elsewhere(lambda args: run_python(arm64_root, *args), result, tmp_path, seed=4)
+    assert all(e.ok for e in errors), errors
+    assert claims["claimed_nodes"] == planned_nodes(result) and claims["claimed_nodes"]

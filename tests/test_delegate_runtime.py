@@ -64,15 +64,18 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     native = ctypes.CDLL(str(lib)).pack_constant
     rng = np.random.default_rng(0)
-    ranks = {"ohwi_to_hwio": 4, "oi_to_io": 2, "pad_channels": None, "o_blocked": None}
+    ranks = {"ohwi_to_hwio": 4, "oi_to_io": 2, "pad_channels": None, "o_blocked": None, "dot4": None,
+             "channel_sums": None}
     for name in PACKERS:
         for _ in range(25):
-            rank = ranks[name] or int(rng.integers(1, 5))
+            rank = ranks[name] or int(rng.integers(2 if name == "dot4" else 1, 5))
             shape = tuple(int(d) for d in rng.integers(1, 40, rank))
-            for dtype in (np.float32, np.int8, np.int32):
+            if name == "dot4":
+                shape = shape[:-1] + (4 * -(-shape[-1] // 4),)  # whole groups of 4 input channels
+            for dtype in (np.int8,) if name == "channel_sums" else (np.float32, np.int8, np.int32):
                 src = (rng.standard_normal(shape) * 50).astype(dtype)
                 expected = pack(name, src)
-                dst = np.full(expected.shape, 77, dtype)  # padding must be written as zeros
+                dst = np.full(expected.shape, 77, expected.dtype)  # padding must be written as zeros
                 dims = lambda a: (ctypes.c_int32 * a.ndim)(*a.shape)  # noqa: E731
                 ok = native(PACK.value(name), src.ctypes.data_as(ctypes.c_void_p), dims(src), src.ndim,
                             dst.ctypes.data_as(ctypes.c_void_p), dims(expected), expected.ndim,

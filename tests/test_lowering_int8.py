@@ -95,6 +95,11 @@ def conv_model(shape, cout, k, stride, padding, act="NONE", dilation=1, depthwis
     ((1, 8, 8, 5), 7, 3, 1, "VALID", "RELU", 1),
     ((1, 9, 9, 4), 6, 3, 1, "SAME", "NONE", 2),     # dilation
     ((1, 1, 1, 33), 20, 1, 1, "SAME", "NONE", 1),   # one pixel (tile-blocked weights)
+    # Input channels in groups of 4: dot-product sums (raw int8 products, zero point in the bias)
+    ((1, 6, 7, 8), 20, 3, 1, "SAME", "RELU6", 1),   # padded taps must still add nothing
+    ((1, 7, 5, 16), 36, 1, 1, "VALID", "NONE", 1),  # pointwise, channels past one tile
+    ((1, 9, 9, 12), 6, 3, 2, "SAME", "RELU", 2),    # strided, dilated
+    ((1, 1, 1, 32), 20, 1, 1, "SAME", "NONE", 1),   # one pixel
 ])
 def test_conv2d_int8(shape, cout, k, stride, padding, act, dilation):
     check(conv_model(shape, cout, k, stride, padding, act, dilation), exact=True)
@@ -109,10 +114,28 @@ def test_depthwise_int8(shape, k, stride, padding, mult, act):
     check(conv_model(shape, None, k, stride, padding, act, depthwise=True, mult=mult), exact=True)
 
 
+def test_fully_connected_int8_per_channel_rounds_once_as_the_reference():
+    # LiteRT's reference per-channel FULLY_CONNECTED rounds x * multiplier once (halves up); the
+    # builtin kernel and every other op round twice, as gemmlowp does. The two differ on sums that
+    # land on a half step: about 1 in 800 here, so 8,192 outputs meet several.
+    b = ModelBuilder()
+    units, depth = 64, 64
+    x = b.input("x", (32, depth), "int8", quant=quantization(0.03, 7))
+    w_scales = rng.uniform(0.002, 0.01, units).astype(np.float32)
+    wt = b.const("w", int8_weights(units, depth), quant=quantization(w_scales, 0, 0))
+    bias = b.const("b", rng.integers(-500, 500, units).astype(np.int32), quant=quantization(0.03 * w_scales, 0, 0))
+    b.output(b.op("FULLY_CONNECTED", [x, wt, bias], [32, units],
+                  quant=quantization(out_scale(0.03, float(w_scales.mean()), depth), -4)))
+    check(b.build(), exact=True, seeds=(0, 1, 2, 3))
+
+
 @pytest.mark.parametrize("in_shape, units, per_channel, bias, keep", [
     ((2, 17), 10, False, True, False),
     ((1, 33), 16, True, False, False),   # the classifier: per-channel, no bias
     ((1, 4, 6), 5, True, True, True),
+    ((3, 32), 40, True, True, False),    # depth in groups of 4: dot-product sums
+    ((1, 64), 10, False, True, False),   # one row
+    ((1, 5, 16), 7, True, False, True),
 ])
 def test_fully_connected_int8(in_shape, units, per_channel, bias, keep):
     b = ModelBuilder()
@@ -192,3 +215,17 @@ def test_int8_op_without_a_lowering_is_refused():
 ])
 def test_quantize_multiplier_is_tflites(real, expected):
     assert quantize_multiplier(real) == expected
+
+
+@pytest.mark.parametrize("target, sdot", [("arm64-linux", True), ("arm64-linux-nodot", False)])
+def test_int8_sums_use_arm_dot_product_instructions(target, sdot, tmp_path):
+    # A pointwise conv and a matrix product over input channels in groups of 4: on ARMv8.2 each
+    # group of int8 products is one lane of an SDOT; the -nodot target must not emit it.
+    from halide_gen.aot import compile_kernel
+
+    for model in (conv_model((1, 8, 8, 16), 32, 1, 1, "VALID"), conv_model((1, 6, 6, 8), 16, 3, 1, "SAME")):
+        sg = model.main
+        art = compile_kernel(sg.operators, sg.outputs, f"int8-dot-{sg.operators[0].inputs[0].shape}", target,
+                             cache_dir=tmp_path, emit_asm=True)
+        asm = "".join(p.read_text() for p in art.extra if p.suffix == ".s")
+        assert ("sdot\t" in asm) == sdot, target

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cpu_caps.h"
 #include "gpu_caps.h"
 
 namespace dnnfusion {
@@ -183,6 +184,7 @@ const TensorSpec* FindTensorSpec(const Bundle& bundle, int index) {
 Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& options) {
   Claim claim;
   std::string why = CheckGraph(context, bundle);
+  if (why.empty()) why = CpuProblem(bundle);
   if (why.empty()) why = GpuDeviceProblem(bundle);
   if (!why.empty()) {
     claim.declined.push_back({-1, why});

@@ -20,13 +20,35 @@ void TransposeInto(const uint8_t* src, size_t rows, size_t cols, uint8_t* dst, s
   }
 }
 
+// [O, mid..., I] -> [mid..., I/4, O_padded, 4]: each output channel's 4 consecutive input channels
+// together, as one dot-product lane sums them.
+bool PackDot4(const uint8_t* src, const int32_t* src_dims, int src_rank, uint8_t* dst, const int32_t* dst_dims,
+              int dst_rank, size_t bytes) {
+  if (src_rank < 2 || dst_rank != src_rank + 1 || src_dims[src_rank - 1] % 4 != 0) return false;
+  const size_t o_count = src_dims[0], depth = src_dims[src_rank - 1], padded = dst_dims[dst_rank - 2];
+  const size_t mid = Product(src_dims + 1, src_rank - 2), groups = depth / 4;
+  if (padded < o_count) return false;
+  for (size_t o = 0; o < o_count; ++o) {
+    for (size_t m = 0; m < mid; ++m) {
+      for (size_t i = 0; i < depth; ++i) {
+        const size_t at = ((m * groups + i / 4) * padded + o) * 4 + i % 4;
+        std::memcpy(dst + at * bytes, src + ((o * mid + m) * depth + i) * bytes, bytes);
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
+
+bool PacksToInt32(Pack pack) { return pack == Pack::kChannelSums; }
 
 bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_rank, void* dst,
                   const int32_t* dst_dims, int dst_rank, size_t bytes) {
   const auto* in = static_cast<const uint8_t*>(src);
   auto* out = static_cast<uint8_t*>(dst);
-  std::memset(out, 0, Product(dst_dims, dst_rank) * bytes);
+  const size_t out_bytes = PacksToInt32(pack) ? sizeof(int32_t) : bytes;
+  std::memset(out, 0, Product(dst_dims, dst_rank) * out_bytes);
   switch (pack) {
     case Pack::kOhwiToHwio:  // [O, kh, kw, I] -> [kh, kw, I, O_padded]
       if (src_rank != 4 || dst_rank != 4 || dst_dims[3] < src_dims[0]) return false;
@@ -51,6 +73,20 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
         for (size_t r = 0; r < rest; ++r) {
           std::memcpy(out + (((o / tile) * rest + r) * tile + o % tile) * bytes, in + (o * rest + r) * bytes, bytes);
         }
+      }
+      return true;
+    }
+    case Pack::kDot4:
+      return PackDot4(in, src_dims, src_rank, out, dst_dims, dst_rank, bytes);
+    case Pack::kChannelSums: {  // int8 [O, ...] -> int32 [O_padded]
+      if (bytes != 1 || dst_rank != 1 || src_rank == 0 || dst_dims[0] < src_dims[0]) return false;
+      const size_t per_channel = Product(src_dims + 1, src_rank - 1);
+      auto* sums = reinterpret_cast<int32_t*>(out);
+      const auto* weights = reinterpret_cast<const int8_t*>(in);
+      for (size_t o = 0; o < static_cast<size_t>(src_dims[0]); ++o) {
+        int32_t total = 0;
+        for (size_t k = 0; k < per_channel; ++k) total += weights[o * per_channel + k];
+        sums[o] = total;
       }
       return true;
     }

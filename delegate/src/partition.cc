@@ -130,6 +130,8 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
     *error = std::string("tensor '") + (t.name ? t.name : "?") + "' has a type Halide kernels cannot hold";
     return nullptr;
   }
+  const size_t stored_bytes = b.raw.type.bytes();
+  if (PacksToInt32(static_cast<Pack>(pack))) b.raw.type = halide_type_t(halide_type_int, 32);
   b.pack = pack;
   if (role == Role::kInternal) b.arena_offset = arena_offset_.at(tensor);
   if (pack != static_cast<int>(Pack::kNone)) {
@@ -140,7 +142,7 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   if (role == Role::kConstant) {
     if (b.packed.empty()) {
       b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
-    } else if (!PackWeight(t, b)) {
+    } else if (!PackWeight(t, b, stored_bytes)) {
       *error = std::string("cannot pack constant '") + (t.name ? t.name : "?") + "'";
       return nullptr;
     }
@@ -169,11 +171,11 @@ Partition::Buffer* Partition::ScratchBuffer(const ScratchSpec& spec, std::string
   return &b;
 }
 
-bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b) const {
+bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const {
   const TensorSpec* spec = FindTensorSpec(*state_.bundle, b.tensor);
   return spec != nullptr && t.data.raw != nullptr &&
          PackConstant(static_cast<Pack>(b.pack), t.data.raw, spec->dims, spec->rank, b.packed.data(), b.packed_dims,
-                      b.raw.dimensions, b.raw.type.bits / 8);
+                      b.raw.dimensions, stored_bytes);
 }
 
 TfLiteStatus Partition::TakeDecoded(TfLiteContext* context, Buffer& b) {
@@ -189,7 +191,7 @@ TfLiteStatus Partition::TakeDecoded(TfLiteContext* context, Buffer& b) {
     b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
   } else {
     if (b.taken != nullptr) return kTfLiteOk;
-    if (!PackWeight(t, b)) {
+    if (!PackWeight(t, b, b.raw.type.bytes())) {
       return Fail(context, std::string("cannot pack decoded weight '") + (t.name ? t.name : "?") + "'");
     }
   }

@@ -70,7 +70,8 @@ class Partition {
   TfLiteStatus Build(TfLiteContext* context);
   TfLiteStatus CheckShapes(TfLiteContext* context) const;
   void WriteProfile() const;
-  bool PackWeight(const TfLiteTensor& t, Buffer& b) const;
+  // `stored_bytes`: the size of one element of `t` as TFLite holds it.
+  bool PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const;
   TfLiteStatus TakeDecoded(TfLiteContext* context, Buffer& b);
   Buffer* ScratchBuffer(const ScratchSpec& spec, std::string* error);
   Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims, Role role,

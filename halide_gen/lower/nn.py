@@ -15,7 +15,7 @@ from typing import Callable
 import halide as hl
 import numpy as np
 
-from ..pack import CHANNEL_TILE
+from ..pack import CHANNEL_TILE, DOT_DEPTH
 from ..values import Value, define, flat_index, unflatten
 from . import ieee
 from .elementwise import activation
@@ -44,6 +44,11 @@ class Arithmetic:
     term: Callable[[hl.Expr, hl.Expr], hl.Expr]  # (input element, weight) -> the summed product
     init: Callable[[hl.Expr], hl.Expr]  # the sum's start for output channel oc (the bias)
     finish: Callable[[hl.Expr, hl.Expr], hl.Expr]  # (sum, output channel) -> output element
+    # Nonzero: the sum is taken over groups of this many consecutive input channels, one
+    # dot-product lane each (int8 on ARM's sdot: quantized.py); the weights come packed for it
+    # ("dot4") and the source, read as stored, is `fill` outside the map.
+    dot: int = 0
+    fill: int = 0
 
 
 def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
@@ -52,10 +57,10 @@ def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
     return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, oc: activation(acc, act))
 
 
-def _zero_outside(x: Value, name: str) -> Value:
-    """`x` read with zeros outside its H and W extent (the conv's implicit padding)."""
+def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
+    """`x` read with zeros (or `fill`) outside its H and W extent (the conv's implicit padding)."""
     n, h, w, c = x.shape
-    zero = hl.cast(x.read_type, 0)
+    zero = hl.cast(x.read_type, fill)
 
     def body(b, y, xx, ch):
         inside = (y >= 0) & (y < h) & (xx >= 0) & (xx < w)
@@ -93,10 +98,17 @@ def channel_bias(ctx: OpContext, index: int, zero: hl.Expr | None = None):
 FEW_PIXELS = 64
 
 
-def _weights(ctx: OpContext, index: int, layout: str, matrix_vector: bool):
+def _weights(ctx: OpContext, index: int, layout: str, matrix_vector: bool, dot: int = 0):
     """weight(o, *rest) for TFLite weights [O, *rest]: packed output-channel-innermost (`layout`),
-    or tile-blocked for a matrix-vector product (pack.py, "o_blocked"), or as TFLite stores them
-    when they are not constant."""
+    or tile-blocked for a matrix-vector product (pack.py, "o_blocked"), or 4-deep for dot products
+    (`dot`: "dot4"), or as TFLite stores them when they are not constant."""
+    if dot:
+        # One layout for every pixel count: a tile-blocked one ("o_blocked") indexes its channels
+        # modulo the block, which Halide cannot prove dense inside a 4-deep group: the weights were
+        # gathered a byte at a time (MobileNetV2 int8's 7x7 blocks: 10x XNNPACK's instructions).
+        assert dot == DOT_DEPTH
+        w = ctx.packed(index, "dot4")
+        return lambda o, *rest: w(*rest[:-1], rest[-1] / dot, o, rest[-1] % dot)
     if matrix_vector:
         blocked = ctx.packed(index, "o_blocked")
         if blocked is not None:
@@ -119,14 +131,14 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     x = arith.source(ctx.value(0))
     cout, kh, kw, cin = ctx.op.inputs[1].shape
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
-    weight = _weights(ctx, 1, "ohwi_to_hwio", matrix_vector=out[0] * out[1] * out[2] <= FEW_PIXELS)
+    weight = _weights(ctx, 1, "ohwi_to_hwio", matrix_vector=out[0] * out[1] * out[2] <= FEW_PIXELS, dot=arith.dot)
     groups = x.shape[3] // cin
     per_group = cout // groups
     pointwise = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0)
     if pointwise:
         src = x
     else:
-        src = _zero_outside(x, ctx.func_name("padded"))
+        src = _zero_outside(x, ctx.func_name("padded"), arith.fill)
         ctx.materialize.append(src)
         ctx.padded.append(src)
     r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
@@ -137,7 +149,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         return arith.term(pixel, weight(o, r[0], r[1], r[2]))
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r,
-                     source=src.func)
+                     source=src.func, dot=arith.dot)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
@@ -222,7 +234,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     x = arith.source(ctx.value(0))
     units, depth = ctx.op.inputs[1].shape
     out = ctx.out_shape()
-    weight = _weights(ctx, 1, "oi_to_io", matrix_vector=int(np.prod(out[:-1])) == 1)
+    weight = _weights(ctx, 1, "oi_to_io", matrix_vector=int(np.prod(out[:-1])) == 1, dot=arith.dot)
     r = hl.RDom([(0, depth)], ctx.func_name("r"))
 
     # The usual input has the output's leading shape and `depth` innermost: read it at the output's
@@ -237,7 +249,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         return arith.term(x.at(src), weight(i[-1], r[0]))
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.MATMUL, r,
-                     source=x.func if direct else None)
+                     source=x.func if direct else None, dot=arith.dot)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 

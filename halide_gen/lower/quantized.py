@@ -10,6 +10,12 @@ LiteRT's reference kernels bit for bit. SOFTMAX differs between TFLite's referen
 kernels (lookup tables, fixed point); here it is computed in float32 and rounded once, within one
 quantization step (1 LSB) of LiteRT — the bound the tests hold every int8 output to.
 
+Where the weights are constant and the reduction runs over a multiple of 4 input channels, CONV_2D
+and FULLY_CONNECTED sum raw int8 products instead, 4 per lane (one `sdot` on ARMv8.2, VectorReduce in
+Halide): sum (x - zp) * w = sum x * w - zp * sum w, the last term a per-channel constant folded into
+the bias from the packed weight sums ("channel_sums"), the padding filled with zp so that padded taps
+still contribute nothing. Integer sums are exact in any order, so this is bit for bit the same.
+
 The multipliers are compile-time constants of the kernel (per output channel where the weights
 are per-channel), so a kernel is specific to its tensors' scales and zero points: both the block
 signature and the model fingerprint include them.
@@ -25,6 +31,7 @@ import numpy as np
 
 from tflite_tools.model.ir import Tensor
 
+from ..pack import DOT_DEPTH
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
 from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
@@ -69,20 +76,30 @@ def srdhm(a: hl.Expr, b: hl.Expr) -> hl.Expr:
 
 
 def rounding_divide_by_pot(x: hl.Expr, exponent) -> hl.Expr:
-    """gemmlowp's RoundingDivideByPOT: x / 2^exponent, halves rounded away from zero."""
+    """gemmlowp's RoundingDivideByPOT: x / 2^exponent (exponent >= 0), halves rounded away from zero.
+
+    As TFLite's NEON kernels compute it: a rounding shift (halves up) of x, less 1 where x < 0 and
+    the exponent is positive (x & -exponent has the sign bit then), the subtraction saturating so
+    INT32_MIN stays itself. ARM: and, sshr, sqadd, srshl — gemmlowp's remainder-and-threshold form
+    took over 20 instructions a vector with per-channel exponents (equal on 2^20 random and edge
+    cases, every exponent 0-31).
+    """
     exponent = hl.cast(hl.Int(32), exponent)
-    mask = (hl.i32(1) << exponent) - 1
-    remainder = x & mask
-    threshold = (mask >> 1) + hl.select(x < 0, hl.i32(1), hl.i32(0))
-    return (x >> exponent) + hl.select(remainder > threshold, hl.i32(1), hl.i32(0))
+    negative_fixup = (x & -exponent) >> 31
+    return hl.rounding_shift_right(hl.saturating_add(x, negative_fixup), exponent)
 
 
 def multiply_by_quantized_multiplier(x: hl.Expr, m, shift) -> hl.Expr:
     """TFLite's MultiplyByQuantizedMultiplier: x * m * 2^(shift - 31), rounded as gemmlowp does."""
     shift = hl.cast(hl.Int(32), shift)
-    left = hl.max(shift, 0)
-    right = hl.max(-shift, 0)
-    return rounding_divide_by_pot(srdhm(x * (hl.i32(1) << left), m), right)
+    return multiply_shifted(x, m, hl.i32(1) << hl.max(shift, 0), hl.max(-shift, 0))
+
+
+def multiply_shifted(x: hl.Expr, m, up, down) -> hl.Expr:
+    """MultiplyByQuantizedMultiplier with its shift given as a left multiplier `up` (2^max(shift, 0))
+    and a right exponent `down` (max(-shift, 0)): per-channel tables of each fold to constants where
+    all channels agree (no left shift at all, commonly)."""
+    return rounding_divide_by_pot(srdhm(x * up, m), down)
 
 
 # Tables hold a multiple of this many int32 entries. Halide embeds a constant buffer in the kernel
@@ -131,10 +148,21 @@ def activation_range(act: str | None, scale: float, zp: int) -> tuple[int, int]:
     raise LoweringError(f"int8 fused activation {act}")
 
 
+def multiply_single_rounding(x: hl.Expr, m, shift) -> hl.Expr:
+    """x * m * 2^(shift - 31) rounded once, halves up: the 64-bit product shifted right with
+    rounding (TFLite's single-rounding MultiplyByQuantizedMultiplier, which its reference per-channel
+    FULLY_CONNECTED uses: the double-rounding form differed from it on 8 of 6,144 sums)."""
+    return hl.rounding_mul_shift_right(x, hl.cast(hl.Int(32), m), hl.cast(hl.UInt(32), 31 - hl.cast(hl.Int(32), shift)))
+
+
+def to_int8(scaled: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
+    """A rescaled int32 as the int8 output: offset by the zero point, clamped."""
+    return hl.cast(hl.Int(8), hl.clamp(scaled + hl.i32(zp), hl.i32(lo), hl.i32(hi)))
+
+
 def requantize(acc: hl.Expr, m: hl.Expr, shift: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
-    """An int32 sum as the int8 output: scaled, offset by the zero point, clamped."""
-    out = multiply_by_quantized_multiplier(acc, m, shift) + hl.i32(zp)
-    return hl.cast(hl.Int(8), hl.clamp(out, hl.i32(lo), hl.i32(hi)))
+    """An int32 sum as the int8 output: scaled as gemmlowp rounds, offset by the zero point, clamped."""
+    return to_int8(multiply_by_quantized_multiplier(acc, m, shift), zp, lo, hi)
 
 
 def centred(ctx: OpContext, x: Value, zp: int) -> Value:
@@ -142,12 +170,14 @@ def centred(ctx: OpContext, x: Value, zp: int) -> Value:
     return define(ctx.func_name("centred"), x.shape, lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
 
 
-def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool) -> Arithmetic:
+def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, depth: int | None = None) -> Arithmetic:
     """Integer terms, an int32 sum started at the int32 bias, TFLite's per-channel requantization.
 
     `per_tensor_float_product`: TFLite's FULLY_CONNECTED with one weight scale forms
     in_scale * w_scale in float32 before dividing in double (GetQuantizedConvolutionMultipler);
     convolutions and per-channel weights multiply in double. The last bit depends on it.
+    `depth`: the input channels one output sums per tap, for a dot-product sum where it is a
+    multiple of 4 and the weights are constant (None: never).
     """
     x_t, w_t, out_t = ctx.op.inputs[0], ctx.op.inputs[1], ctx.op.outputs[0]
     in_scale, in_zp = _scale_zp(x_t)
@@ -163,23 +193,49 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool) -> Arithmet
     else:
         reals = [in_scale * s / out_scale for s in w_scales]
     mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
-    m, shift = _channel_table(ctx, mults, "mult"), _channel_table(ctx, shifts, "shift")
+    m = _channel_table(ctx, mults, "mult")
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, out_zp)
     if ctx.has_input(2) and ctx.op.inputs[2].type_name != "INT32":
         raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[2].type_name} bias")
+
+    # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
+    if per_tensor_float_product and len(w_scales) > 1:
+        shift = _channel_table(ctx, shifts, "shift")
+
+        def scaled(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
+            return multiply_single_rounding(acc, m(oc), shift(oc))
+    else:
+        up = _channel_table(ctx, [1 << max(s, 0) for s in shifts], "up")
+        down = _channel_table(ctx, [max(-s, 0) for s in shifts], "down")
+
+        def scaled(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
+            return multiply_shifted(acc, m(oc), up(oc), down(oc))
+
+    def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
+        return to_int8(scaled(acc, oc), out_zp, lo, hi)
+
+    bias = channel_bias(ctx, 2, zero=hl.i32(0))
+    if depth is not None and depth % DOT_DEPTH == 0 and w_t.is_constant:
+        sums = ctx.packed(1, "channel_sums")
+        return Arithmetic(
+            source=lambda x: x,
+            term=lambda v, w: hl.cast(hl.Int(32), hl.widening_mul(v, w)),
+            init=lambda oc: bias(oc) - hl.i32(in_zp) * sums(oc),
+            finish=finish, dot=DOT_DEPTH, fill=in_zp,
+        )
     return Arithmetic(
         source=lambda x: centred(ctx, x, in_zp),
         # int16 x int16 -> int32: one widening multiply (x86 VPMADDWD / ARM SMLAL), not an int32 one.
         term=lambda v, w: hl.widening_mul(v, hl.cast(hl.Int(16), w)),
-        init=channel_bias(ctx, 2, zero=hl.i32(0)),
-        finish=lambda acc, oc: requantize(acc, m(oc), shift(oc), out_zp, lo, hi),
+        init=bias,
+        finish=finish,
     )
 
 
 @register("CONV_2D", quantized=True)
 def lower_conv2d_int8(ctx: OpContext) -> list[Value]:
     """CONV_2D on int8 (per-channel weights), as TFLite's ConvPerChannel."""
-    return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False))
+    return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, depth=ctx.op.inputs[1].shape[3]))
 
 
 @register("DEPTHWISE_CONV_2D", quantized=True)
@@ -191,7 +247,7 @@ def lower_depthwise_int8(ctx: OpContext) -> list[Value]:
 @register("FULLY_CONNECTED", quantized=True)
 def lower_fully_connected_int8(ctx: OpContext) -> list[Value]:
     """FULLY_CONNECTED on int8, as TFLite's integer FullyConnected (per-tensor or per-channel)."""
-    return fully_connected(ctx, _int8_arithmetic(ctx, per_tensor_float_product=True))
+    return fully_connected(ctx, _int8_arithmetic(ctx, per_tensor_float_product=True, depth=ctx.op.inputs[1].shape[1]))
 
 
 @register("ADD", quantized=True)

@@ -36,8 +36,9 @@ class OpContext:
     # Of those, zero-padded inputs (nn._zero_outside): CPU tiles read them materialised; a GPU
     # schedule inlines them (their realised region exceeds their tensor's).
     padded: list[Value] = field(default_factory=list)
-    # Explicit reductions (accumulate): the Func, its kind, its RDom, and the activation it walks.
-    accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None]] = field(default_factory=list)
+    # Explicit reductions (accumulate): the Func, its kind, its RDom, the activation it walks, and
+    # its dot-product depth (0: none).
+    accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None, int]] = field(default_factory=list)
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
     # Two-stage innermost-axis reductions (reduce.row_reduce): (16-lane partials, row totals).
     row_reductions: list[tuple[Value, Value]] = field(default_factory=list)
@@ -96,18 +97,19 @@ class AccumulatorKind(enum.Enum):
 
 
 def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: hl.RDom,
-               source: hl.Func | None = None) -> hl.Func:
+               source: hl.Func | None = None, dot: int = 0) -> hl.Func:
     """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
 
     Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its
-    consumer and order the reduction loops outside the tile.
+    consumer and order the reduction loops outside the tile. `dot`: the innermost reduction axis
+    sums groups of this many terms in one dot-product lane (a multiple of its extent).
     """
     acc = hl.Func(ctx.func_name("acc"))
     idx = dim_vars(len(out_shape))
     at = list(reversed(idx))
     acc[at] = init(*idx)
     acc[at] = acc[at] + update(*idx)
-    ctx.accumulators.append((acc, kind, r, source))
+    ctx.accumulators.append((acc, kind, r, source, dot))
     return acc
 
 

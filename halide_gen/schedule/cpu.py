@@ -162,8 +162,10 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     order = rvars if rdom_order is None else [rvars[k] for k in rdom_order]
     innermost = 0 if rdom_order is None else rdom_order[0]
     grouped = params.reduce_unroll > 1 and not unroll_taps and acc.extents[innermost] % params.reduce_unroll == 0
-    steps = params.reduce_unroll if grouped else 1
-    channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, steps, modelled=not unroll_taps)
+    steps = acc.dot or (params.reduce_unroll if grouped else 1)
+    # A dot-product group is one instruction per accumulator vector: one step of the tile model.
+    channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, 1 if acc.dot else steps,
+                                   modelled=not unroll_taps)
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
@@ -194,10 +196,14 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
         outer, inner = hl.RVar(order[0].name() + "_o"), hl.RVar(order[0].name() + "_i")
         update.split(order[0], outer, inner, steps)
         order = [outer, *order[1:]]
-        tile_loops.append(hl.VarOrRVar(inner))
+        # A dot-product group is the innermost loop, vectorized with the channels into one
+        # VectorReduce (lanes x 4 int8 products summed into lanes int32: `sdot` on ARMv8.2).
+        tile_loops.insert(0 if acc.dot else len(tile_loops), hl.VarOrRVar(inner))
     update.reorder(tile_loops + [hl.VarOrRVar(r) for r in order] + [hl.VarOrRVar(a) for a in av[2:]])
+    if acc.dot:
+        update.atomic().vectorize(inner)
     update.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
-    if steps > 1:
+    if steps > 1 and not acc.dot:
         update.unroll(inner)
         if acc.source is not None:
             group = acc.source.in_(f)

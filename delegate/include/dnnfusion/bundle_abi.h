@@ -32,6 +32,8 @@ enum class Pack : int32_t {
   kOiToIo = 2,  // FULLY_CONNECTED weights [units, in] -> [in, units padded]
   kPadChannels = 3,  // pad the innermost (channel) axis
   kOBlocked = 4,  // matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]
+  kDot4 = 5,  // dot-product weights [O, ..., I] -> [..., I / 4, O padded, 4]
+  kChannelSums = 6,  // int8 [O, ...] -> int32 [O padded]: each output channel's sum
 };
 
 // Where a kernel argument's data comes from (ArgSpec::source).
@@ -129,6 +131,7 @@ struct Bundle {
   int32_t half_precision;  // 1: float tensors stored as fp16 (--gpu-precision fp16)
   const char* vulkan_alloc_config;  // HL_VK_ALLOC_CONFIG unless the environment sets one
   const ScratchSpec* scratch;  // GPU kernels' scratch buffers (BlockSpec::first_scratch)
+  int32_t needs_dot_product;  // 1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)
 };
 
 }  // namespace dnnfusion
