@@ -83,6 +83,18 @@ def _vars(f: hl.Func) -> list[hl.Var]:
 INTERLEAVED_CHANNELS = 4
 
 
+def _lanes_of(f: hl.Func, lanes: int, extent: int) -> int:
+    """Vector lanes for `f`'s element type: `lanes` float32s fill a register, so as many bytes of
+    narrower types (16 int8 on NEON, where 4 lanes made an int8 copy 6 instructions per 4 bytes:
+    MobileNetV2 int8's zero-padded depthwise inputs), halved while a vector outgrows the axis."""
+    if len(f.types()) != 1:
+        return lanes  # a Tuple (ARG_MAX's value and index): as wide as its widest element
+    wide = lanes * 32 // max(8, f.type().bits())
+    while wide > lanes and wide > extent:
+        wide //= 2
+    return wide
+
+
 def _vectorize_inner(f: hl.Func, shape, lanes: int) -> None:
     """Vectorizes `f` along TFLite's innermost axis when that axis holds at least one vector, else
     (a few channels, as a network's RGB input) along the pixels with the channels unrolled inside:
@@ -91,6 +103,7 @@ def _vectorize_inner(f: hl.Func, shape, lanes: int) -> None:
     instructions per element)."""
     if not shape or not f.args():
         return
+    lanes = _lanes_of(f, lanes, shape[-1])
     v = _vars(f)
     if shape[-1] >= lanes:
         f.vectorize(v[0], lanes, hl.TailStrategy.GuardWithIf)
@@ -169,7 +182,9 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
-    home.vectorize(ci, lanes).unroll(ci).unroll(xi)  # unroll(ci) unrolls the vectors left after vectorize
+    # unroll(ci) unrolls the vectors left after vectorize. An int8 output takes a tile's worth of
+    # channels at once, so its int32 epilogue narrows whole registers (4 int32 vectors -> 16 bytes).
+    home.vectorize(ci, _lanes_of(home, lanes, channels)).unroll(ci).unroll(xi)
     if acc.kind == AccumulatorKind.MATMUL:
         # Output-channel tiles outermost: a slice of the weights stays in cache while every row
         # passes (schedules.md, FC 128x256->1024: "output tiles outermost").
