@@ -82,6 +82,7 @@ PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_
     Member("o_blocked", "kOBlocked", 4, "matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]"),
     Member("dot4", "kDot4", 5, "dot-product weights [O, ..., I] -> [..., I / 4, O padded, 4]"),
     Member("channel_sums", "kChannelSums", 6, "int8 [O, ...] -> int32 [O padded]: each output channel's sum"),
+    Member("dot4_rows", "kDot4Rows", 7, "CONV_2D [O, kh, kw, I] -> [kh, ceil(kw * I / 4), O padded, 4], zero-padded"),
 ))
 
 ARG_SOURCE = Enum("ArgSource", "Where a kernel argument's data comes from (ArgSpec::source).", (

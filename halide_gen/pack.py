@@ -71,6 +71,15 @@ def _dot4(a: np.ndarray) -> np.ndarray:
     return np.moveaxis(grouped, 0, -2)
 
 
+def _dot4_rows(a: np.ndarray) -> np.ndarray:
+    """CONV_2D [O, kh, kw, I] -> [kh, ceil(kw*I/4), O_padded, 4]: each filter row's kw*I taps as one
+    run of input bytes (a row of an NHWC image), zero-padded to whole groups of 4."""
+    rows = a.reshape(a.shape[0], a.shape[1], -1)
+    out = np.zeros(rows.shape[:2] + (padded(rows.shape[2], DOT_DEPTH),), a.dtype)
+    out[..., : rows.shape[2]] = rows
+    return _dot4(out)
+
+
 def _channel_sums(a: np.ndarray) -> np.ndarray:
     """[O, ...] int8 -> [O_padded] int32: each output channel's weights summed."""
     out = np.zeros(padded(a.shape[0]), np.int32)
@@ -96,6 +105,9 @@ PACKERS: dict[str, Packer] = {
     # Dot-product weights [O, *mid, I] -> [*mid, I/4, O_padded, 4] (CONV_2D: [kh, kw, I/4, O, 4];
     # FULLY_CONNECTED: [I/4, O, 4]).
     "dot4": Packer("dot4", lambda s: tuple(s[1:-1]) + (s[-1] // DOT_DEPTH, padded(s[0]), DOT_DEPTH), _dot4),
+    # Narrow-input CONV_2D weights [O, kh, kw, I] -> [kh, ceil(kw*I/4), O_padded, 4].
+    "dot4_rows": Packer("dot4_rows", lambda s: (s[1], -(-s[2] * s[3] // DOT_DEPTH), padded(s[0]), DOT_DEPTH),
+                        _dot4_rows),
     # Int8 weights [O, ...] -> int32 [O_padded]: sum over all but the output channel.
     "channel_sums": Packer("channel_sums", lambda s: (padded(s[0]),), _channel_sums, dtype="INT32"),
 }

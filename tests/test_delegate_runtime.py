@@ -65,7 +65,7 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     native = ctypes.CDLL(str(lib)).pack_constant
     rng = np.random.default_rng(0)
     ranks = {"ohwi_to_hwio": 4, "oi_to_io": 2, "pad_channels": None, "o_blocked": None, "dot4": None,
-             "channel_sums": None}
+             "channel_sums": None, "dot4_rows": 4}
     for name in PACKERS:
         for _ in range(25):
             rank = ranks[name] or int(rng.integers(2 if name == "dot4" else 1, 5))

@@ -100,6 +100,10 @@ def conv_model(shape, cout, k, stride, padding, act="NONE", dilation=1, depthwis
     ((1, 7, 5, 16), 36, 1, 1, "VALID", "NONE", 1),  # pointwise, channels past one tile
     ((1, 9, 9, 12), 6, 3, 2, "SAME", "RELU", 2),    # strided, dilated
     ((1, 1, 1, 32), 20, 1, 1, "SAME", "NONE", 1),   # one pixel
+    # Fewer input channels: dot-product groups along each filter row's kw x cin input bytes
+    ((1, 5, 7, 6), 16, 1, 1, "VALID", "NONE", 1),   # pointwise: each pixel's 6 bytes and 2 of the next
+    ((1, 8, 9, 3), 12, 5, 1, "SAME", "RELU", 1),    # 15 taps a row, in 4 groups
+    ((1, 9, 9, 3), 8, 3, 1, "SAME", "NONE", 2),     # dilated: no row runs, single products
 ])
 def test_conv2d_int8(shape, cout, k, stride, padding, act, dilation):
     check(conv_model(shape, cout, k, stride, padding, act, dilation), exact=True)

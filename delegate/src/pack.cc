@@ -20,14 +20,13 @@ void TransposeInto(const uint8_t* src, size_t rows, size_t cols, uint8_t* dst, s
   }
 }
 
-// [O, mid..., I] -> [mid..., I/4, O_padded, 4]: each output channel's 4 consecutive input channels
-// together, as one dot-product lane sums them.
-bool PackDot4(const uint8_t* src, const int32_t* src_dims, int src_rank, uint8_t* dst, const int32_t* dst_dims,
+// [O, mid, depth] -> [mid, groups, O_padded, 4]: each output channel's 4 consecutive inputs
+// together, as one dot-product lane sums them (zeros past `depth`, up to groups * 4).
+bool PackDot4(const uint8_t* src, size_t o_count, size_t mid, size_t depth, uint8_t* dst, const int32_t* dst_dims,
               int dst_rank, size_t bytes) {
-  if (src_rank < 2 || dst_rank != src_rank + 1 || src_dims[src_rank - 1] % 4 != 0) return false;
-  const size_t o_count = src_dims[0], depth = src_dims[src_rank - 1], padded = dst_dims[dst_rank - 2];
-  const size_t mid = Product(src_dims + 1, src_rank - 2), groups = depth / 4;
-  if (padded < o_count) return false;
+  if (dst_rank < 3 || dst_dims[dst_rank - 1] != 4) return false;
+  const size_t groups = dst_dims[dst_rank - 3], padded = dst_dims[dst_rank - 2];
+  if (padded < o_count || groups * 4 < depth || Product(dst_dims, dst_rank - 3) != mid) return false;
   for (size_t o = 0; o < o_count; ++o) {
     for (size_t m = 0; m < mid; ++m) {
       for (size_t i = 0; i < depth; ++i) {
@@ -76,8 +75,14 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
       }
       return true;
     }
-    case Pack::kDot4:
-      return PackDot4(in, src_dims, src_rank, out, dst_dims, dst_rank, bytes);
+    case Pack::kDot4:  // [O, mid..., I] -> [mid..., I/4, O_padded, 4]
+      if (src_rank < 2 || dst_rank != src_rank + 1 || src_dims[src_rank - 1] % 4 != 0) return false;
+      return PackDot4(in, src_dims[0], Product(src_dims + 1, src_rank - 2), src_dims[src_rank - 1], out, dst_dims,
+                      dst_rank, bytes);
+    case Pack::kDot4Rows:  // [O, kh, kw, I] -> [kh, ceil(kw*I/4), O_padded, 4]
+      if (src_rank != 4 || dst_rank != 4) return false;
+      return PackDot4(in, src_dims[0], src_dims[1], static_cast<size_t>(src_dims[2]) * src_dims[3], out, dst_dims,
+                      dst_rank, bytes);
     case Pack::kChannelSums: {  // int8 [O, ...] -> int32 [O_padded]
       if (bytes != 1 || dst_rank != 1 || src_rank == 0 || dst_dims[0] < src_dims[0]) return false;
       const size_t per_channel = Product(src_dims + 1, src_rank - 1);

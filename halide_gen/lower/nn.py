@@ -131,6 +131,8 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     x = arith.source(ctx.value(0))
     cout, kh, kw, cin = ctx.op.inputs[1].shape
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
+    if arith.dot and cin % arith.dot:
+        return _conv2d_rows(ctx, arith, x, out, (sh, sw), dh, (ph, pw))
     weight = _weights(ctx, 1, "ohwi_to_hwio", matrix_vector=out[0] * out[1] * out[2] <= FEW_PIXELS, dot=arith.dot)
     groups = x.shape[3] // cin
     per_group = cout // groups
@@ -150,6 +152,44 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r,
                      source=src.func, dot=arith.dot)
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+
+
+def narrow_input_dot(cin: int, groups: int, dilation_w: int) -> bool:
+    """Whether a CONV_2D whose input channels do not come in groups of DOT_DEPTH can sum in
+    dot-product groups along its filter rows instead (_conv2d_rows)."""
+    return groups == 1 and dilation_w == 1
+
+
+def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: int, pads) -> list[Value]:
+    """A dot-product CONV_2D over few input channels (an RGB stem: 3).
+
+    In NHWC a filter row's kw x cin taps are kw * cin consecutive values of an input row, so the
+    input is read as rows of w * cin values (`fill` outside the map) and each filter row sums its
+    run 4 at a time, with zero weights past kw * cin ("dot4_rows"): MobileNetV2's stem (3x3, 3 input
+    channels) sums 3 groups a row instead of 27 single products.
+    """
+    cout, kh, kw, cin = ctx.op.inputs[1].shape
+    n, h, w, c = x.shape
+    (sh, sw), (ph, pw) = strides, pads
+    weight = ctx.packed(1, "dot4_rows")
+    groups = -(-kw * cin // arith.dot)
+    fill = hl.cast(x.read_type, arith.fill)
+    rows = hl.Func(ctx.func_name("rows"))
+    b, y, k = hl.Var("n"), hl.Var("y"), hl.Var("k")
+    inside = (y >= 0) & (y < h) & (k >= 0) & (k < w * cin)
+    column = hl.clamp(k, 0, w * cin - 1)
+    rows[k, y, b] = hl.select(inside, x(b, hl.clamp(y, 0, h - 1), column / cin, column % cin), fill)
+    src = Value(rows, (n, h, w * cin), rows.type())
+    ctx.materialize.append(src)
+    ctx.padded.append(src)
+    r = hl.RDom([(0, kh), (0, groups * arith.dot)], ctx.func_name("r"))
+
+    def update(n_, y_, xx, o):
+        pixel = src(n_, y_ * sh - ph + r[0] * dh, (xx * sw - pw) * cin + r[1])
+        return arith.term(pixel, weight(r[0], r[1] / arith.dot, o, r[1] % arith.dot))
+
+    acc = accumulate(ctx, out, lambda n_, y_, xx, o: arith.init(o), update, AccumulatorKind.CONV, r, dot=arith.dot)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 

@@ -34,7 +34,7 @@ from tflite_tools.model.ir import Tensor
 from ..pack import DOT_DEPTH
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
-from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
+from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
 
@@ -177,14 +177,13 @@ def centred(ctx: OpContext, x: Value, zp: int) -> Value:
     return define(ctx.func_name("centred"), x.shape, lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
 
 
-def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, depth: int | None = None) -> Arithmetic:
+def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool = False) -> Arithmetic:
     """Integer terms, an int32 sum started at the int32 bias, TFLite's per-channel requantization.
 
     `per_tensor_float_product`: TFLite's FULLY_CONNECTED with one weight scale forms
     in_scale * w_scale in float32 before dividing in double (GetQuantizedConvolutionMultipler);
     convolutions and per-channel weights multiply in double. The last bit depends on it.
-    `depth`: the input channels one output sums per tap, for a dot-product sum where it is a
-    multiple of 4 and the weights are constant (None: never).
+    `dot`: the loops can sum in dot-product groups (taken where the weights are constant).
     """
     x_t, w_t, out_t = ctx.op.inputs[0], ctx.op.inputs[1], ctx.op.outputs[0]
     in_scale, in_zp = _scale_zp(x_t)
@@ -224,7 +223,7 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, depth: int 
         return to_int8(scaled(acc, oc), out_zp, lo, hi)
 
     bias = channel_bias(ctx, 2, zero=hl.i32(0))
-    if depth is not None and depth % DOT_DEPTH == 0 and w_t.is_constant:
+    if dot and w_t.is_constant:
         sums = ctx.packed(1, "channel_sums")
         return Arithmetic(
             source=lambda x: x,
@@ -244,7 +243,10 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, depth: int 
 @register("CONV_2D", quantized=True)
 def lower_conv2d_int8(ctx: OpContext) -> list[Value]:
     """CONV_2D on int8 (per-channel weights), as TFLite's ConvPerChannel."""
-    return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, depth=ctx.op.inputs[1].shape[3]))
+    cin = ctx.op.inputs[1].shape[3]
+    dot = cin % DOT_DEPTH == 0 or narrow_input_dot(cin, ctx.op.inputs[0].shape[3] // cin,
+                                                    int(ctx.option("dilationWFactor", 1)))
+    return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, dot=dot))
 
 
 @register("DEPTHWISE_CONV_2D", quantized=True)
@@ -256,7 +258,8 @@ def lower_depthwise_int8(ctx: OpContext) -> list[Value]:
 @register("FULLY_CONNECTED", quantized=True)
 def lower_fully_connected_int8(ctx: OpContext) -> list[Value]:
     """FULLY_CONNECTED on int8, as TFLite's integer FullyConnected (per-tensor or per-channel)."""
-    return fully_connected(ctx, _int8_arithmetic(ctx, per_tensor_float_product=True, depth=ctx.op.inputs[1].shape[1]))
+    dot = ctx.op.inputs[1].shape[1] % DOT_DEPTH == 0
+    return fully_connected(ctx, _int8_arithmetic(ctx, per_tensor_float_product=True, dot=dot))
 
 
 @register("ADD", quantized=True)

@@ -322,8 +322,10 @@ def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel
 
 
 def _tile_conv(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
-    """Channels x pixels; RDom (ky, kx, ci) loops ci innermost, then kx, then ky."""
-    _register_tile(home, acc, params, params.conv_channels, params.conv_pixels, [2, 1, 0],
+    """Channels x pixels; RDom (ky, kx, ci) loops ci innermost, then kx, then ky (a filter row's
+    taps, (ky, row), for a narrow-input dot-product conv)."""
+    innermost_first = list(reversed(range(acc.rdom.dimensions())))
+    _register_tile(home, acc, params, params.conv_channels, params.conv_pixels, innermost_first,
                    unroll_taps=False, round_up_channels=True, parallel=parallel)
 
 

@@ -34,6 +34,7 @@ enum class Pack : int32_t {
   kOBlocked = 4,  // matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]
   kDot4 = 5,  // dot-product weights [O, ..., I] -> [..., I / 4, O padded, 4]
   kChannelSums = 6,  // int8 [O, ...] -> int32 [O padded]: each output channel's sum
+  kDot4Rows = 7,  // CONV_2D [O, kh, kw, I] -> [kh, ceil(kw * I / 4), O padded, 4], zero-padded
 };
 
 // Where a kernel argument's data comes from (ArgSpec::source).
