@@ -16,6 +16,7 @@ import numpy as np
 from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, ieee, lower
+from .lower.quantized import unsigned_dot_input
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, float_storage, halide_type
 
@@ -201,13 +202,15 @@ def _declare_dense(buffer, shape) -> None:
 
 
 def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32",
-                native_minmax: bool = False) -> BlockKernel:
+                native_minmax: bool = False, unsigned_dot: bool = False) -> BlockKernel:
     """Lowers `ops` (in execution order) into one pipeline producing `outputs`; `native_minmax` for
-    a target whose float min / max already treat NaN and inf as TFLite does (lower.ieee).
+    a target whose float min / max already treat NaN and inf as TFLite does (lower.ieee);
+    `unsigned_dot` for one whose int8 dot products take unsigned activations (x86 VNNI:
+    lower.quantized.unsigned_dot_input).
 
     Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
     """
-    with float_storage(PRECISIONS[precision]), ieee.native_minmax(native_minmax):
+    with float_storage(PRECISIONS[precision]), ieee.native_minmax(native_minmax), unsigned_dot_input(unsigned_dot):
         return _build_block(name, ops, outputs)
 
 

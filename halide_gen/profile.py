@@ -125,7 +125,8 @@ def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], so
         os.environ.setdefault("HL_VK_ALLOC_CONFIG", VULKAN_ALLOC_CONFIG)
     jit = spec.jit_target()
     schedule = (lambda k: schedule_for(k, spec)) if source == "template" else (lambda k: schedule_auto(k, source, jit))
-    return JitKernel(build_block(name, ops, outputs, spec.precision), target=jit, schedule=schedule)
+    kernel = build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.unsigned_dot_input)
+    return JitKernel(kernel, target=jit, schedule=schedule)
 
 
 def schedule_sources(target: str) -> tuple[str, ...]:

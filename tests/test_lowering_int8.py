@@ -11,6 +11,7 @@ alone.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -27,9 +28,14 @@ from tflite_tools.model.builder import ModelBuilder, quantization
 rng = np.random.default_rng(11)
 
 
-def halide(model, inputs):
+# The dot-product sums read int8 activations as they are (ARM's SDOT) or shifted to uint8 (x86's
+# VNNI): every int8 test runs both forms.
+UNSIGNED_DOT = (False, True)
+
+
+def halide(model, inputs, unsigned_dot: bool = False, target=None):
     sg = model.main
-    jit = JitKernel(build_block("block", sg.operators, sg.outputs))
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs, unsigned_dot=unsigned_dot), target=target)
     return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
 
 
@@ -37,10 +43,10 @@ def check(model, exact: bool, seeds=(0, 1)) -> None:
     """Asserts the int8 outputs: within 1 LSB of the builtin kernels, equal to the reference
     kernels when `exact`."""
     data = tflite_tools.serialize(model)
-    for seed in seeds:
+    for seed, unsigned_dot in itertools.product(seeds, UNSIGNED_DOT):
         builtin = runtime.make_interpreter(data, resolver="builtin")
         inputs = runtime.random_inputs(builtin, seed)
-        got = halide(model, inputs)
+        got = halide(model, inputs, unsigned_dot)
         for ref, out in zip(runtime.run(builtin, inputs), got):
             assert out.dtype == np.int8 and ref.shape == out.shape
             diff = np.abs(ref.astype(np.int32) - out.astype(np.int32))
@@ -233,3 +239,27 @@ def test_int8_sums_use_arm_dot_product_instructions(target, sdot, tmp_path):
                              cache_dir=tmp_path, emit_asm=True)
         asm = "".join(p.read_text() for p in art.extra if p.suffix == ".s")
         assert ("sdot\t" in asm) == sdot, target
+
+
+@pytest.mark.parametrize("features", ["avx-avx2-f16c-fma-sse41", "sse41"])
+def test_unsigned_dot_sums_are_exact_without_vnni(features):
+    # The host library's AVX2 and baseline sub-targets run the same uint8 x int8 sums with no VNNI:
+    # Halide must widen them exactly (no saturating VPMADDUBSW).
+    import halide as hl
+
+    target = hl.Target(f"x86-64-linux-{features}-jit")
+    for model in (conv_model((1, 6, 7, 8), 20, 3, 1, "SAME", "RELU6"), conv_model((1, 8, 9, 3), 12, 5, 1, "SAME")):
+        data = tflite_tools.serialize(model)
+        reference = runtime.make_interpreter(data, resolver="reference")
+        inputs = runtime.random_inputs(reference, 3)
+        for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, unsigned_dot=True, target=target)):
+            assert np.array_equal(ref, out), features
+
+
+def test_int8_sums_use_vnni_on_the_hosts_avx512_vnni_subtarget(tmp_path):
+    from halide_gen.aot import compile_kernel
+
+    sg = conv_model((1, 8, 8, 16), 32, 1, 1, "VALID").main
+    art = compile_kernel(sg.operators, sg.outputs, "int8-vnni", "host", cache_dir=tmp_path, emit_asm=True)
+    first = sorted(p for p in art.extra if p.suffix == ".s")[0]  # sub-target 0: AVX-512 with VNNI
+    assert "vpdpbusd" in first.read_text()

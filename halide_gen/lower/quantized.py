@@ -14,7 +14,8 @@ Where the weights are constant and the reduction runs over a multiple of 4 input
 and FULLY_CONNECTED sum raw int8 products instead, 4 per lane (one `sdot` on ARMv8.2, VectorReduce in
 Halide): sum (x - zp) * w = sum x * w - zp * sum w, the last term a per-channel constant folded into
 the bias from the packed weight sums ("channel_sums"), the padding filled with zp so that padded taps
-still contribute nothing. Integer sums are exact in any order, so this is bit for bit the same.
+still contribute nothing. On x86 (VNNI multiplies unsigned by signed bytes) the input is read as
+x + 128 in uint8 and the offset folded is zp + 128 (`unsigned_dot_input`). Integer sums are exact in any order, so this is bit for bit the same.
 
 The multipliers are compile-time constants of the kernel (per output channel where the weights
 are per-channel), so a kernel is specific to its tensors' scales and zero points: both the block
@@ -23,8 +24,10 @@ signature and the model fingerprint include them.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import halide as hl
 import numpy as np
@@ -40,6 +43,27 @@ from .registry import LoweringError, OpContext, register
 
 INT8_MIN, INT8_MAX = -128, 127
 ADD_LEFT_SHIFT = 20  # TFLite's headroom shift for int8 ADD (add.cc)
+
+_UNSIGNED_DOT: contextvars.ContextVar[bool] = contextvars.ContextVar("unsigned_dot", default=False)
+
+
+@contextlib.contextmanager
+def unsigned_dot_input(enabled: bool = True) -> Iterator[None]:
+    """Lowers dot-product sums inside the `with` block with unsigned activations: x86's VNNI
+    (VPDPBUSD) multiplies unsigned by signed bytes, so the int8 input is read shifted by 128
+    (x + 128 as uint8, XNNPACK's trick) and the shift joins the zero point in the folded bias
+    (halide_gen.targets.TargetSpec.unsigned_dot_input). ARM's SDOT takes signed bytes as they are."""
+    token = _UNSIGNED_DOT.set(enabled)
+    try:
+        yield
+    finally:
+        _UNSIGNED_DOT.reset(token)
+
+
+def _as_unsigned(ctx: OpContext, x: Value) -> Value:
+    """int8 x as uint8 x + 128 (the sign bit flipped), read inline by the op's terms."""
+    return define(ctx.func_name("u8"), x.shape,
+                  lambda *i: hl.cast(hl.UInt(8), hl.cast(hl.Int(16), x(*i)) + hl.i16(128)))
 
 
 def _round_half_away(value: float) -> int:
@@ -225,11 +249,13 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
     bias = channel_bias(ctx, 2, zero=hl.i32(0))
     if dot and w_t.is_constant:
         sums = ctx.packed(1, "channel_sums")
+        unsigned = _UNSIGNED_DOT.get()
+        offset = in_zp + (128 if unsigned else 0)  # what the input is read as, less its real value
         return Arithmetic(
-            source=lambda x: x,
+            source=(lambda x: _as_unsigned(ctx, x)) if unsigned else (lambda x: x),
             term=lambda v, w: hl.cast(hl.Int(32), hl.widening_mul(v, w)),
-            init=lambda oc: bias(oc) - hl.i32(in_zp) * sums(oc),
-            finish=finish, dot=DOT_DEPTH, fill=in_zp,
+            init=lambda oc: bias(oc) - hl.i32(offset) * sums(oc),
+            finish=finish, dot=DOT_DEPTH, fill=offset,
         )
     return Arithmetic(
         source=lambda x: centred(ctx, x, in_zp),
