@@ -29,7 +29,7 @@ from fusion.mapping import MtM, op_mapping
 from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..lower.elementwise import ELEMENTWISE
-from ..pack import padded
+from ..pack import CHANNEL_TILE, padded
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,19 @@ class CpuParams:
     # input channels of a pixel in one vector and multiplies by each lane (NEON's `fmla` by element),
     # instead of one broadcast load per step.
     reduce_unroll: int = 1
+    # (channels, pixels) of an int8 dot-product tile where it is fixed (0: as the float tiles).
+    dot_tile: tuple[int, int] = (0, 0)
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
 # 16x8 @8 lanes 0.256 ms, 32x4 @8 0.226, 48x2 @16 0.224, 32x4 @16 0.207 (ratio 1.06).
 # Fully connected, 128 rows, same host (XNNPACK 0.61 ms for 256->1024, 0.15 ms for 256->256):
 # 32 units x 4 rows 0.97 ms, 32x6 0.66, 32x8 0.61 (1.00x), 16x8 0.86; 256->256 ties at every shape.
-X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=4, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=8)
+# Int8 dot products (VPDPBUSD): each pixel's 4 input bytes are broadcast and shifted to uint8 (3
+# instructions) for every 2 output vectors in a 32 x 4 tile; 64 x 6 (24 accumulators of 32 registers)
+# shares them among 4.
+X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=4, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=8,
+                dot_tile=(64, 6))
 # NEON: 4 lanes, 32 registers. Counted on qemu's cortex-a76 (bench/arm_count.py, MobileNetV2, ours /
 # XNNPACK instructions, blocks cut out one by one): a fixed 4 vectors x 6 pixels tile with one
 # broadcast load per reduction step 1.21; 4 steps per vector load with `fmla` by element 1.05 with a
@@ -176,6 +182,8 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     innermost = 0 if rdom_order is None else rdom_order[0]
     grouped = params.reduce_unroll > 1 and not unroll_taps and acc.extents[innermost] % params.reduce_unroll == 0
     steps = acc.dot or (params.reduce_unroll if grouped else 1)
+    if acc.dot and params.dot_tile[0]:
+        channels, pixels = params.dot_tile
     # A dot-product group is one instruction per accumulator vector: one step of the tile model.
     channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, 1 if acc.dot else steps,
                                    modelled=not unroll_taps)
@@ -240,6 +248,9 @@ def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int,
         return modelled_tile(acc.value.shape[-1], width, params.lanes, params.registers, round_up, steps)
     # A row or pixel count smaller than the tile (a 1x1 squeeze-excite conv, a one-row GEMV) gets
     # a tile of its own size instead of mostly-guarded lanes.
+    if round_up:  # a tile must divide the packed channel count (a multiple of pack.CHANNEL_TILE)
+        while channels > CHANNEL_TILE and padded(acc.value.shape[-1]) % channels:
+            channels //= 2
     requested = pixels
     pixels = max(1, min(pixels, width))
     if pixels < requested:
