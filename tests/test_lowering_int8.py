@@ -263,3 +263,20 @@ def test_int8_sums_use_vnni_on_the_hosts_avx512_vnni_subtarget(tmp_path):
     art = compile_kernel(sg.operators, sg.outputs, "int8-vnni", "host", cache_dir=tmp_path, emit_asm=True)
     first = sorted(p for p in art.extra if p.suffix == ".s")[0]  # sub-target 0: AVX-512 with VNNI
     assert "vpdpbusd" in first.read_text()
+
+
+@pytest.mark.parametrize("op", ["AVERAGE_POOL_2D", "MAX_POOL_2D"])
+@pytest.mark.parametrize("shape, k, stride, padding, act", [
+    ((1, 9, 9, 5), 3, 2, "SAME", "NONE"),    # windows clipped by the padding: fewer taps to average
+    ((1, 7, 8, 16), 2, 2, "VALID", "RELU6"),
+    ((2, 7, 7, 20), 7, 1, "VALID", "RELU"),  # a global pool
+])
+def test_pools_int8(op, shape, k, stride, padding, act):
+    n, h, w, c = shape
+    oh, ow = ((h - k) // stride + 1, (w - k) // stride + 1) if padding == "VALID" else (-(-h // stride), -(-w // stride))
+    b = ModelBuilder()
+    q = quantization(0.05, -3)
+    x = b.input("x", shape, "int8", quant=q)
+    b.output(b.op(op, [x], [n, oh, ow, c], quant=q, padding=padding, filter_height=k, filter_width=k, stride_h=stride,
+                  stride_w=stride, fused_activation_function=act))
+    check(b.build(), exact=True)

@@ -317,7 +317,18 @@ def lower_batch_matmul(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, lambda *i: read(acc, i))]
 
 
-def _pool(ctx: OpContext, kind: str) -> list[Value]:
+@dataclass
+class PoolWindow:
+    """A pooling op's window: `taps(n, y, x, c)` gives (inside, value) per tap of the RDom `r`,
+    `count(y, x)` the taps inside the input (TFLite averages over those only)."""
+
+    r: hl.RDom
+    taps: Callable[..., tuple[hl.Expr, hl.Expr]]
+    count: Callable[[hl.Expr, hl.Expr], hl.Expr]
+
+
+def pool_window(ctx: OpContext) -> PoolWindow:
+    """The window of AVERAGE_POOL_2D / MAX_POOL_2D (float32 here, int8 in quantized.py)."""
     x = ctx.value(0)
     out = ctx.out_shape()
     fh, fw = int(ctx.option("filterHeight", 1)), int(ctx.option("filterWidth", 1))
@@ -325,23 +336,32 @@ def _pool(ctx: OpContext, kind: str) -> list[Value]:
     ph, pw = _padding(ctx, x.shape[1:3], out[1:3], (sh, sw), (1, 1), (fh, fw))
     _, h, w, _ = x.shape
     r = hl.RDom([(0, fh), (0, fw)], ctx.func_name("r"))
+
+    def taps(n, y, xx, c):
+        iy, ix = y * sh - ph + r[0], xx * sw - pw + r[1]
+        inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
+        return inside, x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, w - 1), c)
+
+    def count(y, xx):
+        y0, x0 = y * sh - ph, xx * sw - pw
+        return (hl.min(y0 + fh, h) - hl.max(y0, 0)) * (hl.min(x0 + fw, w) - hl.max(x0, 0))
+
+    return PoolWindow(r, taps, count)
+
+
+def _pool(ctx: OpContext, kind: str) -> list[Value]:
+    window = pool_window(ctx)
     act = ctx.op.fused_activation
 
     def body(n, y, xx, c):
-        iy, ix = y * sh - ph + r[0], xx * sw - pw + r[1]
-        inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
-        v = x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, w - 1), c)
+        inside, v = window.taps(n, y, xx, c)
         if kind == "max":
             # std::max from the lowest float: NaNs are skipped (halide_gen.lower.ieee).
             return activation(hl.maximum(hl.select(inside, ieee.skip_nan_for_max(v), hl.f32(-ieee.FLT_MAX))), act)
         total = hl.sum(hl.select(inside, v, hl.f32(0)))
-        # TFLite averages over the window clipped to the input (padding does not count).
-        y0, x0 = y * sh - ph, xx * sw - pw
-        rows = hl.min(y0 + fh, h) - hl.max(y0, 0)
-        cols = hl.min(x0 + fw, w) - hl.max(x0, 0)
-        return activation(total / hl.cast(hl.Float(32), rows * cols), act)
+        return activation(total / hl.cast(hl.Float(32), window.count(y, xx)), act)
 
-    return [define(ctx.func_name(), out, body)]
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("AVERAGE_POOL_2D")

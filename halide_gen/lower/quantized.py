@@ -37,7 +37,7 @@ from tflite_tools.model.ir import Tensor
 from ..pack import DOT_DEPTH
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
-from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot
+from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
 
@@ -311,6 +311,46 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
         return requantize(total, hl.i32(m_out), hl.i32(sh_out), zp_out, lo, hi)
 
     return [define(ctx.func_name(), out, body)]
+
+
+def _same_scale(ctx: OpContext) -> tuple[float, int]:
+    """The scale and zero point an op's int8 input and output share (TFLite requires it of pools)."""
+    q_in, q_out = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    if q_in != q_out:
+        raise LoweringError(f"{ctx.op.name}: int8 input and output quantized differently")
+    return q_out
+
+
+@register("MAX_POOL_2D", quantized=True)
+def lower_max_pool_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's int8 MaxPool: the largest in-bounds value, clamped to the activation's range. Exact."""
+    window = pool_window(ctx)
+    lo, hi = activation_range(ctx.op.fused_activation, *_same_scale(ctx))
+
+    def body(n, y, xx, c):
+        inside, v = window.taps(n, y, xx, c)
+        return hl.clamp(hl.maximum(hl.select(inside, v, hl.i8(INT8_MIN))), hl.i8(lo), hl.i8(hi))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("AVERAGE_POOL_2D", quantized=True)
+def lower_average_pool_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's int8 AveragePool: the int32 sum of the in-bounds values divided by their count,
+    halves rounded away from zero (C++'s truncating division of sum +- count / 2), clamped. Exact."""
+    window = pool_window(ctx)
+    lo, hi = activation_range(ctx.op.fused_activation, *_same_scale(ctx))
+
+    def body(n, y, xx, c):
+        inside, v = window.taps(n, y, xx, c)
+        total = hl.sum(hl.select(inside, hl.cast(hl.Int(32), v), hl.i32(0)))
+        count = window.count(y, xx)
+        half = count / 2
+        # Halide divides rounding down; C++ truncates: a negative numerator divides as its negation.
+        mean = hl.select(total > 0, (total + half) / count, -((half - total) / count))
+        return hl.cast(hl.Int(8), hl.clamp(mean, hl.i32(lo), hl.i32(hi)))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 def _round_to_int8(steps: hl.Expr, zp: int) -> hl.Expr:
