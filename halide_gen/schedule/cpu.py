@@ -89,13 +89,15 @@ def _vars(f: hl.Func) -> list[hl.Var]:
 INTERLEAVED_CHANNELS = 4
 
 
-def _lanes_of(f: hl.Func, lanes: int, extent: int) -> int:
+def _lanes_of(f: hl.Func, lanes: int, extent: int, registers: int = 1) -> int:
     """Vector lanes for `f`'s element type: `lanes` float32s fill a register, so as many bytes of
     narrower types (16 int8 on NEON, where 4 lanes made an int8 copy 6 instructions per 4 bytes:
-    MobileNetV2 int8's zero-padded depthwise inputs), halved while a vector outgrows the axis."""
+    MobileNetV2 int8's zero-padded depthwise inputs), times `registers` for narrow types, halved
+    while a vector outgrows the axis."""
     if len(f.types()) != 1:
         return lanes  # a Tuple (ARG_MAX's value and index): as wide as its widest element
-    wide = lanes * 32 // max(8, f.type().bits())
+    bits = max(8, f.type().bits())
+    wide = lanes * 32 // bits * (registers if bits < 32 else 1)
     while wide > lanes and wide > extent:
         wide //= 2
     return wide
@@ -109,7 +111,10 @@ def _vectorize_inner(f: hl.Func, shape, lanes: int) -> None:
     instructions per element)."""
     if not shape or not f.args():
         return
-    lanes = _lanes_of(f, lanes, shape[-1])
+    # Two registers of a narrow type per step: a widening copy (int8 -> int16) then loads one
+    # register, extends both halves and stores two (the int16 copy before an int8 depthwise conv:
+    # 6 instructions per 8 elements in a loop of one register).
+    lanes = _lanes_of(f, lanes, shape[-1], registers=2)
     v = _vars(f)
     if shape[-1] >= lanes:
         f.vectorize(v[0], lanes, hl.TailStrategy.GuardWithIf)
