@@ -280,3 +280,42 @@ def test_pools_int8(op, shape, k, stride, padding, act):
     b.output(b.op(op, [x], [n, oh, ow, c], quant=q, padding=padding, filter_height=k, filter_width=k, stride_h=stride,
                   stride_w=stride, fused_activation_function=act))
     check(b.build(), exact=True)
+
+
+def _fully_connected_model(rows: int, depth: int, units: int):
+    b = ModelBuilder()
+    x = b.input("x", (rows, depth), "int8", quant=quantization(0.03, 7))
+    w_scales = rng.uniform(0.002, 0.01, units).astype(np.float32)
+    wt = b.const("w", int8_weights(units, depth), quant=quantization(w_scales, 0, 0))
+    bias = b.const("b", rng.integers(-500, 500, units).astype(np.int32), quant=quantization(0.03 * w_scales, 0, 0))
+    b.output(b.op("FULLY_CONNECTED", [x, wt, bias], [rows, units],
+                  quant=quantization(out_scale(0.03, float(w_scales.mean()), depth), -4)))
+    return b.build()
+
+
+@pytest.mark.cross
+@pytest.mark.parametrize("target", ["arm64-linux", "arm64-linux-nodot"])
+def test_dot_product_sums_on_arm64(target, tmp_path):
+    # NEON schedules load 16 input bytes at a time and take each SDOT's 4-byte group by lane where
+    # the reduction runs over multiples of 16: compiled for ARM64 and run under qemu, bit for bit.
+    import os
+    import shutil
+
+    import opcheck
+
+    if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-g++") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("qemu-user and g++-aarch64-linux-gnu are required in CI")
+        pytest.skip("needs qemu-user and g++-aarch64-linux-gnu")
+    models = [conv_model((1, 7, 5, 48), 36, 1, 1, "VALID", "RELU6"),   # 3 loads of 16 bytes a pixel
+              conv_model((1, 6, 7, 16), 20, 3, 1, "SAME", "NONE"),     # padded, 9 taps of 16 bytes
+              conv_model((1, 6, 6, 24), 16, 1, 1, "VALID", "NONE"),    # 24: groups of 4 only
+              conv_model((1, 9, 9, 3), 16, 3, 2, "SAME", "RELU6"),     # filter-row groups
+              _fully_connected_model(5, 64, 40), _fully_connected_model(1, 96, 24)]
+    for k, model in enumerate(models):
+        data = tflite_tools.serialize(model)
+        reference = runtime.make_interpreter(data, resolver="reference")
+        inputs = runtime.random_inputs(reference, k)
+        got = opcheck.aot(model, inputs, target, tmp_path / str(k))
+        for ref, out in zip(runtime.run(reference, inputs), got):
+            assert np.array_equal(ref, out), (k, int((ref != out).sum()))

@@ -60,6 +60,9 @@ class CpuParams:
     reduce_unroll: int = 1
     # (channels, pixels) of an int8 dot-product tile where it is fixed (0: as the float tiles).
     dot_tile: tuple[int, int] = (0, 0)
+    # Dot-product groups per input load: at 4, a pixel's 16 consecutive input bytes come in one
+    # vector and each `sdot` takes its 4-byte group by lane (NEON's dot product by element).
+    dot_groups: int = 1
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
@@ -78,7 +81,7 @@ X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=4, dw_channels=16, dw_pi
 # per op (modelled_tile: 2 x 7 on 7-pixel rows, 2 x 8 on 56, 8 x 1 for a GEMV) 1.05 -> 0.98 with
 # NEON's NaN-propagating min / max (lower.ieee.native_minmax).
 NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pixels=4, mm_channels=16, mm_rows=6,
-                 registers=32, reduce_unroll=4)
+                 registers=32, reduce_unroll=4, dot_groups=4)
 
 
 def _vars(f: hl.Func) -> list[hl.Var]:
@@ -222,7 +225,15 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
         # `steps` consecutive input values come in one vector load (the source read through a
         # wrapper computed per group), and each lane multiplies a vector of weights.
         outer, inner = hl.RVar(order[0].name() + "_o"), hl.RVar(order[0].name() + "_i")
-        update.split(order[0], outer, inner, steps)
+        span = steps * params.dot_groups if acc.dot else steps
+        by_lane = span > steps and acc.source is not None and acc.extents[innermost] % span == 0
+        if by_lane:
+            rest, group_index = hl.RVar(order[0].name() + "_r"), hl.RVar(order[0].name() + "_g")
+            update.split(order[0], outer, rest, span).split(rest, group_index, inner, steps)
+            tile_loops.append(hl.VarOrRVar(group_index))
+        else:
+            span = steps
+            update.split(order[0], outer, inner, steps)
         order = [outer, *order[1:]]
         # A dot-product group is the innermost loop, vectorized with the channels into one
         # VectorReduce (lanes x 4 int8 products summed into lanes int32: `sdot` on ARMv8.2).
@@ -233,11 +244,13 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     update.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
     if steps > 1 and not acc.dot:
         update.unroll(inner)
-        if acc.source is not None:
-            group = acc.source.in_(f)
-            group.compute_at(f, outer).vectorize(_vars(group)[0], steps)
-            for var in _vars(group)[1:]:
-                group.unroll(var)
+    if steps > 1 and acc.dot and by_lane:
+        update.unroll(group_index)
+    if steps > 1 and acc.source is not None and (by_lane or not acc.dot):
+        group = acc.source.in_(f)
+        group.compute_at(f, outer).vectorize(_vars(group)[0], span)
+        for var in _vars(group)[1:]:
+            group.unroll(var)
     if unroll_taps:
         for r in order:
             update.unroll(r)
