@@ -192,8 +192,14 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     steps = acc.dot or (params.reduce_unroll if grouped else 1)
     if acc.dot and params.dot_tile[0]:
         channels, pixels = params.dot_tile
-    # A dot-product group is one instruction per accumulator vector: one step of the tile model.
-    channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, 1 if acc.dot else steps,
+    # Dot-product groups per input load, as many as divide the reduction (24 input channels: 2
+    # loads of 8 bytes; see CpuParams.dot_groups).
+    groups = params.dot_groups if acc.dot and acc.source is not None else 1
+    while groups > 1 and acc.extents[innermost] % (steps * groups):
+        groups //= 2
+    # A dot-product group is one instruction per accumulator vector: one step of the tile model,
+    # whose input loads then serve `groups` steps (as a float vector load serves 4 fmla by element).
+    channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, groups if acc.dot else steps,
                                    modelled=not unroll_taps)
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
@@ -225,8 +231,8 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
         # `steps` consecutive input values come in one vector load (the source read through a
         # wrapper computed per group), and each lane multiplies a vector of weights.
         outer, inner = hl.RVar(order[0].name() + "_o"), hl.RVar(order[0].name() + "_i")
-        span = steps * params.dot_groups if acc.dot else steps
-        by_lane = span > steps and acc.source is not None and acc.extents[innermost] % span == 0
+        span = steps * groups
+        by_lane = groups > 1
         if by_lane:
             rest, group_index = hl.RVar(order[0].name() + "_r"), hl.RVar(order[0].name() + "_g")
             update.split(order[0], outer, rest, span).split(rest, group_index, inner, steps)
