@@ -114,10 +114,10 @@ def rounding_divide_by_pot(x: hl.Expr, exponent, positive: bool = False) -> hl.E
     return hl.rounding_shift_right(hl.saturating_add(x, negative_fixup), exponent)
 
 
-def multiply_by_quantized_multiplier(x: hl.Expr, m, shift) -> hl.Expr:
-    """TFLite's MultiplyByQuantizedMultiplier: x * m * 2^(shift - 31), rounded as gemmlowp does."""
-    shift = hl.cast(hl.Int(32), shift)
-    return multiply_shifted(x, m, hl.i32(1) << hl.max(shift, 0), hl.max(-shift, 0))
+def multiply_by_quantized_multiplier(x: hl.Expr, m: int, shift: int) -> hl.Expr:
+    """TFLite's MultiplyByQuantizedMultiplier: x * m * 2^(shift - 31), rounded as gemmlowp does, for
+    a compile-time multiplier (its shifts become immediates)."""
+    return multiply_shifted(x, hl.i32(m), hl.i32(1 << max(shift, 0)), hl.i32(max(-shift, 0)), shift < 0)
 
 
 def multiply_shifted(x: hl.Expr, m, up, down, down_positive: bool = False) -> hl.Expr:
@@ -191,7 +191,7 @@ def to_int8(scaled: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
     return hl.clamp(hl.saturating_cast(hl.Int(8), narrow), hl.i8(lo), hl.i8(hi))
 
 
-def requantize(acc: hl.Expr, m: hl.Expr, shift: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
+def requantize(acc: hl.Expr, m: int, shift: int, zp: int, lo: int, hi: int) -> hl.Expr:
     """An int32 sum as the int8 output: scaled as gemmlowp rounds, offset by the zero point, clamped."""
     return to_int8(multiply_by_quantized_multiplier(acc, m, shift), zp, lo, hi)
 
@@ -304,11 +304,11 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
 
     def scaled(v: hl.Expr, zp: int, m: int, sh: int) -> hl.Expr:
         shifted = (hl.cast(hl.Int(32), v) - zp) * (1 << ADD_LEFT_SHIFT)
-        return multiply_by_quantized_multiplier(shifted, hl.i32(m), hl.i32(sh))
+        return multiply_by_quantized_multiplier(shifted, m, sh)
 
     def body(*i):
         total = scaled(read_broadcast(a, out, i), zp1, m1, sh1) + scaled(read_broadcast(b, out, i), zp2, m2, sh2)
-        return requantize(total, hl.i32(m_out), hl.i32(sh_out), zp_out, lo, hi)
+        return requantize(total, m_out, sh_out, zp_out, lo, hi)
 
     return [define(ctx.func_name(), out, body)]
 
@@ -378,7 +378,7 @@ def lower_mean_int8(ctx: OpContext) -> list[Value]:
 
     def body(*i):
         total = hl.sum(hl.cast(hl.Int(32), x.at(source(i)))) - hl.i32(in_zp * count)
-        return requantize(total, hl.i32(multiplier), hl.i32(shift), out_zp, INT8_MIN, INT8_MAX)
+        return requantize(total, multiplier, shift, out_zp, INT8_MIN, INT8_MAX)
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
