@@ -319,3 +319,25 @@ def test_dot_product_sums_on_arm64(target, tmp_path):
         got = opcheck.aot(model, inputs, target, tmp_path / str(k))
         for ref, out in zip(runtime.run(reference, inputs), got):
             assert np.array_equal(ref, out), (k, int((ref != out).sum()))
+
+
+def test_concatenation_int8():
+    # TFLite's int8 CONCATENATION requires every input quantized as the output: a copy, exact.
+    b = ModelBuilder()
+    q = quantization(0.04, 5)
+    x, y = b.input("x", (1, 4, 5, 3), "int8", quant=q), b.input("y", (1, 4, 5, 6), "int8", quant=q)
+    b.output(b.op("CONCATENATION", [x, y], [1, 4, 5, 9], quant=q, axis=3))
+    check(b.build(), exact=True)
+
+
+@pytest.mark.parametrize("op", ["PAD", "PADV2"])
+def test_pad_int8(op):
+    # PAD fills with a real zero, for int8 the zero point; PADV2 with its (int8) constant.
+    b = ModelBuilder()
+    q = quantization(0.04, -9)
+    x = b.input("x", (1, 3, 4, 8), "int8", quant=q)
+    ins = [x, b.const("p", np.array([[0, 0], [1, 2], [2, 0], [0, 1]], np.int32))]
+    if op == "PADV2":
+        ins.append(b.const("v", np.array([17], np.int8), quant=q))
+    b.output(b.op(op, ins, [1, 6, 6, 9], quant=q))
+    check(b.build(), exact=True)

@@ -167,9 +167,14 @@ def lower_unpack(ctx: OpContext) -> list[Value]:
 
 
 def _pad_value(ctx: OpContext) -> hl.Expr:
+    """PADV2's constant, else zero: a real zero, which for an int8 tensor is its zero point (TFLite's
+    pad.cc)."""
     t = ctx.out_type()
     if ctx.op.name == "PADV2" and ctx.has_input(2):
         return hl.cast(t, float(np.asarray(ctx.const(2)).reshape(-1)[0]))
+    q = ctx.op.outputs[0].quantization
+    if ctx.op.outputs[0].type_name == "INT8" and q is not None and q.zero_point is not None and len(q.zero_point):
+        return hl.cast(t, int(np.asarray(q.zero_point).reshape(-1)[0]))
     return hl.cast(t, 0)
 
 

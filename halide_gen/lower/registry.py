@@ -126,7 +126,10 @@ QUANTIZED_LOWERINGS: dict[str, Lowering] = {}
 
 # Ops that only move elements: on quantized tensors they are the float lowering unchanged, as long
 # as input and output share one scale and zero point (TFLite requires it of these ops).
-MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "GATHER"}
+# CONCATENATION too (TFLite's int8 kernel requires every input quantized as the output) and PAD (its
+# fill, a real zero, is the zero point: movement.py).
+MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "GATHER", "CONCATENATION",
+            "PAD", "PADV2"}
 
 
 def register(*names: str, quantized: bool = False) -> Callable[[Lowering], Lowering]:
@@ -163,7 +166,7 @@ def lower(ctx: OpContext) -> list[Value]:
         if any(t.type_name != "INT8" for t in quantized):
             raise LoweringError(f"{ctx.op.name}: only int8 quantized kernels are generated")
         fn = QUANTIZED_LOWERINGS.get(ctx.op.name)
-        if fn is None and ctx.op.name in MOVEMENT and _same_quantization(quantized):
+        if fn is None and ctx.op.name in MOVEMENT and _same_quantization(quantized) and not ctx.op.fused_activation:
             fn = LOWERINGS[ctx.op.name]
         if fn is None:
             raise LoweringError(f"no int8 Halide lowering for {ctx.op.name}")
