@@ -166,12 +166,13 @@ def test_fully_connected_int8(in_shape, units, per_channel, bias, keep):
     ((1, 3, 5, 17), (17,), "RELU"),       # broadcasting
     ((2, 7), (2, 7), "RELU6"),
 ])
-def test_add_int8(a_shape, b_shape, act):
+@pytest.mark.parametrize("op, scale", [("ADD", 0.06), ("SUB", 0.06), ("MUL", 0.08)])
+def test_binary_int8(op, scale, a_shape, b_shape, act):
     b = ModelBuilder()
     x = b.input("x", a_shape, "int8", quant=quantization(0.05, -3))
     y = b.input("y", b_shape, "int8", quant=quantization(0.02, 6))
     out = tuple(np.broadcast_shapes(a_shape, b_shape))
-    b.output(b.op("ADD", [x, y], out, quant=quantization(0.06, 2), fused_activation_function=act))
+    b.output(b.op(op, [x, y], out, quant=quantization(scale, 2), fused_activation_function=act))
     check(b.build(), exact=True)
 
 

@@ -5,8 +5,8 @@ then a fixed-point requantization — the real multiplier (say in_scale * w_scal
 as a Q31 mantissa and a power-of-two exponent (`quantize_multiplier`, TFLite's QuantizeMultiplier)
 and applied with gemmlowp's rounding (SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT)
 — then the output zero point, clamped to the fused activation's quantized range. CONV_2D,
-DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD and MEAN do exactly those integer steps, so they match
-LiteRT's reference kernels bit for bit. SOFTMAX differs between TFLite's reference and optimized
+DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, MEAN and the pools do exactly those integer steps,
+so they match LiteRT's reference kernels bit for bit. SOFTMAX differs between TFLite's reference and optimized
 kernels (lookup tables, fixed point); here it is computed in float32 and rounded once, within one
 quantization step (1 LSB) of LiteRT — the bound the tests hold every int8 output to.
 
@@ -288,10 +288,11 @@ def lower_fully_connected_int8(ctx: OpContext) -> list[Value]:
     return fully_connected(ctx, _int8_arithmetic(ctx, per_tensor_float_product=True, dot=dot))
 
 
-@register("ADD", quantized=True)
+@register("ADD", "SUB", quantized=True)
 def lower_add_int8(ctx: OpContext) -> list[Value]:
-    """TFLite's int8 ADD: both inputs shifted left by 20, rescaled to twice the larger input scale,
-    summed, rescaled to the output (add.cc / reference_integer_ops::Add), with broadcasting."""
+    """TFLite's int8 ADD and SUB: both inputs shifted left by 20, rescaled to twice the larger input
+    scale, added or subtracted, rescaled to the output (add.cc / sub.cc, reference_integer_ops::Add),
+    with broadcasting."""
     (s1, zp1), (s2, zp2) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
     s_out, zp_out = _scale_zp(ctx.op.outputs[0])
     twice_max = 2 * max(s1, s2)
@@ -301,14 +302,34 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
     lo, hi = activation_range(ctx.op.fused_activation, s_out, zp_out)
     a, b = ctx.value(0), ctx.value(1)
     out = ctx.out_shape()
+    sign = -1 if ctx.op.name == "SUB" else 1
 
     def scaled(v: hl.Expr, zp: int, m: int, sh: int) -> hl.Expr:
         shifted = (hl.cast(hl.Int(32), v) - zp) * (1 << ADD_LEFT_SHIFT)
         return multiply_by_quantized_multiplier(shifted, m, sh)
 
     def body(*i):
-        total = scaled(read_broadcast(a, out, i), zp1, m1, sh1) + scaled(read_broadcast(b, out, i), zp2, m2, sh2)
-        return requantize(total, m_out, sh_out, zp_out, lo, hi)
+        first, second = scaled(read_broadcast(a, out, i), zp1, m1, sh1), scaled(read_broadcast(b, out, i), zp2, m2, sh2)
+        return requantize(first + second if sign > 0 else first - second, m_out, sh_out, zp_out, lo, hi)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("MUL", quantized=True)
+def lower_mul_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's int8 MUL: (x1 - zp1) * (x2 - zp2) in int32, rescaled by s1 * s2 / s_out (one Q31
+    multiplier, the product of scales in double as mul.cc forms it), with broadcasting. Exact."""
+    (s1, zp1), (s2, zp2) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    m, shift = quantize_multiplier(s1 * s2 / s_out)
+    lo, hi = activation_range(ctx.op.fused_activation, s_out, zp_out)
+    a, b = ctx.value(0), ctx.value(1)
+    out = ctx.out_shape()
+
+    def body(*i):
+        x1 = hl.cast(hl.Int(32), read_broadcast(a, out, i)) - zp1
+        x2 = hl.cast(hl.Int(32), read_broadcast(b, out, i)) - zp2
+        return requantize(x1 * x2, m, shift, zp_out, lo, hi)
 
     return [define(ctx.func_name(), out, body)]
 
