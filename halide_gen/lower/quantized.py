@@ -374,6 +374,45 @@ def lower_average_pool_int8(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
+def _round_half_away_f32(v: np.ndarray) -> np.ndarray:
+    """std::round on float32s (halves away from zero), in float32."""
+    return np.where(v >= 0, np.floor(v + np.float32(0.5)), -np.floor(-v + np.float32(0.5))).astype(np.float32)
+
+
+def lookup_table(ctx: OpContext, transform) -> list[Value]:
+    """An int8 -> int8 function as TFLite's optimized kernels compute it: a 256-entry table filled as
+    LUTPopulate does (dequantize in float32, `transform`, divide by the output scale, std::round, add
+    the zero point, clamp), then indexed by the input. Exact to LiteRT's builtin kernels, whose int8
+    LOGISTIC and TANH read such a table (its reference kernels compute in fixed point instead and may
+    differ by 1 LSB); `transform` maps float32 arrays (numpy) as the float op does."""
+    in_scale, in_zp = _scale_zp(ctx.op.inputs[0])
+    out_scale, out_zp = _scale_zp(ctx.op.outputs[0])
+    values = np.arange(INT8_MIN, INT8_MAX + 1)
+    dequantized = np.float32(in_scale) * (values - in_zp).astype(np.float32)
+    with np.errstate(over="ignore"):
+        transformed = transform(dequantized).astype(np.float32)
+    rescaled = _round_half_away_f32(transformed * (np.float32(1) / np.float32(out_scale)))
+    quantized = np.clip((rescaled + np.float32(out_zp)).astype(np.int64), INT8_MIN, INT8_MAX)
+    table = hl.Buffer(hl.Int(8), [len(values)], ctx.func_name("table"))
+    for k, q in enumerate(quantized):
+        table[k] = int(q)
+    ctx.constants.append(table)
+    x = ctx.value(0)
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - INT8_MIN])]
+
+
+@register("LOGISTIC", quantized=True)
+def lower_logistic_int8(ctx: OpContext) -> list[Value]:
+    """1 / (1 + e^-x) on int8, through TFLite's lookup table."""
+    return lookup_table(ctx, lambda v: np.float32(1) / (np.float32(1) + np.exp(-v)))
+
+
+@register("TANH", quantized=True)
+def lower_tanh_int8(ctx: OpContext) -> list[Value]:
+    """tanh on int8, through TFLite's lookup table."""
+    return lookup_table(ctx, np.tanh)
+
+
 def _round_to_int8(steps: hl.Expr, zp: int) -> hl.Expr:
     """A float32 count of output quantization steps rounded (halves away from zero, as TfLiteRound),
     offset by the zero point and clamped to int8."""
