@@ -359,3 +359,12 @@ def test_lookup_table_ops_int8(op, out_q, in_q):
     for seed in (0, 1):
         inputs = runtime.random_inputs(builtin, seed)
         assert np.array_equal(runtime.run(builtin, inputs)[0], halide(model, inputs)[0])
+
+
+@pytest.mark.parametrize("in_q, out_q", [((0.05, -3), (0.08, 10)),    # to a coarser scale
+                                         ((0.05, -3), (0.02, 0))])    # to a finer one: a left shift
+def test_requantize_int8(in_q, out_q):
+    b = ModelBuilder()
+    x = b.input("x", (1, 4, 6, 10), "int8", quant=quantization(*in_q))
+    b.output(b.op("QUANTIZE", [x], [1, 4, 6, 10], "int8", quant=quantization(*out_q)))
+    check(b.build(), exact=True)

@@ -315,6 +315,21 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, body)]
 
 
+@register("QUANTIZE", quantized=True)
+def lower_requantize_int8(ctx: OpContext) -> list[Value]:
+    """QUANTIZE from int8 to int8 (another scale or zero point), as TFLite's Requantize: (x - zp_in)
+    rescaled by in_scale / out_scale (one Q31 multiplier, possibly a left shift), plus zp_out,
+    clamped. Exact."""
+    (s_in, zp_in), (s_out, zp_out) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    m, shift = quantize_multiplier(s_in / s_out)
+    x = ctx.value(0)
+
+    def body(*i):
+        return requantize(hl.cast(hl.Int(32), x(*i)) - zp_in, m, shift, zp_out, INT8_MIN, INT8_MAX)
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
 @register("MUL", quantized=True)
 def lower_mul_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 MUL: (x1 - zp1) * (x2 - zp2) in int32, rescaled by s1 * s2 / s_out (one Q31

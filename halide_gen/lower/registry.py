@@ -161,7 +161,10 @@ def _same_quantization(tensors) -> bool:
 
 def lower(ctx: OpContext) -> list[Value]:
     """Lowers one op, or raises LoweringError naming what is unsupported."""
-    quantized = [] if ctx.op.name in ("QUANTIZE", "DEQUANTIZE") else quantized_tensors(ctx)
+    # DEQUANTIZE and QUANTIZE from float cross the model's float / int8 edge (elementwise.py); a
+    # QUANTIZE between int8 scales requantizes (quantized.py).
+    edge = ctx.op.name == "DEQUANTIZE" or (ctx.op.name == "QUANTIZE" and ctx.op.inputs[0].type_name != "INT8")
+    quantized = [] if edge else quantized_tensors(ctx)
     if quantized:
         if any(t.type_name != "INT8" for t in quantized):
             raise LoweringError(f"{ctx.op.name}: only int8 quantized kernels are generated")
