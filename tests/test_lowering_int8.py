@@ -368,3 +368,11 @@ def test_requantize_int8(in_q, out_q):
     x = b.input("x", (1, 4, 6, 10), "int8", quant=quantization(*in_q))
     b.output(b.op("QUANTIZE", [x], [1, 4, 6, 10], "int8", quant=quantization(*out_q)))
     check(b.build(), exact=True)
+
+
+@pytest.mark.parametrize("alpha, out_q", [(0.2, (0.04, -20)), (0.01, (0.02, 5)), (1.7, (0.09, 0))])
+def test_leaky_relu_int8(alpha, out_q):
+    b = ModelBuilder()
+    x = b.input("x", (1, 5, 6, 12), "int8", quant=quantization(0.05, 4))
+    b.output(b.op("LEAKY_RELU", [x], [1, 5, 6, 12], quant=quantization(*out_q), alpha=alpha))
+    check(b.build(), exact=True)

@@ -330,6 +330,27 @@ def lower_requantize_int8(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
+@register("LEAKY_RELU", quantized=True)
+def lower_leaky_relu_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's QuantizeLeakyRelu: x - zp_in rescaled by in_scale / out_scale where it is >= 0, by
+    in_scale * alpha / out_scale where negative (both multipliers formed in float32, as leaky_relu.cc's
+    float expressions are, then made Q31), plus zp_out, clamped. Exact."""
+    (s_in, zp_in), (s_out, zp_out) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    alpha = np.float32(ctx.option("alpha", 0.2))
+    if alpha < 0:
+        raise LoweringError("int8 LEAKY_RELU with a negative alpha")
+    identity = quantize_multiplier(float(np.float32(s_in) / np.float32(s_out)))
+    negative = quantize_multiplier(float(np.float32(s_in) * alpha / np.float32(s_out)))
+    x = ctx.value(0)
+
+    def body(*i):
+        v = hl.cast(hl.Int(32), x(*i)) - zp_in
+        return hl.select(v >= 0, requantize(v, *identity, zp_out, INT8_MIN, INT8_MAX),
+                         requantize(v, *negative, zp_out, INT8_MIN, INT8_MAX))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
 @register("MUL", quantized=True)
 def lower_mul_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 MUL: (x1 - zp1) * (x2 - zp2) in int32, rescaled by s1 * s2 / s_out (one Q31
