@@ -245,8 +245,8 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         key = (id(t), packing)
         if key not in params:
             rank = len(PACKERS[packing].shape(tuple(t.shape))) if packing else len(t.shape)
-            arg = Argument(t, hl.ImageParam(halide_type(_packed_type(t, packing)), rank, f"{kernel.name}_in{len(params)}"),
-                           packing)
+            param = hl.ImageParam(halide_type(_packed_type(t, packing)), rank, f"{kernel.name}_in{len(params)}")
+            arg = Argument(t, param, packing)
             _declare_dense(arg.param, arg.shape)
             kernel.arguments.append(arg)
             # Packed constants are weights, read only at indices a reduction walks.

@@ -42,18 +42,23 @@ def model_id(path: Path) -> str:
 
 
 @pytest.fixture(scope="session")
-def arm64_root() -> Path:
-    """The emulated aarch64 Python with LiteRT (tests/arm64_rootfs.py), cached in the user's dnnfusion
-    cache across runs. Skips where qemu-user or the cross compiler is missing, except in CI."""
+def cross_tools() -> None:
+    """Skips where qemu-user or the aarch64 cross compiler is missing, except in CI, where it fails."""
     import shutil
-
-    from arm64_rootfs import Unavailable, prepare
-    from fusion.cost import default_cache_dir
 
     if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-g++") is None:
         if os.environ.get("CI") == "true":
             pytest.fail("qemu-user and g++-aarch64-linux-gnu are required in CI (scripts/install-system-deps.sh)")
         pytest.skip("needs qemu-user and g++-aarch64-linux-gnu")
+
+
+@pytest.fixture(scope="session")
+def arm64_root(cross_tools) -> Path:
+    """The emulated aarch64 Python with LiteRT (tests/arm64_rootfs.py), cached in the user's dnnfusion
+    cache across runs. Skips where qemu-user or the cross compiler is missing, except in CI."""
+    from arm64_rootfs import Unavailable, prepare
+    from fusion.cost import default_cache_dir
+
     try:
         return prepare(default_cache_dir())
     except Unavailable as exc:

@@ -124,19 +124,23 @@ def test_depthwise_int8(shape, k, stride, padding, mult, act):
     check(conv_model(shape, None, k, stride, padding, act, depthwise=True, mult=mult), exact=True)
 
 
+def fully_connected_model(rows: int, depth: int, units: int):
+    """An int8 FULLY_CONNECTED [rows, depth] -> [rows, units], per-channel weights, with a bias."""
+    b = ModelBuilder()
+    x = b.input("x", (rows, depth), "int8", quant=quantization(0.03, 7))
+    w_scales = rng.uniform(0.002, 0.01, units).astype(np.float32)
+    wt = b.const("w", int8_weights(units, depth), quant=quantization(w_scales, 0, 0))
+    bias = b.const("b", rng.integers(-500, 500, units).astype(np.int32), quant=quantization(0.03 * w_scales, 0, 0))
+    b.output(b.op("FULLY_CONNECTED", [x, wt, bias], [rows, units],
+                  quant=quantization(out_scale(0.03, float(w_scales.mean()), depth), -4)))
+    return b.build()
+
+
 def test_fully_connected_int8_per_channel_rounds_once_as_the_reference():
     # LiteRT's reference per-channel FULLY_CONNECTED rounds x * multiplier once (halves up); the
     # builtin kernel and every other op round twice, as gemmlowp does. The two differ on sums that
     # land on a half step: about 1 in 800 here, so 8,192 outputs meet several.
-    b = ModelBuilder()
-    units, depth = 64, 64
-    x = b.input("x", (32, depth), "int8", quant=quantization(0.03, 7))
-    w_scales = rng.uniform(0.002, 0.01, units).astype(np.float32)
-    wt = b.const("w", int8_weights(units, depth), quant=quantization(w_scales, 0, 0))
-    bias = b.const("b", rng.integers(-500, 500, units).astype(np.int32), quant=quantization(0.03 * w_scales, 0, 0))
-    b.output(b.op("FULLY_CONNECTED", [x, wt, bias], [32, units],
-                  quant=quantization(out_scale(0.03, float(w_scales.mean()), depth), -4)))
-    check(b.build(), exact=True, seeds=(0, 1, 2, 3))
+    check(fully_connected_model(rows=32, depth=64, units=64), exact=True, seeds=(0, 1, 2, 3))
 
 
 @pytest.mark.parametrize("in_shape, units, per_channel, bias, keep", [
@@ -274,7 +278,10 @@ def test_int8_sums_use_vnni_on_the_hosts_avx512_vnni_subtarget(tmp_path):
 ])
 def test_pools_int8(op, shape, k, stride, padding, act):
     n, h, w, c = shape
-    oh, ow = ((h - k) // stride + 1, (w - k) // stride + 1) if padding == "VALID" else (-(-h // stride), -(-w // stride))
+    if padding == "VALID":
+        oh, ow = (h - k) // stride + 1, (w - k) // stride + 1
+    else:
+        oh, ow = -(-h // stride), -(-w // stride)
     b = ModelBuilder()
     q = quantization(0.05, -3)
     x = b.input("x", shape, "int8", quant=q)
@@ -283,36 +290,18 @@ def test_pools_int8(op, shape, k, stride, padding, act):
     check(b.build(), exact=True)
 
 
-def _fully_connected_model(rows: int, depth: int, units: int):
-    b = ModelBuilder()
-    x = b.input("x", (rows, depth), "int8", quant=quantization(0.03, 7))
-    w_scales = rng.uniform(0.002, 0.01, units).astype(np.float32)
-    wt = b.const("w", int8_weights(units, depth), quant=quantization(w_scales, 0, 0))
-    bias = b.const("b", rng.integers(-500, 500, units).astype(np.int32), quant=quantization(0.03 * w_scales, 0, 0))
-    b.output(b.op("FULLY_CONNECTED", [x, wt, bias], [rows, units],
-                  quant=quantization(out_scale(0.03, float(w_scales.mean()), depth), -4)))
-    return b.build()
-
-
 @pytest.mark.cross
 @pytest.mark.parametrize("target", ["arm64-linux", "arm64-linux-nodot"])
-def test_dot_product_sums_on_arm64(target, tmp_path):
+def test_dot_product_sums_on_arm64(target, tmp_path, cross_tools):
     # NEON schedules load 16 input bytes at a time and take each SDOT's 4-byte group by lane where
     # the reduction runs over multiples of 16: compiled for ARM64 and run under qemu, bit for bit.
-    import os
-    import shutil
-
     import opcheck
 
-    if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-g++") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("qemu-user and g++-aarch64-linux-gnu are required in CI")
-        pytest.skip("needs qemu-user and g++-aarch64-linux-gnu")
     models = [conv_model((1, 7, 5, 48), 36, 1, 1, "VALID", "RELU6"),   # 3 loads of 16 bytes a pixel
               conv_model((1, 6, 7, 16), 20, 3, 1, "SAME", "NONE"),     # padded, 9 taps of 16 bytes
               conv_model((1, 6, 6, 24), 16, 1, 1, "VALID", "NONE"),    # 24: groups of 4 only
               conv_model((1, 9, 9, 3), 16, 3, 2, "SAME", "RELU6"),     # filter-row groups
-              _fully_connected_model(5, 64, 40), _fully_connected_model(1, 96, 24)]
+              fully_connected_model(5, 64, 40), fully_connected_model(1, 96, 24)]
     for k, model in enumerate(models):
         data = tflite_tools.serialize(model)
         reference = runtime.make_interpreter(data, resolver="reference")

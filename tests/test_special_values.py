@@ -178,16 +178,9 @@ def test_nan_and_inf_as_litert(case):
 @pytest.mark.cross
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_nan_and_inf_as_litert_on_arm64(case, tmp_path):
+def test_nan_and_inf_as_litert_on_arm64(case, tmp_path, cross_tools):
     # ARM kernels leave NaN and inf to NEON's fmax / fmin instead of testing for them
     # (halide_gen.lower.ieee.native_minmax): the same cases, compiled for arm64-linux, under qemu.
-    import os
-    import shutil
-
-    if shutil.which("qemu-aarch64") is None or shutil.which("aarch64-linux-gnu-g++") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("qemu-user and g++-aarch64-linux-gnu are required in CI")
-        pytest.skip("needs qemu-user and g++-aarch64-linux-gnu")
     check_specials(case, lambda model, inputs: opcheck.aot(model, inputs, "arm64-linux", tmp_path))
 
 

@@ -14,7 +14,8 @@ namespace dnnfusion {
 bool PacksToInt32(Pack pack);
 
 // Writes `src` (TFLite layout, `src_dims`) packed as `pack` into `dst` (`dst_dims`, zero-filled
-// padding); `element_bytes` is the size of one element of `src`. Returns false for an unknown packing or shapes that do not fit together.
+// padding); `element_bytes` is the size of one element of `src`. Returns false for an unknown
+// packing or shapes that do not fit together.
 bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_rank, void* dst,
                   const int32_t* dst_dims, int dst_rank, size_t element_bytes);
 

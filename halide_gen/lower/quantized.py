@@ -5,9 +5,9 @@ then a fixed-point requantization — the real multiplier (say in_scale * w_scal
 as a Q31 mantissa and a power-of-two exponent (`quantize_multiplier`, TFLite's QuantizeMultiplier)
 and applied with gemmlowp's rounding (SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT)
 — then the output zero point, clamped to the fused activation's quantized range. CONV_2D,
-DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, MEAN and the pools do exactly those integer steps,
-so they match LiteRT's reference kernels bit for bit. SOFTMAX differs between TFLite's reference and optimized
-kernels (lookup tables, fixed point); here it is computed in float32 and rounded once, within one
+DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, MEAN, the pools, QUANTIZE between scales and
+LEAKY_RELU do exactly those integer steps, so they match LiteRT's reference kernels bit for bit.
+SOFTMAX differs between TFLite's reference and optimized kernels (lookup tables, fixed point); here it is computed in float32 and rounded once, within one
 quantization step (1 LSB) of LiteRT — the bound the tests hold every int8 output to.
 
 Where the weights are constant and the reduction runs over a multiple of 4 input channels, CONV_2D
@@ -15,7 +15,8 @@ and FULLY_CONNECTED sum raw int8 products instead, 4 per lane (one `sdot` on ARM
 Halide): sum (x - zp) * w = sum x * w - zp * sum w, the last term a per-channel constant folded into
 the bias from the packed weight sums ("channel_sums"), the padding filled with zp so that padded taps
 still contribute nothing. On x86 (VNNI multiplies unsigned by signed bytes) the input is read as
-x + 128 in uint8 and the offset folded is zp + 128 (`unsigned_dot_input`). Integer sums are exact in any order, so this is bit for bit the same.
+x + 128 in uint8 and the offset folded is zp + 128 (`unsigned_dot_input`). Integer sums are exact in
+any order, so this is bit for bit the same.
 
 The multipliers are compile-time constants of the kernel (per output channel where the weights
 are per-channel), so a kernel is specific to its tensors' scales and zero points: both the block
@@ -237,7 +238,6 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
     else:
         up = _channel_table(ctx, [1 << max(s, 0) for s in shifts], "up")
         down = _channel_table(ctx, [max(-s, 0) for s in shifts], "down")
-
         down_positive = all(s < 0 for s in shifts)  # multipliers under 1/2: the usual case
 
         def scaled(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
@@ -410,11 +410,6 @@ def lower_average_pool_int8(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
-def _round_half_away_f32(v: np.ndarray) -> np.ndarray:
-    """std::round on float32s (halves away from zero), in float32."""
-    return np.where(v >= 0, np.floor(v + np.float32(0.5)), -np.floor(-v + np.float32(0.5))).astype(np.float32)
-
-
 def lookup_table(ctx: OpContext, transform) -> list[Value]:
     """An int8 -> int8 function as TFLite's optimized kernels compute it: a 256-entry table filled as
     LUTPopulate does (dequantize in float32, `transform`, divide by the output scale, std::round, add
@@ -427,8 +422,9 @@ def lookup_table(ctx: OpContext, transform) -> list[Value]:
     dequantized = np.float32(in_scale) * (values - in_zp).astype(np.float32)
     with np.errstate(over="ignore"):
         transformed = transform(dequantized).astype(np.float32)
-    rescaled = _round_half_away_f32(transformed * (np.float32(1) / np.float32(out_scale)))
-    quantized = np.clip((rescaled + np.float32(out_zp)).astype(np.int64), INT8_MIN, INT8_MAX)
+    # std::round of each float32 product, exactly (in float32, v + 0.5 itself rounds: 0.49999997 -> 1).
+    rescaled = [_round_half_away(float(v)) for v in transformed * (np.float32(1) / np.float32(out_scale))]
+    quantized = np.clip(np.array(rescaled) + out_zp, INT8_MIN, INT8_MAX)
     table = hl.Buffer(hl.Int(8), [len(values)], ctx.func_name("table"))
     for k, q in enumerate(quantized):
         table[k] = int(q)

@@ -231,14 +231,11 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
         # `steps` consecutive input values come in one vector load (the source read through a
         # wrapper computed per group), and each lane multiplies a vector of weights.
         outer, inner = hl.RVar(order[0].name() + "_o"), hl.RVar(order[0].name() + "_i")
-        span = steps * groups
-        by_lane = groups > 1
-        if by_lane:
+        if groups > 1:  # dot-product groups by lane: `groups` of them per input load
             rest, group_index = hl.RVar(order[0].name() + "_r"), hl.RVar(order[0].name() + "_g")
-            update.split(order[0], outer, rest, span).split(rest, group_index, inner, steps)
+            update.split(order[0], outer, rest, steps * groups).split(rest, group_index, inner, steps)
             tile_loops.append(hl.VarOrRVar(group_index))
         else:
-            span = steps
             update.split(order[0], outer, inner, steps)
         order = [outer, *order[1:]]
         # A dot-product group is the innermost loop, vectorized with the channels into one
@@ -248,15 +245,17 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     if acc.dot:
         update.atomic().vectorize(inner)
     update.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
-    if steps > 1 and not acc.dot:
-        update.unroll(inner)
-    if steps > 1 and acc.dot and by_lane:
-        update.unroll(group_index)
-    if steps > 1 and acc.source is not None and (by_lane or not acc.dot):
-        group = acc.source.in_(f)
-        group.compute_at(f, outer).vectorize(_vars(group)[0], span)
-        for var in _vars(group)[1:]:
-            group.unroll(var)
+    if steps > 1:
+        # Unrolled inside the tile: every float step, or the dot-product groups a load serves.
+        if not acc.dot:
+            update.unroll(inner)
+        elif groups > 1:
+            update.unroll(group_index)
+        if acc.source is not None and (groups > 1 or not acc.dot):
+            group = acc.source.in_(f)
+            group.compute_at(f, outer).vectorize(_vars(group)[0], steps * groups)
+            for var in _vars(group)[1:]:
+                group.unroll(var)
     if unroll_taps:
         for r in order:
             update.unroll(r)
