@@ -90,6 +90,7 @@ class Accumulator:
     rdom: hl.RDom
     source: hl.Func | None = None  # the activation the reduction walks, read at consecutive indices
     dot: int = 0  # terms per dot-product lane along the innermost reduction axis (0: no dot product)
+    narrow: bool = False  # terms are 8-bit products widened into the sum (lower.registry.accumulate)
 
     @property
     def extents(self) -> list[int]:
@@ -271,8 +272,8 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         kernel.op_helpers.append(list(ctx.materialize))
         kernel.row_reductions.extend(ctx.row_reductions)
         kernel.constants.extend(ctx.constants)
-        kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r, src, dot)
-                                   for acc, kind, r, src, dot in ctx.accumulators)
+        kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r, *rest)
+                                   for acc, kind, r, *rest in ctx.accumulators)
 
     for k, t in enumerate(outputs):
         v = kernel.values.get(id(t))

@@ -10,7 +10,8 @@ convolution saved when measured on the x86 host).
 Int8 weights of a dot-product reduction (lower/quantized.py) are packed 4-deep: the four
 consecutive input channels an output channel sums in one `sdot` (ARMv8.2) lie together, then the
 output channels of a tile, so one 16-byte load feeds four output channels ("dot4"). Their sums per
-output channel ("channel_sums", int32) fold the input zero point into the bias.
+output channel ("channel_sums", int32; a depthwise filter's "tap_sums") fold the input zero point
+into the bias.
 
 A kernel argument records the packer's name; whoever feeds the kernel (the JIT, the test runners,
 the delegate bundle) applies the same function to the constant.
@@ -87,6 +88,17 @@ def _channel_sums(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def _tap_sums(a: np.ndarray) -> np.ndarray:
+    """DEPTHWISE_CONV_2D int8 [1, kh, kw, C] -> [C_padded] int32: each channel's taps summed. The
+    kernels reading them add two int8 products in int16, which overflows only for (-128)^2 twice:
+    weights holding -128 are refused (TFLite's symmetric int8 weights never do)."""
+    if a.dtype == np.int8 and a.size and int(a.min()) == -128:
+        raise ValueError("int8 depthwise weights hold -128: two products would overflow int16")
+    out = np.zeros(padded(a.shape[-1]), np.int32)
+    out[: a.shape[-1]] = a.reshape(-1, a.shape[-1]).astype(np.int32).sum(axis=0)
+    return out
+
+
 PACKERS: dict[str, Packer] = {
     # CONV_2D filter [O, kh, kw, I] -> [kh, kw, I, O_padded]
     "ohwi_to_hwio": Packer("ohwi_to_hwio", lambda s: (s[1], s[2], s[3], padded(s[0])),
@@ -110,6 +122,8 @@ PACKERS: dict[str, Packer] = {
                         _dot4_rows),
     # Int8 weights [O, ...] -> int32 [O_padded]: sum over all but the output channel.
     "channel_sums": Packer("channel_sums", lambda s: (padded(s[0]),), _channel_sums, dtype="INT32"),
+    # Int8 depthwise weights [1, kh, kw, C] -> int32 [C_padded]: sum over the taps.
+    "tap_sums": Packer("tap_sums", lambda s: (padded(s[-1]),), _tap_sums, dtype="INT32"),
 }
 
 

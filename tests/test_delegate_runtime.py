@@ -65,15 +65,15 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     native = ctypes.CDLL(str(lib)).pack_constant
     rng = np.random.default_rng(0)
     ranks = {"ohwi_to_hwio": 4, "oi_to_io": 2, "pad_channels": None, "o_blocked": None, "dot4": None,
-             "channel_sums": None, "dot4_rows": 4}
+             "channel_sums": None, "dot4_rows": 4, "tap_sums": None}
     for name in PACKERS:
         for _ in range(25):
             rank = ranks[name] or int(rng.integers(2 if name == "dot4" else 1, 5))
             shape = tuple(int(d) for d in rng.integers(1, 40, rank))
             if name == "dot4":
                 shape = shape[:-1] + (4 * -(-shape[-1] // 4),)  # whole groups of 4 input channels
-            for dtype in (np.int8,) if name == "channel_sums" else (np.float32, np.int8, np.int32):
-                src = (rng.standard_normal(shape) * 50).astype(dtype)
+            for dtype in (np.int8,) if name.endswith("_sums") else (np.float32, np.int8, np.int32):
+                src = np.clip(rng.standard_normal(shape) * 50, -127, 127).astype(dtype)
                 expected = pack(name, src)
                 dst = np.full(expected.shape, 77, expected.dtype)  # padding must be written as zeros
                 dims = lambda a: (ctypes.c_int32 * a.ndim)(*a.shape)  # noqa: E731
@@ -82,6 +82,13 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
                             ctypes.c_size_t(src.itemsize))
                 assert ok == 1, (name, shape)
                 np.testing.assert_array_equal(dst, expected, err_msg=f"{name} {shape} {dtype.__name__}")
+    # Depthwise tap sums go with kernels that add two int8 products in int16: -128 is refused.
+    weights = np.full((1, 3, 3, 5), -128, np.int8)
+    with pytest.raises(ValueError, match="-128"):
+        pack("tap_sums", weights)
+    out = np.zeros(32, np.int32)
+    assert native(PACK.value("tap_sums"), weights.ctypes.data_as(ctypes.c_void_p), (ctypes.c_int32 * 4)(1, 3, 3, 5), 4,
+                  out.ctypes.data_as(ctypes.c_void_p), (ctypes.c_int32 * 1)(32), 1, ctypes.c_size_t(1)) == 0
 
 
 def test_bundle_abi_header_is_generated_from_its_python_definition():

@@ -67,14 +67,16 @@ def out_scale(in_scale: float, w_scale: float, taps: int) -> float:
     return in_scale * w_scale * (127 / math.sqrt(3)) ** 2 * math.sqrt(taps) / 40
 
 
-def conv_model(shape, cout, k, stride, padding, act="NONE", dilation=1, depthwise=False, mult=1):
+def conv_model(shape, cout, k, stride, padding, act="NONE", dilation=1, depthwise=False, mult=1, weights=None,
+               in_zp=-5):
     b = ModelBuilder()
     n, h, wd, cin = shape
-    x = b.input("x", shape, "int8", quant=quantization(0.02, -5))
+    x = b.input("x", shape, "int8", quant=quantization(0.02, in_zp))
     cw = cin * mult if depthwise else cout
     w_scales = rng.uniform(0.002, 0.01, cw).astype(np.float32)
     if depthwise:
-        wt = b.const("w", int8_weights(1, k, k, cw), quant=quantization(w_scales, 0, 3))
+        w = int8_weights(1, k, k, cw) if weights is None else weights(1, k, k, cw)
+        wt = b.const("w", w, quant=quantization(w_scales, 0, 3))
     else:
         wt = b.const("w", int8_weights(cw, k, k, cin), quant=quantization(w_scales, 0, 0))
     bias_scales = 0.02 * w_scales
@@ -119,9 +121,35 @@ def test_conv2d_int8(shape, cout, k, stride, padding, act, dilation):
     ((1, 9, 9, 17), 3, 1, "SAME", 1, "RELU6"),
     ((1, 8, 8, 4), 3, 2, "VALID", 2, "NONE"),
     ((1, 10, 10, 16), 3, 2, "SAME", 1, "RELU6"),
+    # Taps summed two at a time in int16: an even count, an odd one past a tile of channels
+    ((1, 6, 6, 24), 2, 1, "VALID", 1, "NONE"),
+    ((1, 9, 8, 40), 5, 1, "SAME", 1, "RELU"),
 ])
 def test_depthwise_int8(shape, k, stride, padding, mult, act):
     check(conv_model(shape, None, k, stride, padding, act, depthwise=True, mult=mult), exact=True)
+
+
+@pytest.mark.parametrize("extreme", ["-127", "-128"])
+def test_depthwise_int8_products_at_the_int16_limit(extreme):
+    # Taps paired in int16 hold 2 * 128 * 127; every weight at -127 against inputs at -128 (zero
+    # point 127: all taps of the padding too) reaches it. A weight of -128 could overflow a pair, so
+    # such weights take the single-tap form (and the "tap_sums" packer refuses them).
+    low = int(extreme)
+
+    def weights(*shape):
+        w = int8_weights(*shape)
+        w[..., ::2] = low  # half the channels at the limit, the rest random: outputs stay varied
+        return w
+
+    model = conv_model((1, 6, 6, 16), None, 3, 1, "SAME", depthwise=True, weights=weights, in_zp=127)
+    data = tflite_tools.serialize(model)
+    builtin = runtime.make_interpreter(data, resolver="builtin")
+    inputs = [np.full(i.shape, -128, np.int8) if k == 0 else i for k, i in enumerate(runtime.random_inputs(builtin, 0))]
+    inputs[0][0, 2:4, 2:4, :] = 100  # some contrast, so the outputs are not one value
+    reference = runtime.make_interpreter(data, resolver="reference")
+    for unsigned_dot in UNSIGNED_DOT:
+        for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, unsigned_dot)):
+            assert np.array_equal(ref, out), f"{int((ref != out).sum())} elements differ from the reference"
 
 
 def fully_connected_model(rows: int, depth: int, units: int):
@@ -292,16 +320,20 @@ def test_pools_int8(op, shape, k, stride, padding, act):
 
 @pytest.mark.cross
 @pytest.mark.parametrize("target", ["arm64-linux", "arm64-linux-nodot"])
-def test_dot_product_sums_on_arm64(target, tmp_path, cross_tools):
+def test_int8_sums_on_arm64(target, tmp_path, cross_tools):
     # NEON schedules load 16 input bytes at a time and take each SDOT's 4-byte group by lane where
-    # the reduction runs over multiples of 16: compiled for ARM64 and run under qemu, bit for bit.
+    # the reduction runs over multiples of 16, and depthwise convs add taps in int16 pairs over 16
+    # channels at once: compiled for ARM64 and run under qemu, bit for bit.
     import opcheck
 
     models = [conv_model((1, 7, 5, 48), 36, 1, 1, "VALID", "RELU6"),   # 3 loads of 16 bytes a pixel
               conv_model((1, 6, 7, 16), 20, 3, 1, "SAME", "NONE"),     # padded, 9 taps of 16 bytes
               conv_model((1, 6, 6, 24), 16, 1, 1, "VALID", "NONE"),    # 24: groups of 4 only
               conv_model((1, 9, 9, 3), 16, 3, 2, "SAME", "RELU6"),     # filter-row groups
-              fully_connected_model(5, 64, 40), fully_connected_model(1, 96, 24)]
+              fully_connected_model(5, 64, 40), fully_connected_model(1, 96, 24),
+              conv_model((1, 7, 6, 40), None, 3, 1, "SAME", "RELU6", depthwise=True),  # a partial tile
+              conv_model((1, 9, 9, 16), None, 5, 2, "SAME", "NONE", depthwise=True),   # 25 taps
+              conv_model((1, 6, 6, 8), None, 3, 1, "VALID", "RELU", depthwise=True, mult=2)]
     for k, model in enumerate(models):
         data = tflite_tools.serialize(model)
         reference = runtime.make_interpreter(data, resolver="reference")
@@ -365,3 +397,28 @@ def test_leaky_relu_int8(alpha, out_q):
     x = b.input("x", (1, 5, 6, 12), "int8", quant=quantization(0.05, 4))
     b.output(b.op("LEAKY_RELU", [x], [1, 5, 6, 12], quant=quantization(*out_q), alpha=alpha))
     check(b.build(), exact=True)
+
+
+def test_depthwise_weights_changed_to_minus_128_after_fuse_are_declined(tmp_path, monkeypatch):
+    # The bundle's depthwise kernel adds int8 products in int16 pairs, built for weights in
+    # [-127, 127]; weights are read from the model at run time, so one edited to hold -128 after
+    # fuse must leave the node to TFLite, with the reason, and the answers stay TFLite's.
+    from tflite_tools.fuse import fuse
+    from tflite_tools.run import run
+
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "dw.tflite").write_bytes(tflite_tools.serialize(
+        conv_model((1, 6, 6, 16), None, 3, 1, "SAME", "RELU6", depthwise=True)))
+    result = fuse(tmp_path / "dw.tflite", tmp_path / "out")
+    assert run(result.model, delegate=result.library, options={"claim": "all"}).claims["claimed_nodes"]
+
+    model = tflite_tools.load(result.model)
+    weights = next(t for t in model.main.tensors if t.name == "w")
+    edited = np.array(weights.data)
+    edited[0, 1, 1, 3] = -128
+    weights.data = edited
+    tflite_tools.save(model, tmp_path / "edited.tflite")
+    outcome = run(tmp_path / "edited.tflite", delegate=result.library, options={"claim": "all"})
+    assert outcome.ok, outcome.errors
+    assert outcome.claims["claimed_nodes"] == []
+    assert "-128" in outcome.claims["declined"][0]["reason"]

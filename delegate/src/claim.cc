@@ -11,6 +11,7 @@
 
 #include "cpu_caps.h"
 #include "gpu_caps.h"
+#include "pack.h"
 
 namespace dnnfusion {
 namespace {
@@ -158,6 +159,12 @@ std::string CheckBlock(TfLiteContext* context, const Bundle& bundle, const Block
     const ArgSpec& arg = bundle.args[block.first_arg + k];
     std::string why = CheckTensor(context, bundle, arg.tensor, arg.source == ArgSource::kConstant);
     if (why.empty() && arg.source == ArgSource::kDecoded) why = CheckStored(context, arg.stored);
+    if (why.empty() && arg.source == ArgSource::kConstant) {
+      // Some packings hold only for some values (weights read at run time may differ from fuse's).
+      const TfLiteTensor& t = context->tensors[arg.tensor];
+      const size_t element_bytes = t.type == kTfLiteInt8 ? 1 : 0;  // only int8 packings judge values
+      why = PackValueProblem(arg.pack, t.data.raw, element_bytes ? t.bytes : 0, element_bytes);
+    }
     if (!why.empty()) return why;
   }
   for (int k = 0; k < block.n_outputs; ++k) {

@@ -40,7 +40,17 @@ bool PackDot4(const uint8_t* src, size_t o_count, size_t mid, size_t depth, uint
 
 }  // namespace
 
-bool PacksToInt32(Pack pack) { return pack == Pack::kChannelSums; }
+bool PacksToInt32(Pack pack) { return pack == Pack::kChannelSums || pack == Pack::kTapSums; }
+
+std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t element_bytes) {
+  if (pack != Pack::kTapSums) return "";
+  if (element_bytes != 1) return "depthwise tap sums need int8 weights";
+  const auto* weights = static_cast<const int8_t*>(src);
+  for (size_t i = 0; i < count; ++i) {
+    if (weights[i] == -128) return "int8 depthwise weights hold -128 (the kernel sums two products in int16)";
+  }
+  return "";
+}
 
 bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_rank, void* dst,
                   const int32_t* dst_dims, int dst_rank, size_t bytes) {
@@ -92,6 +102,17 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
         int32_t total = 0;
         for (size_t k = 0; k < per_channel; ++k) total += weights[o * per_channel + k];
         sums[o] = total;
+      }
+      return true;
+    }
+    case Pack::kTapSums: {  // int8 depthwise [1, kh, kw, C] -> int32 [C_padded]
+      if (bytes != 1 || dst_rank != 1 || src_rank == 0 || dst_dims[0] < src_dims[src_rank - 1]) return false;
+      const size_t channels = src_dims[src_rank - 1], taps = Product(src_dims, src_rank - 1);
+      if (!PackValueProblem(pack, in, channels * taps, bytes).empty()) return false;
+      auto* sums = reinterpret_cast<int32_t*>(out);
+      const auto* weights = reinterpret_cast<const int8_t*>(in);
+      for (size_t t = 0; t < taps; ++t) {
+        for (size_t c = 0; c < channels; ++c) sums[c] += weights[t * channels + c];
       }
       return true;
     }

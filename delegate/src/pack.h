@@ -5,13 +5,19 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "dnnfusion/bundle.h"
 
 namespace dnnfusion {
 
-// Whether `pack` turns a constant into int32 values (kChannelSums) instead of keeping its type.
+// Whether `pack` turns a constant into int32 values (kChannelSums, kTapSums) instead of keeping its type.
 bool PacksToInt32(Pack pack);
+
+// Why the values of a constant (`count` elements of `element_bytes` each) cannot be packed as
+// `pack` for the kernels that read it, or "" when they can: kTapSums' kernels add two int8 products
+// in int16, which a weight of -128 can overflow.
+std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t element_bytes);
 
 // Writes `src` (TFLite layout, `src_dims`) packed as `pack` into `dst` (`dst_dims`, zero-filled
 // padding); `element_bytes` is the size of one element of `src`. Returns false for an unknown

@@ -49,6 +49,9 @@ class Arithmetic:
     # ("dot4") and the source, read as stored, is `fill` outside the map.
     dot: int = 0
     fill: int = 0
+    # True: `term` gives a narrow product (int8 x int8 -> int16) and a depthwise sum adds two taps'
+    # products in that type before widening them into the accumulator (quantized.py).
+    paired_taps: bool = False
 
 
 def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
@@ -206,16 +209,35 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     w = ctx.packed(1, "pad_channels") or ctx.value(1)
     mult = cout // x.shape[3]
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
-    padded = _zero_outside(x, ctx.func_name("padded"))
+    padded = _zero_outside(x, ctx.func_name("padded"), arith.fill)
     ctx.materialize.append(padded)
     ctx.padded.append(padded)
-    r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
 
-    def update(n, y, xx, o):
+    def tap(n, y, xx, o, ky, kx):
         channel = o / mult if mult > 1 else o
-        return arith.term(padded(n, y * sh - ph + r[0] * dh, xx * sw - pw + r[1] * dw, channel), w(0, r[0], r[1], o))
+        return arith.term(padded(n, y * sh - ph + ky * dh, xx * sw - pw + kx * dw, channel), w(0, ky, kx, o))
 
-    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.DEPTHWISE, r)
+    if arith.paired_taps:
+        # Taps two at a time (row-major over the filter), their narrow products added before one
+        # widening add into the int32 sum: half the widening adds (ARM: smull, smlal, saddw). The
+        # loop is unrolled, so the odd last tap's select and each tap's (ky, kx) fold to constants.
+        taps = kh * kw
+        r = hl.RDom([(0, -(-taps // 2))], ctx.func_name("r"))
+
+        def update(n, y, xx, o):
+            first, second = 2 * r.x, hl.min(2 * r.x + 1, taps - 1)
+            product = tap(n, y, xx, o, first / kw, first % kw)
+            other = hl.select(2 * r.x + 1 < taps, tap(n, y, xx, o, second / kw, second % kw),
+                              hl.cast(product.type(), 0))
+            return hl.cast(hl.Int(32), product + other)
+    else:
+        r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
+
+        def update(n, y, xx, o):
+            return tap(n, y, xx, o, r[0], r[1])
+
+    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.DEPTHWISE, r,
+                     narrow=arith.paired_taps)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 

@@ -15,8 +15,10 @@ and FULLY_CONNECTED sum raw int8 products instead, 4 per lane (one `sdot` on ARM
 Halide): sum (x - zp) * w = sum x * w - zp * sum w, the last term a per-channel constant folded into
 the bias from the packed weight sums ("channel_sums"), the padding filled with zp so that padded taps
 still contribute nothing. On x86 (VNNI multiplies unsigned by signed bytes) the input is read as
-x + 128 in uint8 and the offset folded is zp + 128 (`unsigned_dot_input`). Integer sums are exact in
-any order, so this is bit for bit the same.
+x + 128 in uint8 and the offset folded is zp + 128 (`unsigned_dot_input`). DEPTHWISE_CONV_2D folds
+the zero point the same way ("tap_sums") and adds two taps' raw products in int16 before widening
+them into the int32 sum (`paired_taps_hold`; ARM: smull, smlal, saddw — half the widening adds).
+Integer sums are exact in any order, so this is bit for bit the same.
 
 The multipliers are compile-time constants of the kernel (per output channel where the weights
 are per-channel), so a kernel is specific to its tensors' scales and zero points: both the block
@@ -202,13 +204,15 @@ def centred(ctx: OpContext, x: Value, zp: int) -> Value:
     return define(ctx.func_name("centred"), x.shape, lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
 
 
-def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool = False) -> Arithmetic:
+def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool = False,
+                     paired: bool = False) -> Arithmetic:
     """Integer terms, an int32 sum started at the int32 bias, TFLite's per-channel requantization.
 
     `per_tensor_float_product`: TFLite's FULLY_CONNECTED with one weight scale forms
     in_scale * w_scale in float32 before dividing in double (GetQuantizedConvolutionMultipler);
     convolutions and per-channel weights multiply in double. The last bit depends on it.
     `dot`: the loops can sum in dot-product groups (taken where the weights are constant).
+    `paired`: a depthwise sum may add two taps' raw int8 products in int16 (`paired_taps`).
     """
     x_t, w_t, out_t = ctx.op.inputs[0], ctx.op.inputs[1], ctx.op.outputs[0]
     in_scale, in_zp = _scale_zp(x_t)
@@ -247,6 +251,13 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
         return to_int8(scaled(acc, oc), out_zp, lo, hi)
 
     bias = channel_bias(ctx, 2, zero=hl.i32(0))
+    if paired and paired_taps_hold(w_t):
+        # Raw int8 products with the zero point folded into the bias as for dot products, two taps
+        # summed in int16 before widening: exact, as |x * w| <= 128 * 127 makes two fit in int16.
+        sums = ctx.packed(1, "tap_sums")
+        return Arithmetic(source=lambda x: x, term=hl.widening_mul,
+                          init=lambda oc: bias(oc) - hl.i32(in_zp) * sums(oc),
+                          finish=finish, fill=in_zp, paired_taps=True)
     if dot and w_t.is_constant:
         sums = ctx.packed(1, "channel_sums")
         unsigned = _UNSIGNED_DOT.get()
@@ -275,10 +286,17 @@ def lower_conv2d_int8(ctx: OpContext) -> list[Value]:
     return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, dot=dot))
 
 
+def paired_taps_hold(weights: Tensor) -> bool:
+    """Whether two int8 products with these (constant) weights always fit in int16: no weight is
+    -128 (TFLite's symmetric int8 weights lie in [-127, 127]; the "tap_sums" packer refuses others,
+    so a kernel built for one model never runs on weights it cannot sum)."""
+    return weights.is_constant and weights.type_name == "INT8" and int(np.min(weights.data)) > INT8_MIN
+
+
 @register("DEPTHWISE_CONV_2D", quantized=True)
 def lower_depthwise_int8(ctx: OpContext) -> list[Value]:
     """DEPTHWISE_CONV_2D on int8, as TFLite's DepthwiseConvPerChannel."""
-    return depthwise(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False))
+    return depthwise(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, paired=True))
 
 
 @register("FULLY_CONNECTED", quantized=True)

@@ -38,7 +38,7 @@ class OpContext:
     padded: list[Value] = field(default_factory=list)
     # Explicit reductions (accumulate): the Func, its kind, its RDom, the activation it walks, and
     # its dot-product depth (0: none).
-    accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None, int]] = field(default_factory=list)
+    accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None, int, bool]] = field(default_factory=list)
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
     # Two-stage innermost-axis reductions (reduce.row_reduce): (16-lane partials, row totals).
     row_reductions: list[tuple[Value, Value]] = field(default_factory=list)
@@ -97,19 +97,21 @@ class AccumulatorKind(enum.Enum):
 
 
 def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: hl.RDom,
-               source: hl.Func | None = None, dot: int = 0) -> hl.Func:
+               source: hl.Func | None = None, dot: int = 0, narrow: bool = False) -> hl.Func:
     """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
 
     Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its
     consumer and order the reduction loops outside the tile. `dot`: the innermost reduction axis
-    sums groups of this many terms in one dot-product lane (a multiple of its extent).
+    sums groups of this many terms in one dot-product lane (a multiple of its extent). `narrow`: the
+    terms are narrow products (int8 x int8 -> int16) widened into the sum (schedules load whole
+    registers of their inputs).
     """
     acc = hl.Func(ctx.func_name("acc"))
     idx = dim_vars(len(out_shape))
     at = list(reversed(idx))
     acc[at] = init(*idx)
     acc[at] = acc[at] + update(*idx)
-    ctx.accumulators.append((acc, kind, r, source, dot))
+    ctx.accumulators.append((acc, kind, r, source, dot, narrow))
     return acc
 
 

@@ -63,6 +63,9 @@ class CpuParams:
     # Dot-product groups per input load: at 4, a pixel's 16 consecutive input bytes come in one
     # vector and each `sdot` takes its 4-byte group by lane (NEON's dot product by element).
     dot_groups: int = 1
+    # (channels, pixels) of an int8 depthwise tile whose taps are narrow products (0: as float):
+    # its channels are one vector of int8 inputs, widened into the int32 sums.
+    narrow_dw_tile: tuple[int, int] = (0, 0)
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
@@ -81,7 +84,7 @@ X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=4, dw_channels=16, dw_pi
 # per op (modelled_tile: 2 x 7 on 7-pixel rows, 2 x 8 on 56, 8 x 1 for a GEMV) 1.05 -> 0.98 with
 # NEON's NaN-propagating min / max (lower.ieee.native_minmax).
 NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pixels=4, mm_channels=16, mm_rows=6,
-                 registers=32, reduce_unroll=4, dot_groups=4)
+                 registers=32, reduce_unroll=4, dot_groups=4, narrow_dw_tile=(16, 4))
 
 
 def _vars(f: hl.Func) -> list[hl.Var]:
@@ -96,11 +99,15 @@ def _lanes_of(f: hl.Func, lanes: int, extent: int, registers: int = 1) -> int:
     """Vector lanes for `f`'s element type: `lanes` float32s fill a register, so as many bytes of
     narrower types (16 int8 on NEON, where 4 lanes made an int8 copy 6 instructions per 4 bytes:
     MobileNetV2 int8's zero-padded depthwise inputs), times `registers` for narrow types, halved
-    while a vector outgrows the axis."""
+    while a vector outgrows the axis, and to one register where more do not divide it (144 int8
+    channels in 32-byte steps left a 16-byte tail stored a byte at a time, behind a predicate)."""
     if len(f.types()) != 1:
         return lanes  # a Tuple (ARG_MAX's value and index): as wide as its widest element
     bits = max(8, f.type().bits())
-    wide = lanes * 32 // bits * (registers if bits < 32 else 1)
+    one_register = lanes * 32 // bits
+    wide = one_register * (registers if bits < 32 else 1)
+    while wide > one_register and extent % wide:
+        wide //= 2
     while wide > lanes and wide > extent:
         wide //= 2
     return wide
@@ -223,7 +230,10 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     # (a tail tile's smaller realized extent made the stride a runtime value: 3x slower).
     f.bound_storage(av[0], channels).bound_storage(av[1], pixels)
     channel_tail = hl.TailStrategy.RoundUp if round_up_channels else guard
-    f.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
+    # Narrow terms: the whole tile's channels in one vector, so each tap loads a register of int8
+    # inputs (16 bytes on NEON) instead of 4 bytes per int32 vector.
+    acc_lanes = channels if acc.narrow else lanes
+    f.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
     update = f.update()
     tile_loops = [hl.VarOrRVar(av[0]), hl.VarOrRVar(av[1])]
     if steps > 1:
@@ -244,7 +254,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     update.reorder(tile_loops + [hl.VarOrRVar(r) for r in order] + [hl.VarOrRVar(a) for a in av[2:]])
     if acc.dot:
         update.atomic().vectorize(inner)
-    update.vectorize(av[0], lanes, channel_tail).unroll(av[0]).unroll(av[1])
+    update.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
     if steps > 1:
         # Unrolled inside the tile: every float step, or the dot-product groups a load serves.
         if not acc.dot:
@@ -351,7 +361,9 @@ def _widened(base: int, want: int, extent: int, must_divide_padding: bool) -> in
 
 def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
     """Channels x pixels, the taps unrolled."""
-    _register_tile(home, acc, params, params.dw_channels, params.dw_pixels, None, unroll_taps=True,
+    channels, pixels = params.narrow_dw_tile if acc.narrow and params.narrow_dw_tile[0] else (
+        params.dw_channels, params.dw_pixels)
+    _register_tile(home, acc, params, channels, pixels, None, unroll_taps=True,
                    round_up_channels=True, parallel=parallel)
 
 
