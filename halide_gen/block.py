@@ -16,7 +16,7 @@ import numpy as np
 from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, ieee, lower
-from .lower.quantized import unsigned_dot_input
+from .lower.quantized import x86_integer_forms
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, float_storage, halide_type
 
@@ -203,15 +203,15 @@ def _declare_dense(buffer, shape) -> None:
 
 
 def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32",
-                native_minmax: bool = False, unsigned_dot: bool = False) -> BlockKernel:
+                native_minmax: bool = False, x86_integer: bool = False) -> BlockKernel:
     """Lowers `ops` (in execution order) into one pipeline producing `outputs`; `native_minmax` for
     a target whose float min / max already treat NaN and inf as TFLite does (lower.ieee);
-    `unsigned_dot` for one whose int8 dot products take unsigned activations (x86 VNNI:
-    lower.quantized.unsigned_dot_input).
+    `x86_integer` for an x86 target, whose int8 ops take x86's forms (VNNI's unsigned activations,
+    64-bit requantizing products: lower.quantized.x86_integer_forms).
 
     Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
     """
-    with float_storage(PRECISIONS[precision]), ieee.native_minmax(native_minmax), unsigned_dot_input(unsigned_dot):
+    with float_storage(PRECISIONS[precision]), ieee.native_minmax(native_minmax), x86_integer_forms(x86_integer):
         return _build_block(name, ops, outputs)
 
 

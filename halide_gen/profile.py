@@ -125,7 +125,7 @@ def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], so
         os.environ.setdefault("HL_VK_ALLOC_CONFIG", VULKAN_ALLOC_CONFIG)
     jit = spec.jit_target()
     schedule = (lambda k: schedule_for(k, spec)) if source == "template" else (lambda k: schedule_auto(k, source, jit))
-    kernel = build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.unsigned_dot_input)
+    kernel = build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms)
     return JitKernel(kernel, target=jit, schedule=schedule)
 
 

@@ -139,9 +139,9 @@ class TargetSpec:
         return f"_{self.gpu_api}" + ("_fp16" if self.precision == "fp16" else "")
 
     @property
-    def unsigned_dot_input(self) -> bool:
-        """Whether int8 dot products read activations as unsigned bytes: x86's VNNI (VPDPBUSD)
-        multiplies unsigned by signed (halide_gen.lower.quantized.unsigned_dot_input)."""
+    def x86_integer_forms(self) -> bool:
+        """Whether int8 ops take x86's forms (halide_gen.lower.quantized.x86_integer_forms):
+        unsigned activations for VNNI's dot products, requantization by 64-bit products."""
         return self.family == "x86"
 
     @property

@@ -28,14 +28,14 @@ from tflite_tools.model.builder import ModelBuilder, quantization
 rng = np.random.default_rng(11)
 
 
-# The dot-product sums read int8 activations as they are (ARM's SDOT) or shifted to uint8 (x86's
-# VNNI): every int8 test runs both forms.
-UNSIGNED_DOT = (False, True)
+# Int8 ops take ARM's forms (SDOT on signed activations, SQRDMULH requantization) or x86's (VNNI on
+# uint8-shifted activations, 64-bit requantizing products): every int8 test runs both.
+X86_FORMS = (False, True)
 
 
-def halide(model, inputs, unsigned_dot: bool = False, target=None):
+def halide(model, inputs, x86_forms: bool = False, target=None):
     sg = model.main
-    jit = JitKernel(build_block("block", sg.operators, sg.outputs, unsigned_dot=unsigned_dot), target=target)
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs, x86_integer=x86_forms), target=target)
     return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
 
 
@@ -43,10 +43,10 @@ def check(model, exact: bool, seeds=(0, 1)) -> None:
     """Asserts the int8 outputs: within 1 LSB of the builtin kernels, equal to the reference
     kernels when `exact`."""
     data = tflite_tools.serialize(model)
-    for seed, unsigned_dot in itertools.product(seeds, UNSIGNED_DOT):
+    for seed, x86_forms in itertools.product(seeds, X86_FORMS):
         builtin = runtime.make_interpreter(data, resolver="builtin")
         inputs = runtime.random_inputs(builtin, seed)
-        got = halide(model, inputs, unsigned_dot)
+        got = halide(model, inputs, x86_forms)
         for ref, out in zip(runtime.run(builtin, inputs), got):
             assert out.dtype == np.int8 and ref.shape == out.shape
             diff = np.abs(ref.astype(np.int32) - out.astype(np.int32))
@@ -147,8 +147,8 @@ def test_depthwise_int8_products_at_the_int16_limit(extreme):
     inputs = [np.full(i.shape, -128, np.int8) if k == 0 else i for k, i in enumerate(runtime.random_inputs(builtin, 0))]
     inputs[0][0, 2:4, 2:4, :] = 100  # some contrast, so the outputs are not one value
     reference = runtime.make_interpreter(data, resolver="reference")
-    for unsigned_dot in UNSIGNED_DOT:
-        for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, unsigned_dot)):
+    for x86_forms in X86_FORMS:
+        for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, x86_forms)):
             assert np.array_equal(ref, out), f"{int((ref != out).sum())} elements differ from the reference"
 
 
@@ -205,6 +205,18 @@ def test_binary_int8(op, scale, a_shape, b_shape, act):
     y = b.input("y", b_shape, "int8", quant=quantization(0.02, 6))
     out = tuple(np.broadcast_shapes(a_shape, b_shape))
     b.output(b.op(op, [x, y], out, quant=quantization(scale, 2), fused_activation_function=act))
+    check(b.build(), exact=True)
+
+
+@pytest.mark.parametrize("op", ["ADD", "SUB"])
+@pytest.mark.parametrize("scales", [(0.02, 0.05), (0.03, 0.03), (0.05, 0.0049)])
+def test_add_int8_rescales_either_input_exactly(op, scales):
+    # The larger-scale input's multiplier is 2^30 (a shift, no rounding); the other's a Q31
+    # multiplier and a shift, or 2^30 too when the scales are equal.
+    b = ModelBuilder()
+    x = b.input("x", (1, 5, 6, 24), "int8", quant=quantization(scales[0], -3))
+    y = b.input("y", (1, 5, 6, 24), "int8", quant=quantization(scales[1], 6))
+    b.output(b.op(op, [x, y], (1, 5, 6, 24), quant=quantization(0.06, 2)))
     check(b.build(), exact=True)
 
 
@@ -275,17 +287,22 @@ def test_int8_sums_use_arm_dot_product_instructions(target, sdot, tmp_path):
 
 
 @pytest.mark.parametrize("features", ["avx-avx2-f16c-fma-sse41", "sse41"])
-def test_unsigned_dot_sums_are_exact_without_vnni(features):
-    # The host library's AVX2 and baseline sub-targets run the same uint8 x int8 sums with no VNNI:
-    # Halide must widen them exactly (no saturating VPMADDUBSW).
+def test_x86_forms_are_exact_without_vnni_or_avx512(features):
+    # The host library's AVX2 and baseline sub-targets run the same uint8 x int8 sums with no VNNI
+    # (Halide must widen them exactly: no saturating VPMADDUBSW) and the same 64-bit requantizing
+    # products with 4 or 2 lanes of them.
     import halide as hl
 
     target = hl.Target(f"x86-64-linux-{features}-jit")
-    for model in (conv_model((1, 6, 7, 8), 20, 3, 1, "SAME", "RELU6"), conv_model((1, 8, 9, 3), 12, 5, 1, "SAME")):
+    b = ModelBuilder()
+    x, y = (b.input(n, (1, 3, 4, 20), "int8", quant=quantization(s, z)) for n, s, z in (("x", 0.05, -3), ("y", 0.02, 6)))
+    b.output(b.op("ADD", [x, y], (1, 3, 4, 20), quant=quantization(0.06, 2)))
+    for model in (conv_model((1, 6, 7, 8), 20, 3, 1, "SAME", "RELU6"), conv_model((1, 8, 9, 3), 12, 5, 1, "SAME"),
+                  conv_model((1, 6, 6, 16), None, 3, 2, "SAME", "RELU6", depthwise=True), b.build()):
         data = tflite_tools.serialize(model)
         reference = runtime.make_interpreter(data, resolver="reference")
         inputs = runtime.random_inputs(reference, 3)
-        for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, unsigned_dot=True, target=target)):
+        for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, x86_forms=True, target=target)):
             assert np.array_equal(ref, out), features
 
 

@@ -52,6 +52,9 @@ class Arithmetic:
     # True: `term` gives a narrow product (int8 x int8 -> int16) and a depthwise sum adds two taps'
     # products in that type before widening them into the accumulator (quantized.py).
     paired_taps: bool = False
+    # True: `source` is a conversion worth one pass into a buffer (x86's uint8 view of an int8 input),
+    # not a recomputation at every term that reads it.
+    copy_source: bool = False
 
 
 def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
@@ -142,6 +145,8 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     pointwise = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0)
     if pointwise:
         src = x
+        if arith.copy_source:
+            ctx.materialize.append(src)
     else:
         src = _zero_outside(x, ctx.func_name("padded"), arith.fill)
         ctx.materialize.append(src)
@@ -294,6 +299,8 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     if int(ctx.option("weightsFormat", 0)) != 0:
         raise LoweringError("FULLY_CONNECTED with shuffled weights")
     x = arith.source(ctx.value(0))
+    if arith.copy_source:
+        ctx.materialize.append(x)
     units, depth = ctx.op.inputs[1].shape
     out = ctx.out_shape()
     weight = _weights(ctx, 1, "oi_to_io", matrix_vector=int(np.prod(out[:-1])) == 1, dot=arith.dot)

@@ -15,7 +15,7 @@ and FULLY_CONNECTED sum raw int8 products instead, 4 per lane (one `sdot` on ARM
 Halide): sum (x - zp) * w = sum x * w - zp * sum w, the last term a per-channel constant folded into
 the bias from the packed weight sums ("channel_sums"), the padding filled with zp so that padded taps
 still contribute nothing. On x86 (VNNI multiplies unsigned by signed bytes) the input is read as
-x + 128 in uint8 and the offset folded is zp + 128 (`unsigned_dot_input`). DEPTHWISE_CONV_2D folds
+x + 128 in uint8 and the offset folded is zp + 128 (`x86_integer_forms`). DEPTHWISE_CONV_2D folds
 the zero point the same way ("tap_sums") and adds two taps' raw products in int16 before widening
 them into the int32 sum (`paired_taps_hold`; ARM: smull, smlal, saddw — half the widening adds).
 Integer sums are exact in any order, so this is bit for bit the same.
@@ -47,20 +47,24 @@ from .registry import LoweringError, OpContext, register
 INT8_MIN, INT8_MAX = -128, 127
 ADD_LEFT_SHIFT = 20  # TFLite's headroom shift for int8 ADD (add.cc)
 
-_UNSIGNED_DOT: contextvars.ContextVar[bool] = contextvars.ContextVar("unsigned_dot", default=False)
+_X86_FORMS: contextvars.ContextVar[bool] = contextvars.ContextVar("x86_forms", default=False)
 
 
 @contextlib.contextmanager
-def unsigned_dot_input(enabled: bool = True) -> Iterator[None]:
-    """Lowers dot-product sums inside the `with` block with unsigned activations: x86's VNNI
-    (VPDPBUSD) multiplies unsigned by signed bytes, so the int8 input is read shifted by 128
-    (x + 128 as uint8, XNNPACK's trick) and the shift joins the zero point in the folded bias
-    (halide_gen.targets.TargetSpec.unsigned_dot_input). ARM's SDOT takes signed bytes as they are."""
-    token = _UNSIGNED_DOT.set(enabled)
+def x86_integer_forms(enabled: bool = True) -> Iterator[None]:
+    """Lowers the int8 ops inside the `with` block in the forms x86's instruction set favours
+    (halide_gen.targets.TargetSpec.x86_integer_forms):
+    - dot-product sums read unsigned activations: VNNI's VPDPBUSD multiplies unsigned by signed
+      bytes, so the int8 input is copied shifted by 128 (x + 128 as uint8, XNNPACK's trick) and the
+      shift joins the zero point in the folded bias. ARM's SDOT takes signed bytes as they are.
+    - requantization is one 64-bit product and one shift (`_rounded_twice_in_64_bits`): x86 has a
+      32 x 32 -> 64-bit multiply (VPMULDQ) but no 32-bit high multiply like ARM's SQRDMULH.
+    Both are exact: the same integers as the ARM forms."""
+    token = _X86_FORMS.set(enabled)
     try:
         yield
     finally:
-        _UNSIGNED_DOT.reset(token)
+        _X86_FORMS.reset(token)
 
 
 def _as_unsigned(ctx: OpContext, x: Value) -> Value:
@@ -119,8 +123,11 @@ def rounding_divide_by_pot(x: hl.Expr, exponent, positive: bool = False) -> hl.E
 
 def multiply_by_quantized_multiplier(x: hl.Expr, m: int, shift: int) -> hl.Expr:
     """TFLite's MultiplyByQuantizedMultiplier: x * m * 2^(shift - 31), rounded as gemmlowp does, for
-    a compile-time multiplier (its shifts become immediates)."""
-    return multiply_shifted(x, hl.i32(m), hl.i32(1 << max(shift, 0)), hl.i32(max(-shift, 0)), shift < 0)
+    a compile-time multiplier (its shifts become immediates, and shifts by 0 disappear)."""
+    if _X86_FORMS.get() and shift <= 0 and m > 0:
+        return rounded_twice_in_64_bits(x, hl.i32(m), *(hl.i64(t) for t in _wide_terms(shift)))
+    scaled = srdhm(x * (1 << shift) if shift > 0 else x, hl.i32(m))
+    return rounding_divide_by_pot(scaled, -shift, positive=True) if shift < 0 else scaled
 
 
 def multiply_shifted(x: hl.Expr, m, up, down, down_positive: bool = False) -> hl.Expr:
@@ -137,20 +144,49 @@ def multiply_shifted(x: hl.Expr, m, up, down, down_positive: bool = False) -> hl
 TABLE_ENTRIES = 16
 
 
-def _channel_table(ctx: OpContext, values: Sequence[int], suffix: str):
+def _channel_table(ctx: OpContext, values: Sequence[int], suffix: str, bits: int = 32):
     """A function of the output channel giving values[channel] (a constant when all agree), read
-    from a table compiled into the kernel. The channel is clamped: schedules may round channel
-    loops up past the last channel."""
+    from a table of int32 (or `bits`-bit) entries compiled into the kernel. The channel is clamped:
+    schedules may round channel loops up past the last channel."""
     values = [int(v) for v in values]
     if len(set(values)) == 1:
-        return lambda oc: hl.i32(values[0])
+        return lambda oc: hl.cast(hl.Int(bits), values[0])
     size = -(-len(values) // TABLE_ENTRIES) * TABLE_ENTRIES
-    table = hl.Buffer(hl.Int(32), [size], ctx.func_name(suffix))
+    table = hl.Buffer(hl.Int(bits), [size], ctx.func_name(suffix))
     for k in range(size):
         table[k] = values[min(k, len(values) - 1)]
     ctx.constants.append(table)
     last = len(values) - 1
     return lambda oc: table[hl.clamp(oc, 0, last)]
+
+
+def _wide_terms(shift: int) -> tuple[int, int, int]:
+    """The constants of `rounded_twice_in_64_bits` for a shift <= 0: the half step of the second
+    rounding (in units of the 64-bit product), its correction for negative values, the total shift."""
+    return (1 << (30 - shift) if shift < 0 else 0), (-(1 << 31) if shift < 0 else 0), 31 - shift
+
+
+def rounded_twice_in_64_bits(a: hl.Expr, m: hl.Expr, half: hl.Expr, negative: hl.Expr, total: hl.Expr) -> hl.Expr:
+    """MultiplyByQuantizedMultiplier (shift <= 0, m > 0) as one 64-bit product and one shift.
+
+    With x = a * m + 2^30 and e = -shift, gemmlowp's two roundings — floor(x / 2^31), then halves
+    away from zero by 2^e — are floor((x + 2^(e+30) - 2^31 [x < 0]) / 2^(31+e)) (for e = 0 just
+    floor(x / 2^31)): exact, as floor((floor(y) + k) / n) = floor((y + k) / n) for integer k. A
+    positive m never saturates. The other arguments are `_wide_terms` (int64). For x86, which has a
+    32 x 32 -> 64-bit multiply (VPMULDQ) but no high multiply: Halide's general
+    rounding_mul_shift_right took ~40 instructions per 16 lanes.
+    """
+    x = hl.widening_mul(hl.cast(hl.Int(32), a), m) + hl.i64(1 << 30)
+    return hl.cast(hl.Int(32), (x + half + ((x >> 63) & negative)) >> total)
+
+
+def _rounded_twice_per_channel(ctx: OpContext, mults: Sequence[int], shifts: Sequence[int]):
+    """rounded_twice_in_64_bits with per-channel multipliers and shifts (tables, or constants)."""
+    m = _channel_table(ctx, mults, "mult")
+    terms = [_wide_terms(s) for s in shifts]
+    half, negative, total = (_channel_table(ctx, column, name, 64)
+                             for column, name in zip(zip(*terms), ("half", "negative", "total")))
+    return lambda acc, oc: rounded_twice_in_64_bits(acc, m(oc), half(oc), negative(oc), total(oc))
 
 
 def _scale_zp(t: Tensor) -> tuple[float, int]:
@@ -228,18 +264,20 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
     else:
         reals = [in_scale * s / out_scale for s in w_scales]
     mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
-    m = _channel_table(ctx, mults, "mult")
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, out_zp)
     if ctx.has_input(2) and ctx.op.inputs[2].type_name != "INT32":
         raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[2].type_name} bias")
 
     # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
     if per_tensor_float_product and len(w_scales) > 1:
-        shift = _channel_table(ctx, shifts, "shift")
+        m, shift = _channel_table(ctx, mults, "mult"), _channel_table(ctx, shifts, "shift")
 
         def scaled(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
             return multiply_single_rounding(acc, m(oc), shift(oc))
+    elif _X86_FORMS.get() and all(s <= 0 for s in shifts):
+        scaled = _rounded_twice_per_channel(ctx, mults, shifts)
     else:
+        m = _channel_table(ctx, mults, "mult")
         up = _channel_table(ctx, [1 << max(s, 0) for s in shifts], "up")
         down = _channel_table(ctx, [max(-s, 0) for s in shifts], "down")
         down_positive = all(s < 0 for s in shifts)  # multipliers under 1/2: the usual case
@@ -260,13 +298,16 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
                           finish=finish, fill=in_zp, paired_taps=True)
     if dot and w_t.is_constant:
         sums = ctx.packed(1, "channel_sums")
-        unsigned = _UNSIGNED_DOT.get()
+        unsigned = _X86_FORMS.get()
         offset = in_zp + (128 if unsigned else 0)  # what the input is read as, less its real value
         return Arithmetic(
             source=(lambda x: _as_unsigned(ctx, x)) if unsigned else (lambda x: x),
             term=lambda v, w: hl.cast(hl.Int(32), hl.widening_mul(v, w)),
             init=lambda oc: bias(oc) - hl.i32(offset) * sums(oc),
             finish=finish, dot=DOT_DEPTH, fill=offset,
+            # Shifted once into a uint8 copy: then a pixel's 4 bytes are one broadcast load in the
+            # VNNI tile (not a load, an XOR and a shuffle).
+            copy_source=unsigned,
         )
     return Arithmetic(
         source=lambda x: centred(ctx, x, in_zp),
@@ -306,6 +347,13 @@ def lower_fully_connected_int8(ctx: OpContext) -> list[Value]:
     return fully_connected(ctx, _int8_arithmetic(ctx, per_tensor_float_product=True, dot=dot))
 
 
+def shifted_left(v: hl.Expr, zp: int, bits: int) -> hl.Expr:
+    """(v - zp) * 2^bits in int32 for int8 v, 16 <= bits <= 23: centred and shifted in int16, then
+    widened by a shift of 16 (ARM: ssubl, shl, shll — 4 instructions per 8 values, not 7)."""
+    narrow = hl.widening_sub(v, hl.i8(zp)) << (bits - 16)
+    return hl.widening_shift_left(narrow, hl.u16(16))
+
+
 @register("ADD", "SUB", quantized=True)
 def lower_add_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 ADD and SUB: both inputs shifted left by 20, rescaled to twice the larger input
@@ -323,8 +371,13 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
     sign = -1 if ctx.op.name == "SUB" else 1
 
     def scaled(v: hl.Expr, zp: int, m: int, sh: int) -> hl.Expr:
-        shifted = (hl.cast(hl.Int(32), v) - zp) * (1 << ADD_LEFT_SHIFT)
-        return multiply_by_quantized_multiplier(shifted, m, sh)
+        exponent = m.bit_length() - 1
+        if m == 1 << exponent and sh <= 0 and 31 - exponent <= ADD_LEFT_SHIFT:
+            # A power-of-two multiplier (the larger-scale input's is 2^30: half of twice its scale):
+            # the doubling high multiply of x * 2^20 by 2^k is x * 2^(k - 11) exactly, no rounding.
+            exact = shifted_left(v, zp, ADD_LEFT_SHIFT - 31 + exponent)
+            return rounding_divide_by_pot(exact, -sh, positive=True) if sh < 0 else exact
+        return multiply_by_quantized_multiplier(shifted_left(v, zp, ADD_LEFT_SHIFT), m, sh)
 
     def body(*i):
         first, second = scaled(read_broadcast(a, out, i), zp1, m1, sh1), scaled(read_broadcast(b, out, i), zp2, m2, sh2)

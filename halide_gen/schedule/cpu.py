@@ -76,7 +76,7 @@ class CpuParams:
 # instructions) for every 2 output vectors in a 32 x 4 tile; 64 x 6 (24 accumulators of 32 registers)
 # shares them among 4.
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=4, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=8,
-                dot_tile=(64, 6))
+                dot_tile=(32, 7))
 # NEON: 4 lanes, 32 registers. Counted on qemu's cortex-a76 (bench/arm_count.py, MobileNetV2, ours /
 # XNNPACK instructions, blocks cut out one by one): a fixed 4 vectors x 6 pixels tile with one
 # broadcast load per reduction step 1.21; 4 steps per vector load with `fmla` by element 1.05 with a
@@ -99,18 +99,21 @@ def _lanes_of(f: hl.Func, lanes: int, extent: int, registers: int = 1) -> int:
     """Vector lanes for `f`'s element type: `lanes` float32s fill a register, so as many bytes of
     narrower types (16 int8 on NEON, where 4 lanes made an int8 copy 6 instructions per 4 bytes:
     MobileNetV2 int8's zero-padded depthwise inputs), times `registers` for narrow types, halved
-    while a vector outgrows the axis, and to one register where more do not divide it (144 int8
-    channels in 32-byte steps left a 16-byte tail stored a byte at a time, behind a predicate)."""
+    while a vector outgrows the axis. Narrower still (down to `lanes`) where that divides the axis
+    and the wider one does not: a tail is a predicated vector stored a byte at a time (144 int8
+    channels in 32-byte steps, 24 in 16-byte steps: an int8 ADD took 3x XNNPACK's instructions);
+    one register where nothing divides it."""
     if len(f.types()) != 1:
         return lanes  # a Tuple (ARG_MAX's value and index): as wide as its widest element
     bits = max(8, f.type().bits())
     one_register = lanes * 32 // bits
     wide = one_register * (registers if bits < 32 else 1)
-    while wide > one_register and extent % wide:
-        wide //= 2
     while wide > lanes and wide > extent:
         wide //= 2
-    return wide
+    dividing = wide
+    while dividing >= lanes and extent % dividing:
+        dividing //= 2
+    return dividing if dividing >= lanes else min(wide, one_register)
 
 
 def _vectorize_inner(f: hl.Func, shape, lanes: int) -> None:
