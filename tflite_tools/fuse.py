@@ -114,8 +114,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
          autoschedulers: bool = False, emit_asm: bool = False) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
-    profitable; otherwise every compiled float block of a CPU target counts as profitable (int8
-    blocks and GPU targets' blocks do not: see _quantized). `debug_runtime` links Halide's
+    profitable; otherwise every compiled float block of a CPU target counts as profitable (GPU
+    targets' blocks do not, nor int8 blocks but on ARM with dot product: see _quantized). `debug_runtime` links Halide's
     debug runtime, which traces device copies and kernel launches (delegate log_level:verbose).
     `autoschedulers` times Halide's autoschedulers against the templates per block where the
     target's kernels run here (the CPU for host; the OpenCL / Vulkan device for host-opencl /
@@ -228,7 +228,7 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
             record.ratio = timings.ratio(block, ops, record.schedule)
             record.profitable = record.ratio < 1.0
         else:
-            record.profitable = job.spec.family != "gpu" and not _quantized(ops)
+            record.profitable = job.spec.family != "gpu" and (job.spec.int8_claimed_unmeasured or not _quantized(ops))
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
     for name, why in claim_groups(sg.operators, blocks).items():
         record = next(r for r in records if r.block == name)
@@ -331,14 +331,15 @@ def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
 
 
 # Unmeasured, a block is claimed by default only where its kernels are known to hold their own:
-# float blocks on CPUs. GPU kernels are correct but not yet tuned — on an NVIDIA H200 through
-# OpenCL, mobilenet_v3_small took 33.9 ms against XNNPACK's 2.8 ms on one CPU core (docs/android.md)
-# — so a GPU bundle claims nothing unless asked (claim:all), and int8 blocks wait for claim:all or
-# --measure (_quantized).
+# float blocks on CPUs, and int8 blocks on ARM cores with dot product. GPU kernels are correct but
+# not yet tuned — on an NVIDIA H200 through OpenCL, mobilenet_v3_small took 33.9 ms against
+# XNNPACK's 2.8 ms on one CPU core (docs/android.md) — so a GPU bundle claims nothing unless asked
+# (claim:all), and int8 blocks elsewhere wait for claim:all or --measure (_quantized).
 def _quantized(ops) -> bool:
     """True for a block computing on int8 activations (int8 weights dequantized into a float model
-    do not count). Unmeasured, such a block is not claimed by default: the int8 kernels are exact
-    but slower than XNNPACK's (MobileNetV2 int8: 4x, bench/RESULTS.md), so claim:all or
+    do not count). Unmeasured, such a block is claimed by default only on targets whose int8
+    kernels beat XNNPACK's (TargetSpec.int8_claimed_unmeasured: ARM with dot product); elsewhere
+    they are exact but slower (MobileNetV2 int8 on x86: 1.28x, bench/RESULTS.md), so claim:all or
     `fuse --measure` has to ask for them."""
     return any(t is not None and t.type_name == "INT8" and not t.is_constant
                for op in ops for t in (*op.inputs, *op.outputs))
