@@ -219,6 +219,17 @@ def unary(draw, g: Graph, x: Tensor):
     return b.op(kind, [x], x.shape)
 
 
+# Int8 functions of one input that LiteRT's reference kernels compute (by table here: equal to them).
+UNARY_INT8 = ("HARD_SWISH", "GELU", "ABS", "NEG", "RELU", "RELU6", "RELU_N1_TO_1", "LEAKY_RELU")
+
+
+def unary_int8(draw, g: Graph, x: Tensor):
+    kind = draw(st.sampled_from(UNARY_INT8))
+    options = {"alpha": draw(st.sampled_from([0.0, 0.1, 0.2]))} if kind == "LEAKY_RELU" else {}
+    quant = _out_quant(draw, g, _range(x))
+    return g.builder.op(kind, [x], x.shape, quant=quant, **options)
+
+
 def _broadcast_operand(draw, g: Graph, x: Tensor) -> Tensor:
     """Another operand for a binary op on `x`: an earlier map of the same shape, a constant or an
     extra block input of a broadcasting shape (ranks 0-4)."""
@@ -395,7 +406,8 @@ FLOAT_OPS = 3 * _COMMON + (transpose_conv, pool, pad, concatenation, reshape, tr
 # equals LiteRT's reference kernels bit for bit, so any difference is a bug. Not SOFTMAX: it is
 # within 1 LSB only, and a later op with a finer output scale magnifies that step (tested per op).
 INT8_OPS = 3 * (conv_2d, depthwise_conv_2d, binary, residual_block) + (mean, fully_connected, reshape, transpose,
-                                                                      strided_slice, pool, pad, concatenation)
+                                                                      strided_slice, pool, pad, concatenation,
+                                                                      unary_int8)
 
 # Feature maps stay small: per-op tests and the fuzzer check lowering and scheduling, not speed.
 MAX_ELEMENTS = 4096

@@ -68,7 +68,7 @@ def out_scale(in_scale: float, w_scale: float, taps: int) -> float:
 
 
 def conv_model(shape, cout, k, stride, padding, act="NONE", dilation=1, depthwise=False, mult=1, weights=None,
-               in_zp=-5):
+               in_zp=-5, then=None):
     b = ModelBuilder()
     n, h, wd, cin = shape
     x = b.input("x", shape, "int8", quant=quantization(0.02, in_zp))
@@ -93,6 +93,8 @@ def conv_model(shape, cout, k, stride, padding, act="NONE", dilation=1, depthwis
     else:
         y = b.op("CONV_2D", [x, wt, bias], [n, oh, ow, cw], quant=oq, padding=padding, stride_h=stride,
                  stride_w=stride, dilation_h_factor=dilation, dilation_w_factor=dilation, fused_activation_function=act)
+    if then is not None:  # a unary int8 op on the result, at the conv's scale (a finer one would
+        y = b.op(then, [y], [n, oh, ow, cw], quant=oq)  # magnify the builtin conv's 1-LSB steps)
     b.output(y)
     return b.build()
 
@@ -339,8 +341,8 @@ def test_pools_int8(op, shape, k, stride, padding, act):
 @pytest.mark.parametrize("target", ["arm64-linux", "arm64-linux-nodot"])
 def test_int8_sums_on_arm64(target, tmp_path, cross_tools):
     # NEON schedules load 16 input bytes at a time and take each SDOT's 4-byte group by lane where
-    # the reduction runs over multiples of 16, and depthwise convs add taps in int16 pairs over 16
-    # channels at once: compiled for ARM64 and run under qemu, bit for bit.
+    # the reduction runs over multiples of 16, depthwise convs add taps in int16 pairs over 16
+    # channels at once, tables index by the input: compiled for ARM64 and run under qemu, bit for bit.
     import opcheck
 
     models = [conv_model((1, 7, 5, 48), 36, 1, 1, "VALID", "RELU6"),   # 3 loads of 16 bytes a pixel
@@ -350,7 +352,8 @@ def test_int8_sums_on_arm64(target, tmp_path, cross_tools):
               fully_connected_model(5, 64, 40), fully_connected_model(1, 96, 24),
               conv_model((1, 7, 6, 40), None, 3, 1, "SAME", "RELU6", depthwise=True),  # a partial tile
               conv_model((1, 9, 9, 16), None, 5, 2, "SAME", "NONE", depthwise=True),   # 25 taps
-              conv_model((1, 6, 6, 8), None, 3, 1, "VALID", "RELU", depthwise=True, mult=2)]
+              conv_model((1, 6, 6, 8), None, 3, 1, "VALID", "RELU", depthwise=True, mult=2),
+              conv_model((1, 6, 6, 16), 24, 1, 1, "VALID", then="HARD_SWISH")]  # a table in the epilogue
     for k, model in enumerate(models):
         data = tflite_tools.serialize(model)
         reference = runtime.make_interpreter(data, resolver="reference")
@@ -414,6 +417,55 @@ def test_leaky_relu_int8(alpha, out_q):
     x = b.input("x", (1, 5, 6, 12), "int8", quant=quantization(0.05, 4))
     b.output(b.op("LEAKY_RELU", [x], [1, 5, 6, 12], quant=quantization(*out_q), alpha=alpha))
     check(b.build(), exact=True)
+
+
+@pytest.mark.parametrize("op, options, out_q", [
+    ("HARD_SWISH", {}, (0.03, -40)), ("HARD_SWISH", {}, (0.05, 7)),   # MobileNetV3's activation
+    ("GELU", {"approximate": False}, (0.03, -30)), ("GELU", {"approximate": True}, (0.04, 0)),
+    ("EXP", {}, (0.2, -128)), ("LOG", {}, (0.02, 20)), ("ABS", {}, (0.03, -128)), ("NEG", {}, (0.05, 3)),
+    ("RELU", {}, (0.02, -128)), ("RELU6", {}, (0.03, -128)), ("RELU_N1_TO_1", {}, (0.01, 0)),
+])
+def test_unary_int8_by_litert_table(op, options, out_q):
+    # Tables LiteRT's reference kernels fill (lower/litert_tables.py): equal to them on every input.
+    b = ModelBuilder()
+    x = b.input("x", (1, 8, 8, 16), "int8", quant=quantization(0.05, -3))
+    b.output(b.op(op, [x], [1, 8, 8, 16], quant=quantization(*out_q), **options))
+    check(b.build(), exact=True)
+
+
+def test_elu_int8_by_litert_table():
+    # LiteRT's reference resolver has no ELU: the table comes from its builtin kernel, and equals it.
+    b = ModelBuilder()
+    x = b.input("x", (1, 8, 8, 16), "int8", quant=quantization(0.05, -3))
+    b.output(b.op("ELU", [x], [1, 8, 8, 16], quant=quantization(0.03, 30)))
+    model = b.build()
+    data = tflite_tools.serialize(model)
+    builtin = runtime.make_interpreter(data, resolver="builtin")
+    inputs = [np.arange(-128, 896).astype(np.int8).reshape(1, 8, 8, 16)]  # every int8 value, 4 times
+    for x86_forms in X86_FORMS:
+        assert np.array_equal(runtime.run(builtin, inputs)[0], halide(model, inputs, x86_forms)[0])
+
+
+@pytest.mark.parametrize("shape, size, align, half", [
+    ((1, 5, 7, 12), (10, 14), False, False),   # 2x up
+    ((1, 5, 7, 12), (9, 16), False, True),     # half-pixel centres (taps before the first pixel)
+    ((1, 6, 5, 8), (11, 9), True, False),      # align corners
+    ((1, 9, 8, 8), (4, 3), False, True),       # down
+])
+@pytest.mark.parametrize("op", ["RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"])
+def test_resize_int8(op, shape, size, align, half):
+    b = ModelBuilder()
+    q = quantization(0.05, -3)
+    x = b.input("x", shape, "int8", quant=q)
+    out = (shape[0], *size, shape[3])
+    b.output(b.op(op, [x, b.const("size", np.array(size, np.int32))], out, quant=q, align_corners=align,
+                  half_pixel_centers=half))
+    check(b.build(), exact=True)
+
+
+def test_conv_hard_swish_block_int8():
+    # MobileNetV3's conv + HARD_SWISH in one int8 kernel, the table read in the conv's epilogue.
+    check(conv_model((1, 9, 9, 8), 24, 3, 2, "SAME", then="HARD_SWISH"), exact=True)
 
 
 def test_depthwise_weights_changed_to_minus_128_after_fuse_are_declined(tmp_path, monkeypatch):

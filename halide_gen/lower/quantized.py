@@ -7,6 +7,8 @@ and applied with gemmlowp's rounding (SaturatingRoundingDoublingHighMul, then Ro
 — then the output zero point, clamped to the fused activation's quantized range. CONV_2D,
 DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, MEAN, the pools, QUANTIZE between scales and
 LEAKY_RELU do exactly those integer steps, so they match LiteRT's reference kernels bit for bit.
+HARD_SWISH, GELU, ELU, EXP, LOG, ABS, NEG and the RELUs index a 256-entry table that LiteRT's
+own kernels fill (litert_tables.py), so they equal LiteRT by construction.
 SOFTMAX differs between TFLite's reference and optimized kernels (lookup tables, fixed point); here it is computed in float32 and rounded once, within one
 quantization step (1 LSB) of LiteRT — the bound the tests hold every int8 output to.
 
@@ -40,6 +42,7 @@ from tflite_tools.model.ir import Tensor
 from ..pack import DOT_DEPTH
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
+from .litert_tables import litert_int8_table
 from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
@@ -495,13 +498,28 @@ def lookup_table(ctx: OpContext, transform) -> list[Value]:
         transformed = transform(dequantized).astype(np.float32)
     # std::round of each float32 product, exactly (in float32, v + 0.5 itself rounds: 0.49999997 -> 1).
     rescaled = [_round_half_away(float(v)) for v in transformed * (np.float32(1) / np.float32(out_scale))]
-    quantized = np.clip(np.array(rescaled) + out_zp, INT8_MIN, INT8_MAX)
-    table = hl.Buffer(hl.Int(8), [len(values)], ctx.func_name("table"))
-    for k, q in enumerate(quantized):
+    return indexed_by_input(ctx, np.clip(np.array(rescaled) + out_zp, INT8_MIN, INT8_MAX))
+
+
+def indexed_by_input(ctx: OpContext, table_values: Sequence[int]) -> list[Value]:
+    """The op's output as table_values[x + 128] for each int8 input x: a 256-entry table compiled
+    into the kernel."""
+    table = hl.Buffer(hl.Int(8), [len(table_values)], ctx.func_name("table"))
+    for k, q in enumerate(table_values):
         table[k] = int(q)
     ctx.constants.append(table)
     x = ctx.value(0)
     return [define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - INT8_MIN])]
+
+
+@register("HARD_SWISH", "GELU", "ELU", "EXP", "LOG", "ABS", "NEG", "RELU", "RELU6", "RELU_N1_TO_1", quantized=True)
+def lower_unary_by_litert_table(ctx: OpContext) -> list[Value]:
+    """An int8 function of one int8 input, through the table LiteRT's own kernel fills for this
+    op, quantization and options (litert_tables): exact to LiteRT by construction."""
+    if len(ctx.op.inputs) != 1 or ctx.op.inputs[0].type_name != "INT8" or ctx.op.outputs[0].type_name != "INT8":
+        raise LoweringError(f"int8 {ctx.op.name} with other than one int8 input and output")
+    _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])  # per-tensor quantization, or refused
+    return indexed_by_input(ctx, litert_int8_table(ctx.op))
 
 
 @register("LOGISTIC", quantized=True)
