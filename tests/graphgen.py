@@ -331,7 +331,7 @@ def resize(draw, g: Graph, x: Tensor):
     half = False if align else draw(st.booleans())
     b = g.builder
     return b.op(kind, [x, b.const(g.name("size"), np.array([oh, ow], np.int32))], [1, oh, ow, c],
-                align_corners=align, half_pixel_centers=half)
+                align_corners=align, half_pixel_centers=half, quant=x.quantization if g.int8 else None)
 
 
 def strided_slice(draw, g: Graph, x: Tensor):
@@ -407,7 +407,7 @@ FLOAT_OPS = 3 * _COMMON + (transpose_conv, pool, pad, concatenation, reshape, tr
 # within 1 LSB only, and a later op with a finer output scale magnifies that step (tested per op).
 INT8_OPS = 3 * (conv_2d, depthwise_conv_2d, binary, residual_block) + (mean, fully_connected, reshape, transpose,
                                                                       strided_slice, pool, pad, concatenation,
-                                                                      unary_int8)
+                                                                      unary_int8, resize)
 
 # Feature maps stay small: per-op tests and the fuzzer check lowering and scheduling, not speed.
 MAX_ELEMENTS = 4096

@@ -353,7 +353,8 @@ def test_int8_sums_on_arm64(target, tmp_path, cross_tools):
               conv_model((1, 7, 6, 40), None, 3, 1, "SAME", "RELU6", depthwise=True),  # a partial tile
               conv_model((1, 9, 9, 16), None, 5, 2, "SAME", "NONE", depthwise=True),   # 25 taps
               conv_model((1, 6, 6, 8), None, 3, 1, "VALID", "RELU", depthwise=True, mult=2),
-              conv_model((1, 6, 6, 16), 24, 1, 1, "VALID", then="HARD_SWISH")]  # a table in the epilogue
+              conv_model((1, 6, 6, 16), 24, 1, 1, "VALID", then="HARD_SWISH"),  # a table in the epilogue
+              resize_model("RESIZE_BILINEAR", (1, 5, 7, 12), (9, 16), half=True)]
     for k, model in enumerate(models):
         data = tflite_tools.serialize(model)
         reference = runtime.make_interpreter(data, resolver="reference")
@@ -454,13 +455,17 @@ def test_elu_int8_by_litert_table():
 ])
 @pytest.mark.parametrize("op", ["RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR"])
 def test_resize_int8(op, shape, size, align, half):
+    check(resize_model(op, shape, size, align, half), exact=True)
+
+
+def resize_model(op, shape, size, align=False, half=False):
     b = ModelBuilder()
     q = quantization(0.05, -3)
     x = b.input("x", shape, "int8", quant=q)
     out = (shape[0], *size, shape[3])
     b.output(b.op(op, [x, b.const("size", np.array(size, np.int32))], out, quant=q, align_corners=align,
                   half_pixel_centers=half))
-    check(b.build(), exact=True)
+    return b.build()
 
 
 def test_conv_hard_swish_block_int8():

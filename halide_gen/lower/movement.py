@@ -273,7 +273,7 @@ def _resize_scale(in_size: int, out_size: int, align_corners: bool) -> float:
     return in_size / out_size
 
 
-def _resize_inputs(ctx: OpContext) -> tuple[Value, tuple[int, ...], bool, bool]:
+def resize_inputs(ctx: OpContext) -> tuple[Value, tuple[int, ...], bool, bool]:
     """The image, the output shape and the align_corners / half_pixel_centers options."""
     align, half = bool(ctx.option("alignCorners", False)), bool(ctx.option("halfPixelCenters", False))
     return ctx.value(0), ctx.out_shape(), align, half
@@ -282,7 +282,7 @@ def _resize_inputs(ctx: OpContext) -> tuple[Value, tuple[int, ...], bool, bool]:
 @register("RESIZE_BILINEAR")
 def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
     """TFLite's reference interpolation, including its half-pixel and align-corners variants."""
-    x, out, align, half = _resize_inputs(ctx)
+    x, out, align, half = resize_inputs(ctx)
     _, h, w, _ = x.shape
     scales = [hl.f32(np.float32(_resize_scale(i, o, align))) for i, o in ((h, out[1]), (w, out[2]))]
 
@@ -307,7 +307,7 @@ def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
 @register("RESIZE_NEAREST_NEIGHBOR")
 def lower_resize_nearest(ctx: OpContext) -> list[Value]:
     """TFLite's reference nearest-neighbour sampling."""
-    x, out, align, half = _resize_inputs(ctx)
+    x, out, align, half = resize_inputs(ctx)
     _, h, w, _ = x.shape
     offset = hl.f32(0.5) if half else hl.f32(0)
 

@@ -6,7 +6,8 @@ as a Q31 mantissa and a power-of-two exponent (`quantize_multiplier`, TFLite's Q
 and applied with gemmlowp's rounding (SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT)
 — then the output zero point, clamped to the fused activation's quantized range. CONV_2D,
 DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, MEAN, the pools, QUANTIZE between scales and
-LEAKY_RELU do exactly those integer steps, so they match LiteRT's reference kernels bit for bit.
+LEAKY_RELU do exactly those integer steps, so they match LiteRT's reference kernels bit for bit, as
+does RESIZE_BILINEAR's fixed-point interpolation.
 HARD_SWISH, GELU, ELU, EXP, LOG, ABS, NEG and the RELUs index a 256-entry table that LiteRT's
 own kernels fill (litert_tables.py), so they equal LiteRT by construction.
 SOFTMAX differs between TFLite's reference and optimized kernels (lookup tables, fixed point); here it is computed in float32 and rounded once, within one
@@ -43,6 +44,7 @@ from ..pack import DOT_DEPTH
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
 from .litert_tables import litert_int8_table
+from .movement import resize_inputs
 from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
@@ -587,3 +589,45 @@ def lower_softmax_int8(ctx: OpContext) -> list[Value]:
         return _round_to_int8(p * hl.f32(1.0 / out_scale), out_zp)
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("RESIZE_BILINEAR", quantized=True)
+def lower_resize_bilinear_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's int8 ResizeBilinear, in its integers: source positions in 1/1024 steps (the scale
+    rounded to them), the four taps weighted in int32 (a half-pixel tap before the first pixel gets
+    a negative weight, as there), the sum divided by 2^20 with halves away from zero, then
+    truncated to int8 (wrapping, as static_cast). LiteRT's builtin kernel is this reference one:
+    exact."""
+    x, out, align, half = resize_inputs(ctx)
+    _, h, w, _ = x.shape
+    one = 1 << 10
+
+    def scale_10(in_size: int, out_size: int) -> int:
+        if align and out_size > 1:
+            return (one * (in_size - 1) + (out_size - 1) // 2) // (out_size - 1)
+        return (one * in_size + out_size // 2) // out_size
+
+    def source(i: hl.Expr, scale: int, size: int):
+        """The position in 1/1024 steps, its lower and upper pixel, and its offset from the lower."""
+        pos = i * scale + (scale // 2 - (1 << 9) if half else 0)
+        # C divides toward zero: for the half-pixel start (-512 < pos < 0) that is 0, as max(floor, 0).
+        lo = hl.max(pos >> 10, 0)
+        hi = hl.min((pos + one - 1) >> 10, size - 1)
+        return pos - lo * one, lo, hi
+
+    scales = scale_10(h, out[1]), scale_10(w, out[2])
+
+    def body(n, y, xx, c):
+        fy, y0, y1 = source(y, scales[0], h)
+        fx, x0, x1 = source(xx, scales[1], w)
+
+        def tap(yy, xq):
+            return hl.cast(hl.Int(32), x(n, yy, xq, c))
+
+        total = (tap(y0, x0) * (one - fy) * (one - fx) + tap(y1, x0) * fy * (one - fx)
+                 + tap(y0, x1) * (one - fy) * fx + tap(y1, x1) * fy * fx)
+        half_step = 1 << 19
+        rounded = hl.select(total > 0, (total + half_step) >> 20, -((half_step - total) >> 20))
+        return hl.cast(hl.Int(8), rounded)
+
+    return [define(ctx.func_name(), out, body)]

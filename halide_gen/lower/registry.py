@@ -129,9 +129,10 @@ QUANTIZED_LOWERINGS: dict[str, Lowering] = {}
 # Ops that only move elements: on quantized tensors they are the float lowering unchanged, as long
 # as input and output share one scale and zero point (TFLite requires it of these ops).
 # CONCATENATION too (TFLite's int8 kernel requires every input quantized as the output) and PAD (its
-# fill, a real zero, is the zero point: movement.py).
+# fill, a real zero, is the zero point: movement.py), and RESIZE_NEAREST_NEIGHBOR (each output is its
+# nearest input's byte; the index arithmetic is the float op's).
 MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "GATHER", "CONCATENATION",
-            "PAD", "PADV2"}
+            "PAD", "PADV2", "RESIZE_NEAREST_NEIGHBOR"}
 
 
 def register(*names: str, quantized: bool = False) -> Callable[[Lowering], Lowering]:
