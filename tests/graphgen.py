@@ -185,10 +185,16 @@ def transpose_conv(draw, g: Graph, x: Tensor):
     cout = draw(st.integers(1, 8))
     b = g.builder
     shape = b.const(g.name("shape"), np.array([1, oh, ow, cout], np.int32))
-    inputs = [shape, b.const(g.name("tw"), g.weights(cout, k, k, cin)), x]
+    if g.int8:
+        wv, wq = _int8_weights(g, (cout, k, k, cin), 0)
+        wt, quant = b.const(g.name("tw"), wv, "int8", wq), _out_quant(draw, g, _range(x))
+    else:
+        wt, quant = b.const(g.name("tw"), g.weights(cout, k, k, cin)), None
+    inputs = [shape, wt, x]
     if draw(st.booleans()):
-        inputs.append(b.const(g.name("tb"), g.weights(cout, scale=0.5)))
-    return b.op("TRANSPOSE_CONV", inputs, [1, oh, ow, cout], version=3, padding=pad, stride_h=s, stride_w=s)
+        inputs.append(_bias(g, g.name("tb"), cout, x, wt.quantization))
+    return b.op("TRANSPOSE_CONV", inputs, [1, oh, ow, cout], version=3, padding=pad, stride_h=s, stride_w=s,
+                quant=quant)
 
 
 def pool(draw, g: Graph, x: Tensor):
@@ -224,10 +230,16 @@ UNARY_INT8 = ("HARD_SWISH", "GELU", "ABS", "NEG", "RELU", "RELU6", "RELU_N1_TO_1
 
 
 def unary_int8(draw, g: Graph, x: Tensor):
-    kind = draw(st.sampled_from(UNARY_INT8))
+    kind = draw(st.sampled_from(UNARY_INT8 + ("PRELU",)))
+    b = g.builder
     options = {"alpha": draw(st.sampled_from([0.0, 0.1, 0.2]))} if kind == "LEAKY_RELU" else {}
     quant = _out_quant(draw, g, _range(x))
-    return g.builder.op(kind, [x], x.shape, quant=quant, **options)
+    inputs = [x]
+    if kind == "PRELU":
+        alpha_shape = draw(st.sampled_from([(x.shape[3],), (1, 1, x.shape[3]), tuple(x.shape[1:])]))
+        slopes = g.rng.integers(-40, 100, alpha_shape).astype(np.int8)
+        inputs.append(b.const(g.name("alpha"), slopes, "int8", _q(0.005, draw(st.integers(-10, 10)))))
+    return b.op(kind, inputs, x.shape, quant=quant, **options)
 
 
 def _broadcast_operand(draw, g: Graph, x: Tensor) -> Tensor:
@@ -407,7 +419,7 @@ FLOAT_OPS = 3 * _COMMON + (transpose_conv, pool, pad, concatenation, reshape, tr
 # within 1 LSB only, and a later op with a finer output scale magnifies that step (tested per op).
 INT8_OPS = 3 * (conv_2d, depthwise_conv_2d, binary, residual_block) + (mean, fully_connected, reshape, transpose,
                                                                       strided_slice, pool, pad, concatenation,
-                                                                      unary_int8, resize)
+                                                                      unary_int8, resize, transpose_conv)
 
 # Feature maps stay small: per-op tests and the fuzzer check lowering and scheduling, not speed.
 MAX_ELEMENTS = 4096

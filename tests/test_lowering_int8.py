@@ -354,7 +354,8 @@ def test_int8_sums_on_arm64(target, tmp_path, cross_tools):
               conv_model((1, 9, 9, 16), None, 5, 2, "SAME", "NONE", depthwise=True),   # 25 taps
               conv_model((1, 6, 6, 8), None, 3, 1, "VALID", "RELU", depthwise=True, mult=2),
               conv_model((1, 6, 6, 16), 24, 1, 1, "VALID", then="HARD_SWISH"),  # a table in the epilogue
-              resize_model("RESIZE_BILINEAR", (1, 5, 7, 12), (9, 16), half=True)]
+              resize_model("RESIZE_BILINEAR", (1, 5, 7, 12), (9, 16), half=True),
+              transpose_conv_model("SAME", 3, 2, 4, 8)]
     for k, model in enumerate(models):
         data = tflite_tools.serialize(model)
         reference = runtime.make_interpreter(data, resolver="reference")
@@ -466,6 +467,40 @@ def resize_model(op, shape, size, align=False, half=False):
     b.output(b.op(op, [x, b.const("size", np.array(size, np.int32))], out, quant=q, align_corners=align,
                   half_pixel_centers=half))
     return b.build()
+
+
+def transpose_conv_model(padding, k, stride, in_hw, out_hw, cin=6, cout=5, bias=True, act="NONE"):
+    b = ModelBuilder()
+    x = b.input("x", (1, in_hw, in_hw, cin), "int8", quant=quantization(0.02, -5))
+    w_scales = rng.uniform(0.002, 0.01, cout).astype(np.float32)
+    inputs = [b.const("shape", np.array([1, out_hw, out_hw, cout], np.int32)),
+              b.const("w", int8_weights(cout, k, k, cin), quant=quantization(w_scales, 0, 0)), x]
+    if bias:
+        inputs.append(b.const("b", rng.integers(-2000, 2000, cout).astype(np.int32),
+                              quant=quantization(0.02 * w_scales, 0, 0)))
+    taps = (-(-k // stride)) ** 2 * cin
+    oq = quantization(out_scale(0.02, float(w_scales.mean()), taps), 3)
+    b.output(b.op("TRANSPOSE_CONV", inputs, (1, out_hw, out_hw, cout), quant=oq, padding=padding, stride_h=stride,
+                  stride_w=stride, fused_activation_function=act, version=4 if act != "NONE" else 3))
+    return b.build()
+
+
+@pytest.mark.parametrize("padding, k, stride, in_hw, out_hw, bias, act", [
+    ("VALID", 2, 2, 4, 8, True, "NONE"),     # a U-Net's 2x up-sampling
+    ("SAME", 3, 2, 4, 8, False, "NONE"),
+    ("VALID", 3, 1, 5, 7, True, "RELU"),
+])
+def test_transpose_conv_int8(padding, k, stride, in_hw, out_hw, bias, act):
+    check(transpose_conv_model(padding, k, stride, in_hw, out_hw, bias=bias, act=act), exact=True)
+
+
+@pytest.mark.parametrize("alpha_shape", [(12,), (1, 1, 12), (5, 6, 12)])
+def test_prelu_int8(alpha_shape):
+    b = ModelBuilder()
+    x = b.input("x", (1, 5, 6, 12), "int8", quant=quantization(0.05, 4))
+    alpha = b.const("alpha", rng.integers(-60, 100, alpha_shape).astype(np.int8), quant=quantization(0.004, -10))
+    b.output(b.op("PRELU", [x, alpha], [1, 5, 6, 12], quant=quantization(0.04, -20)))
+    check(b.build(), exact=True)
 
 
 def test_conv_hard_swish_block_int8():

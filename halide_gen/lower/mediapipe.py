@@ -28,7 +28,7 @@ import struct
 import halide as hl
 
 from ..values import Value, define
-from .nn import transpose_conv
+from .nn import float_arithmetic, transpose_conv
 from .registry import LoweringError, OpContext, register
 
 SAME, VALID = 1, 2
@@ -57,7 +57,7 @@ def lower_transpose_conv_bias(ctx: OpContext) -> list[Value]:
     pad_h, pad_w = total(h, kh, sh), total(w, kw, sw)
     if out[1:3] != (sh * (h - 1) + kh - pad_h, sw * (w - 1) + kw - pad_w):
         raise LoweringError(f"Convolution2DTransposeBias: output {list(out)} does not follow from its input")
-    return transpose_conv(ctx, 0, 1, 2, (sh, sw), (pad_h // 2, pad_w // 2), None)
+    return transpose_conv(ctx, 0, 1, ((sh, sw), (pad_h // 2, pad_w // 2)), float_arithmetic(ctx, 2))
 
 
 def _pool_params(ctx: OpContext, paddings: tuple[int, ...]) -> tuple[int, int, int]:

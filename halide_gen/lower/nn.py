@@ -249,43 +249,47 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 @register("TRANSPOSE_CONV")
 def lower_transpose_conv(ctx: OpContext) -> list[Value]:
     """TFLite's TRANSPOSE_CONV. Inputs: output shape, weights [O,kh,kw,I], input, bias."""
+    return transpose_conv(ctx, 2, 1, transpose_conv_geometry(ctx), float_arithmetic(ctx, 3))
+
+
+def transpose_conv_geometry(ctx: OpContext) -> tuple[tuple[int, int], tuple[int, int]]:
+    """TFLite's TRANSPOSE_CONV strides and leading padding, computed as if the output were the input
+    of a forward conv."""
     _, kh, kw, _ = ctx.op.inputs[1].shape
     out, in_shape = ctx.out_shape(), ctx.op.inputs[2].shape
     strides = int(ctx.option("strideH", 1)), int(ctx.option("strideW", 1))
-    # TFLite computes the padding as if the output were the input of a forward conv.
-    pads = _padding(ctx, out[1:3], in_shape[1:3], strides, (1, 1), (kh, kw))
-    return transpose_conv(ctx, 2, 1, 3, strides, pads, ctx.op.fused_activation)
+    return strides, _padding(ctx, out[1:3], in_shape[1:3], strides, (1, 1), (kh, kw))
 
 
-def transpose_conv(ctx: OpContext, data: int, weights: int, bias_index: int, strides: tuple[int, int],
-                   pads: tuple[int, int], act: str | None) -> list[Value]:
+def transpose_conv(ctx: OpContext, data: int, weights: int, geometry: tuple[tuple[int, int], tuple[int, int]],
+                   arith: Arithmetic) -> list[Value]:
     """The gather form of a transpose convolution's scatter: each output pixel sums the input
-    pixels whose stride-spaced kernel footprint covers it; `pads` are the output's leading
-    (top, left) padding, inputs are given by index (TFLite's op and MediaPipe's order them apart)."""
-    x = ctx.value(data)
+    pixels whose stride-spaced kernel footprint covers it; `geometry` is the strides and the
+    output's leading (top, left) padding, inputs are given by index (TFLite's op and MediaPipe's
+    order them apart), the arithmetic float32 or int8."""
+    x = arith.source(ctx.value(data))
     cout, kh, kw, cin = ctx.op.inputs[weights].shape
     packed = ctx.packed(weights, "ohwi_to_hwio")
     w = packed or ctx.value(weights)
     weight = (lambda o, ky, kx, i: packed(ky, kx, i, o)) if packed else (lambda o, ky, kx, i: w(o, ky, kx, i))
     out = ctx.out_shape()
-    (sh, sw), (ph, pw) = strides, pads
+    (sh, sw), (ph, pw) = geometry
     _, h, wd, _ = x.shape
     # Only taps with ky = (y + pad) mod stride (+ multiples of the stride) reach output row y, so
     # the reduction walks those alone: ceil(k / s) taps per axis instead of k (a 2x2 stride-2
     # kernel: one tap instead of four, three of them empty).
     r = hl.RDom([(0, -(-kh // sh)), (0, -(-kw // sw)), (0, cin)], ctx.func_name("r"))
-    bias = channel_bias(ctx, bias_index)
 
     def update(n, y, xx, o):
         ky, kx = (y + ph) % sh + r[0] * sh, (xx + pw) % sw + r[1] * sw
         iy, ix = (y + ph - ky) / sh, (xx + pw - kx) / sw  # exact: the numerators are multiples
         valid = (ky < kh) & (kx < kw) & (iy >= 0) & (ix >= 0) & (iy < h) & (ix < wd)
-        term = (x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, wd - 1), r[2])
-                * weight(o, hl.min(ky, kh - 1), hl.min(kx, kw - 1), r[2]))
-        return hl.select(valid, term, hl.f32(0))
+        term = arith.term(x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, wd - 1), r[2]),
+                          weight(o, hl.min(ky, kh - 1), hl.min(kx, kw - 1), r[2]))
+        return hl.select(valid, term, hl.cast(term.type(), 0))
 
-    acc = accumulate(ctx, out, lambda n, y, xx, o: bias(o), update, AccumulatorKind.CONV, r)
-    return [define(ctx.func_name(), out, lambda *i: activation(read(acc, i), act))]
+    acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r)
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
 @register("FULLY_CONNECTED")

@@ -5,8 +5,8 @@ then a fixed-point requantization — the real multiplier (say in_scale * w_scal
 as a Q31 mantissa and a power-of-two exponent (`quantize_multiplier`, TFLite's QuantizeMultiplier)
 and applied with gemmlowp's rounding (SaturatingRoundingDoublingHighMul, then RoundingDivideByPOT)
 — then the output zero point, clamped to the fused activation's quantized range. CONV_2D,
-DEPTHWISE_CONV_2D, FULLY_CONNECTED, ADD, SUB, MUL, MEAN, the pools, QUANTIZE between scales and
-LEAKY_RELU do exactly those integer steps, so they match LiteRT's reference kernels bit for bit, as
+DEPTHWISE_CONV_2D, TRANSPOSE_CONV, FULLY_CONNECTED, ADD, SUB, MUL, MEAN, the pools, QUANTIZE between
+scales, LEAKY_RELU and PRELU do exactly those integer steps, so they match LiteRT's reference kernels bit for bit, as
 does RESIZE_BILINEAR's fixed-point interpolation.
 HARD_SWISH, GELU, ELU, EXP, LOG, ABS, NEG and the RELUs index a 256-entry table that LiteRT's
 own kernels fill (litert_tables.py), so they equal LiteRT by construction.
@@ -45,7 +45,8 @@ from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
 from .litert_tables import litert_int8_table
 from .movement import resize_inputs
-from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window
+from .nn import (Arithmetic, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window,
+                 transpose_conv, transpose_conv_geometry)
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
 
@@ -246,7 +247,7 @@ def centred(ctx: OpContext, x: Value, zp: int) -> Value:
 
 
 def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool = False,
-                     paired: bool = False) -> Arithmetic:
+                     paired: bool = False, operands: tuple[int, int, int] = (0, 1, 2)) -> Arithmetic:
     """Integer terms, an int32 sum started at the int32 bias, TFLite's per-channel requantization.
 
     `per_tensor_float_product`: TFLite's FULLY_CONNECTED with one weight scale forms
@@ -254,8 +255,10 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
     convolutions and per-channel weights multiply in double. The last bit depends on it.
     `dot`: the loops can sum in dot-product groups (taken where the weights are constant).
     `paired`: a depthwise sum may add two taps' raw int8 products in int16 (`paired_taps`).
+    `operands`: the indices of the data, the weights and the bias among the op's inputs.
     """
-    x_t, w_t, out_t = ctx.op.inputs[0], ctx.op.inputs[1], ctx.op.outputs[0]
+    data, weights, bias_index = operands
+    x_t, w_t, out_t = ctx.op.inputs[data], ctx.op.inputs[weights], ctx.op.outputs[0]
     in_scale, in_zp = _scale_zp(x_t)
     out_scale, out_zp = _scale_zp(out_t)
     wq = w_t.quantization
@@ -270,8 +273,8 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
         reals = [in_scale * s / out_scale for s in w_scales]
     mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, out_zp)
-    if ctx.has_input(2) and ctx.op.inputs[2].type_name != "INT32":
-        raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[2].type_name} bias")
+    if ctx.has_input(bias_index) and ctx.op.inputs[bias_index].type_name != "INT32":
+        raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[bias_index].type_name} bias")
 
     # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
     if per_tensor_float_product and len(w_scales) > 1:
@@ -293,16 +296,16 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
     def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
         return to_int8(scaled(acc, oc), out_zp, lo, hi)
 
-    bias = channel_bias(ctx, 2, zero=hl.i32(0))
+    bias = channel_bias(ctx, bias_index, zero=hl.i32(0))
     if paired and paired_taps_hold(w_t):
         # Raw int8 products with the zero point folded into the bias as for dot products, two taps
         # summed in int16 before widening: exact, as |x * w| <= 128 * 127 makes two fit in int16.
-        sums = ctx.packed(1, "tap_sums")
+        sums = ctx.packed(weights, "tap_sums")
         return Arithmetic(source=lambda x: x, term=hl.widening_mul,
                           init=lambda oc: bias(oc) - hl.i32(in_zp) * sums(oc),
                           finish=finish, fill=in_zp, paired_taps=True)
     if dot and w_t.is_constant:
-        sums = ctx.packed(1, "channel_sums")
+        sums = ctx.packed(weights, "channel_sums")
         unsigned = _X86_FORMS.get()
         offset = in_zp + (128 if unsigned else 0)  # what the input is read as, less its real value
         return Arithmetic(
@@ -343,6 +346,14 @@ def paired_taps_hold(weights: Tensor) -> bool:
 def lower_depthwise_int8(ctx: OpContext) -> list[Value]:
     """DEPTHWISE_CONV_2D on int8, as TFLite's DepthwiseConvPerChannel."""
     return depthwise(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, paired=True))
+
+
+@register("TRANSPOSE_CONV", quantized=True)
+def lower_transpose_conv_int8(ctx: OpContext) -> list[Value]:
+    """TRANSPOSE_CONV on int8 (per-channel weights), as TFLite's integer TransposeConv: int32 sums
+    of (x - zp) * w, the bias, one per-channel requantization."""
+    return transpose_conv(ctx, 2, 1, transpose_conv_geometry(ctx),
+                          _int8_arithmetic(ctx, per_tensor_float_product=False, operands=(2, 1, 3)))
 
 
 @register("FULLY_CONNECTED", quantized=True)
@@ -425,6 +436,27 @@ def lower_leaky_relu_int8(ctx: OpContext) -> list[Value]:
                          requantize(v, *negative, zp_out, INT8_MIN, INT8_MAX))
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+@register("PRELU", quantized=True)
+def lower_prelu_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's int8 PRELU: x - zp_in rescaled by in_scale / out_scale where it is >= 0, else times
+    (alpha - zp_alpha) and rescaled by in_scale * alpha_scale / out_scale (both formed in float32,
+    as prelu.cc's expressions are), plus zp_out, clamped; alpha broadcast. Exact."""
+    (s_in, zp_in), (s_alpha, zp_alpha) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    identity = quantize_multiplier(float(np.float32(s_in) / np.float32(s_out)))
+    negative = quantize_multiplier(float(np.float32(s_in) * np.float32(s_alpha) / np.float32(s_out)))
+    x, alpha = ctx.value(0), ctx.value(1)
+    out = ctx.out_shape()
+
+    def body(*i):
+        v = hl.cast(hl.Int(32), read_broadcast(x, out, i)) - zp_in
+        slope = hl.cast(hl.Int(32), read_broadcast(alpha, out, i)) - zp_alpha
+        return hl.select(v >= 0, requantize(v, *identity, zp_out, INT8_MIN, INT8_MAX),
+                         requantize(v * slope, *negative, zp_out, INT8_MIN, INT8_MAX))
+
+    return [define(ctx.func_name(), out, body)]
 
 
 @register("MUL", quantized=True)
