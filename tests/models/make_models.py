@@ -190,22 +190,19 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     write("mobilenet_v2_035_96_fp16", from_keras(mobilenet, optimizations=[tf.lite.Optimize.DEFAULT],
                                                  target_spec=_fp16_spec(tf)))
 
-    def representative():
-        rng = np.random.default_rng(0)
-        for _ in range(16):
-            yield [rng.uniform(-1, 1, (1, 96, 96, 3)).astype(np.float32)]
+    def full_integer(model, sample: Callable[[np.random.Generator], list[np.ndarray]]) -> bytes:
+        """`model` with int8 activations and weights throughout (int8 input and output too),
+        calibrated on 16 drawn samples."""
+        def representative():
+            rng = np.random.default_rng(0)
+            for _ in range(16):
+                yield sample(rng)
 
-    write(
-        "mobilenet_v2_035_96_int8",
-        from_keras(
-            mobilenet,
-            optimizations=[tf.lite.Optimize.DEFAULT],
-            representative_dataset=representative,
-            target_spec=_int8_spec(tf),
-            inference_input_type=tf.int8,
-            inference_output_type=tf.int8,
-        ),
-    )
+        return from_keras(model, optimizations=[tf.lite.Optimize.DEFAULT], representative_dataset=representative,
+                          target_spec=_int8_spec(tf), inference_input_type=tf.int8, inference_output_type=tf.int8)
+
+    write("mobilenet_v2_035_96_int8",
+          full_integer(mobilenet, lambda rng: [rng.uniform(-1, 1, (1, 96, 96, 3)).astype(np.float32)]))
 
     # One transformer encoder layer, seq 32, hidden 64: GATHER embedding, LayerNorm decomposed,
     # attention as RESHAPE/TRANSPOSE/BATCH_MATMUL/SOFTMAX, GELU feed-forward.
@@ -241,7 +238,10 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     u1 = keras.layers.Conv2DTranspose(8, 2, strides=2)(u2)
     u1 = double_conv(keras.layers.Concatenate()([u1, s1]), 8)
     mask = keras.layers.Conv2D(2, 1, activation="sigmoid")(u1)
-    write("unet_tiny", from_keras(keras.Model(image, mask)))
+    unet = keras.Model(image, mask)
+    write("unet_tiny", from_keras(unet))
+    # The same full-integer: int8 TRANSPOSE_CONV, CONCATENATION (one scale), MAX_POOL_2D, LOGISTIC.
+    write("unet_tiny_int8", full_integer(unet, lambda rng: [rng.uniform(-1, 1, (1, 32, 32, 3)).astype(np.float32)]))
 
     # Small convolution with float16 weights: DEQUANTIZE of constants for constant folding.
     x_in = keras.Input((16, 16, 4), batch_size=1)
