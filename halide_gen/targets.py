@@ -154,7 +154,7 @@ class TargetSpec:
     def int8_claimed_unmeasured(self) -> bool:
         """Whether int8 blocks are claimed by default without `fuse --measure`: where their kernels
         are known to beat XNNPACK's QS8 path. ARMv8.2 with dot product: MobileNetV2 int8 runs in
-        0.965x XNNPACK's instructions on a Cortex-A76 (bench/arm_count.py). Not yet on x86 (1.28x
+        0.965x XNNPACK's instructions on a Cortex-A76 (bench/arm_count.py). Not yet on x86 (1.36x
         its time) nor on ARMv8.0 cores (widening multiplies instead of SDOT)."""
         return self.family == "arm" and self.dot_product
 

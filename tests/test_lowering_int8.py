@@ -211,7 +211,7 @@ def test_binary_int8(op, scale, a_shape, b_shape, act):
 
 
 @pytest.mark.parametrize("op", ["ADD", "SUB"])
-@pytest.mark.parametrize("scales", [(0.02, 0.05), (0.03, 0.03), (0.05, 0.0049)])
+@pytest.mark.parametrize("scales", [(0.02, 0.05), (0.03, 0.03), (0.05, 0.0049), (0.05, 1e-12)])
 def test_add_int8_rescales_either_input_exactly(op, scales):
     # The larger-scale input's multiplier is 2^30 (a shift, no rounding); the other's a Q31
     # multiplier and a shift, or 2^30 too when the scales are equal.

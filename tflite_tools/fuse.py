@@ -114,9 +114,10 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
          autoschedulers: bool = False, emit_asm: bool = False) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
-    profitable; otherwise every compiled float block of a CPU target counts as profitable (GPU
-    targets' blocks do not, nor int8 blocks but on ARM with dot product: see _quantized). `debug_runtime` links Halide's
-    debug runtime, which traces device copies and kernel launches (delegate log_level:verbose).
+    profitable; otherwise every compiled float block of a CPU target counts as profitable, and
+    int8 blocks only on ARM with dot product; GPU targets' blocks do not (see _quantized).
+    `debug_runtime` links Halide's debug runtime, which traces device copies and kernel launches
+    (delegate log_level:verbose).
     `autoschedulers` times Halide's autoschedulers against the templates per block where the
     target's kernels run here (the CPU for host; the OpenCL / Vulkan device for host-opencl /
     host-vulkan: Anderson2021 and Li2018) and compiles the fastest. With `measure`, the whole model
@@ -339,7 +340,7 @@ def _quantized(ops) -> bool:
     """True for a block computing on int8 activations (int8 weights dequantized into a float model
     do not count). Unmeasured, such a block is claimed by default only on targets whose int8
     kernels beat XNNPACK's (TargetSpec.int8_claimed_unmeasured: ARM with dot product); elsewhere
-    they are exact but slower (MobileNetV2 int8 on x86: 1.28x, bench/RESULTS.md), so claim:all or
+    they are exact but slower (MobileNetV2 int8 on x86: 1.36x XNNPACK's time, bench/RESULTS.md), so claim:all or
     `fuse --measure` has to ask for them."""
     return any(t is not None and t.type_name == "INT8" and not t.is_constant
                for op in ops for t in (*op.inputs, *op.outputs))

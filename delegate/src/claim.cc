@@ -162,8 +162,7 @@ std::string CheckBlock(TfLiteContext* context, const Bundle& bundle, const Block
     if (why.empty() && arg.source == ArgSource::kConstant) {
       // Some packings hold only for some values (weights read at run time may differ from fuse's).
       const TfLiteTensor& t = context->tensors[arg.tensor];
-      const size_t element_bytes = t.type == kTfLiteInt8 ? 1 : 0;  // only int8 packings judge values
-      why = PackValueProblem(arg.pack, t.data.raw, element_bytes ? t.bytes : 0, element_bytes);
+      why = PackValueProblem(arg.pack, t.data.raw, t.bytes, t.type == kTfLiteInt8 ? 1 : 0);
     }
     if (!why.empty()) return why;
   }

@@ -63,7 +63,7 @@ def x86_integer_forms(enabled: bool = True) -> Iterator[None]:
     - dot-product sums read unsigned activations: VNNI's VPDPBUSD multiplies unsigned by signed
       bytes, so the int8 input is copied shifted by 128 (x + 128 as uint8, XNNPACK's trick) and the
       shift joins the zero point in the folded bias. ARM's SDOT takes signed bytes as they are.
-    - requantization is one 64-bit product and one shift (`_rounded_twice_in_64_bits`): x86 has a
+    - requantization is one 64-bit product and one shift (`rounded_twice_in_64_bits`): x86 has a
       32 x 32 -> 64-bit multiply (VPMULDQ) but no 32-bit high multiply like ARM's SQRDMULH.
     Both are exact: the same integers as the ARM forms."""
     token = _X86_FORMS.set(enabled)
@@ -364,7 +364,7 @@ def lower_fully_connected_int8(ctx: OpContext) -> list[Value]:
 
 
 def shifted_left(v: hl.Expr, zp: int, bits: int) -> hl.Expr:
-    """(v - zp) * 2^bits in int32 for int8 v, 16 <= bits <= 23: centred and shifted in int16, then
+    """(v - zp) * 2^bits in int32 for int8 v, 16 <= bits <= 22: centred and shifted in int16, then
     widened by a shift of 16 (ARM: ssubl, shl, shll — 4 instructions per 8 values, not 7)."""
     narrow = hl.widening_sub(v, hl.i8(zp)) << (bits - 16)
     return hl.widening_shift_left(narrow, hl.u16(16))
@@ -387,11 +387,10 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
     sign = -1 if ctx.op.name == "SUB" else 1
 
     def scaled(v: hl.Expr, zp: int, m: int, sh: int) -> hl.Expr:
-        exponent = m.bit_length() - 1
-        if m == 1 << exponent and sh <= 0 and 31 - exponent <= ADD_LEFT_SHIFT:
-            # A power-of-two multiplier (the larger-scale input's is 2^30: half of twice its scale):
-            # the doubling high multiply of x * 2^20 by 2^k is x * 2^(k - 11) exactly, no rounding.
-            exact = shifted_left(v, zp, ADD_LEFT_SHIFT - 31 + exponent)
+        if m == 1 << 30 and sh <= 0:
+            # The larger-scale input's multiplier (half of twice its scale; quantize_multiplier's
+            # only power of two): the doubling high multiply of x * 2^20 by 2^30 is x * 2^19 exactly.
+            exact = shifted_left(v, zp, ADD_LEFT_SHIFT - 1)
             return rounding_divide_by_pot(exact, -sh, positive=True) if sh < 0 else exact
         return multiply_by_quantized_multiplier(shifted_left(v, zp, ADD_LEFT_SHIFT), m, sh)
 
