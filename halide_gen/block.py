@@ -115,7 +115,8 @@ class BlockKernel:
     - values, op_values: every tensor's Value (keyed by id(tensor): tensors are not hashable), and
       per op its output Values in op order.
     - materialize, op_helpers: helper Values a lowering asked not to inline (a padded input, a row
-      statistic), all of them and per op; padded: the zero-padded inputs among them.
+      statistic), all of them and per op; padded: the zero-padded inputs among them, each paired
+      with the Value it pads.
     - accumulators: explicit reductions, each tagged with its AccumulatorKind; a template per kind
       tiles it (schedule/cpu.py TEMPLATES).
     - row_reductions: (partials, totals) pairs of innermost-axis reductions (lower/reduce.py).
@@ -135,7 +136,7 @@ class BlockKernel:
     values: dict[int, Value] = field(default_factory=dict)  # id(tensor) -> Value, every tensor
     op_values: list[list[Value]] = field(default_factory=list)  # per op, its output Values
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
-    padded: list[Value] = field(default_factory=list)  # of those, zero-padded inputs (OpContext.padded)
+    padded: list[tuple[Value, Value | None]] = field(default_factory=list)  # of those, (padded input, its source)
     accumulators: list[Accumulator] = field(default_factory=list)
     row_reductions: list[tuple[Value, Value]] = field(default_factory=list)  # (partials, totals), see OpContext
     constants: list[hl.Buffer] = field(default_factory=list)  # tables compiled into the kernel
@@ -151,6 +152,17 @@ class BlockKernel:
     def inline_into_output(self, f: hl.Func) -> bool:
         """True when `f` can be computed inside its output's copy: an output no op of the block reads."""
         return self.is_output(f) and id(f) not in self.read_in_block
+
+    def padding_read_in_place(self) -> set[int]:
+        """id() of the zero-padded inputs whose source is in memory anyway: a block input, or a
+        convolution's or matrix product's result (every schedule realises those). Inlined into the
+        taps, such padding costs a test on the border tiles only (nn._zero_outside); a copy with a
+        zero border cost as much again as the gap to XNNPACK (14x14x384 floats: 11 us of a 100 us
+        inverted residual). Padding of anything else (an activation between two convolutions, an
+        int8 input converted for VNNI) stays a copy: inlined, it would be recomputed at every tap."""
+        realised = {id(a.value.func) for a in self.accumulators}
+        realised |= {id(v.func) for a in self.arguments if (v := self.values.get(id(a.tensor))) is not None}
+        return {id(padded.func) for padded, source in self.padded if source is not None and id(source.func) in realised}
 
     def broadcast_sources(self) -> list[Value]:
         """Op results a later op of the block reads broadcast into an output at least 4x larger.

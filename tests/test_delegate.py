@@ -493,3 +493,17 @@ def test_measured_fuse_makes_the_fastest_policy_the_default(tmp_path):
     outcome = run(result.model, delegate=result.library)
     assert outcome.ok and outcome.claims["claim"] == result.default_claim
     assert run(result.model, delegate=result.library, options={"claim": "all"}).claims["claim"] == "all"
+
+
+def test_bench_ab_times_fused_outputs_side_by_side(fused, capsys):
+    # bench/ab.py: the before / after measurement every speed change is recorded with.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_ab", Path(__file__).parents[1] / "bench" / "ab.py")
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    out = fused("add_relu").out
+    assert ab.main([f"before={out}", f"after={out}", "--runs", "2", "--warmup", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["xnnpack", "before", "after"]
+    assert lines[0].endswith("1.000x")

@@ -73,3 +73,54 @@ def test_modelled_tile_prefers_whole_rows_to_a_tail():
 
     assert modelled_tile(1280, 7, 4, 32, True, 4) == (8, 7)  # 7 pixels: no 6 + 1
     assert modelled_tile(1000, 1, 4, 32, True, 4) == (32, 1)  # a GEMV: the widest tile that fits
+
+
+def _residual(channels: int, hw: tuple[int, int], stride: int, kernel: int, activation_between: bool):
+    """x -> 1x1 conv (+RELU6) [-> HARD_SWISH] -> k x k depthwise (SAME, stride) -> 1x1 conv, and a
+    depthwise straight on the graph input: the two sources padding can be read in place from."""
+    rng = np.random.default_rng(channels + stride + kernel)
+    b = tflite_tools.ModelBuilder()
+
+    def const(name, *shape):
+        return b.const(name, (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32))
+
+    h, w = hw
+    x = b.input("x", [1, h, w, 16])
+    y = b.op("CONV_2D", [x, const("w0", channels, 1, 1, 16), const("b0", channels)], [1, h, w, channels],
+             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
+    if activation_between:
+        y = b.op("HARD_SWISH", [y], [1, h, w, channels])
+    oh, ow = -(-h // stride), -(-w // stride)
+    y = b.op("DEPTHWISE_CONV_2D", [y, const("w1", 1, kernel, kernel, channels), const("b1", channels)],
+             [1, oh, ow, channels], padding="SAME", stride_h=stride, stride_w=stride, depth_multiplier=1)
+    y = b.op("CONV_2D", [y, const("w2", 16, 1, 1, channels), const("b2", 16)], [1, oh, ow, 16],
+             padding="SAME", stride_h=1, stride_w=1)
+    z = b.op("DEPTHWISE_CONV_2D", [x, const("w3", 1, kernel, kernel, 16), const("b3", 16)], [1, oh, ow, 16],
+             padding="SAME", stride_h=stride, stride_w=stride, depth_multiplier=1)
+    b.output(b.op("ADD", [y, z], [1, oh, ow, 16]))
+    return b.build()
+
+
+@pytest.mark.parametrize("channels, stride, kernel, activation_between, in_place", [
+    (32, 1, 3, False, 2),   # a conv result and the graph input: both read in place
+    (32, 2, 5, False, 2),   # stride 2, SAME's uneven padding, 5x5 taps
+    (24, 1, 3, False, 1),   # 24 channels in 16-channel depthwise tiles: a copy (no gathers)
+    (32, 1, 3, True, 1),    # an activation between: a copy (else recomputed at every tap)
+])
+def test_padding_read_in_place_where_its_source_is_in_memory(channels, stride, kernel, activation_between,
+                                                              in_place):
+    # A zero-padded input is read inline (loop partitioning leaves the bounds test on the border
+    # tiles only) where what it pads is realised anyway, and copied otherwise; both are exact, on
+    # a 9 x 11 map whose rows and columns end mid-tile, for the x86 and the NEON tiles.
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule.cpu import NEON, X86, _padding_inlined
+
+    model = _residual(channels, (9, 11), stride, kernel, activation_between)
+    plan = plan_fusion(build_ecg(model.main))
+    inlined = 0
+    for block in plan.blocks:
+        kernel_ = build_block(block.name, [plan.ecg.nodes[i].op for i in block.ops], block.outputs)
+        inlined += len(_padding_inlined(kernel_, X86))
+    assert inlined == in_place
+    for params in (X86, NEON):
+        check_model_blocks(model, params=params)

@@ -64,14 +64,20 @@ def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
 
 
 def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
-    """`x` read with zeros (or `fill`) outside its H and W extent (the conv's implicit padding)."""
+    """`x` read with zeros (or `fill`) outside its H and W extent (the conv's implicit padding).
+
+    The bounds test is marked `likely`, so where a schedule inlines this into the convolution's
+    taps, Halide's loop partitioning splits each row and column loop into border iterations that
+    keep the test and interior ones that read `x` directly: no zero-padded copy, no test inside.
+    """
     n, h, w, c = x.shape
     zero = hl.cast(x.read_type, fill)
 
     def body(b, y, xx, ch):
         inside = (y >= 0) & (y < h) & (xx >= 0) & (xx < w)
         # The channel clamp lets a schedule round channel loops up past the last channel.
-        return hl.select(inside, x(b, hl.clamp(y, 0, h - 1), hl.clamp(xx, 0, w - 1), hl.clamp(ch, 0, c - 1)), zero)
+        at = x(b, hl.clamp(hl.likely(y), 0, h - 1), hl.clamp(hl.likely(xx), 0, w - 1), hl.clamp(ch, 0, c - 1))
+        return hl.select(hl.likely(inside), at, zero)
 
     f = hl.Func(name)
     b, y, xx, ch = (hl.Var(v) for v in ("n", "y", "x", "c"))
@@ -150,7 +156,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     else:
         src = _zero_outside(x, ctx.func_name("padded"), arith.fill)
         ctx.materialize.append(src)
-        ctx.padded.append(src)
+        ctx.padded.append((src, x))
     r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
 
     def update(n, y, xx, o):
@@ -190,7 +196,9 @@ def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: 
     rows[k, y, b] = hl.select(inside, x(b, hl.clamp(y, 0, h - 1), column / cin, column % cin), fill)
     src = Value(rows, (n, h, w * cin), rows.type())
     ctx.materialize.append(src)
-    ctx.padded.append(src)
+    # No source: more than padding (each byte's pixel and channel take a division by cin), so
+    # worth its copy on a CPU (BlockKernel.padding_read_in_place).
+    ctx.padded.append((src, None))
     r = hl.RDom([(0, kh), (0, groups * arith.dot)], ctx.func_name("r"))
 
     def update(n_, y_, xx, o):
@@ -216,7 +224,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
     padded = _zero_outside(x, ctx.func_name("padded"), arith.fill)
     ctx.materialize.append(padded)
-    ctx.padded.append(padded)
+    ctx.padded.append((padded, x))
 
     def tap(n, y, xx, o, ky, kx):
         channel = o / mult if mult > 1 else o

@@ -33,9 +33,11 @@ class OpContext:
     # when a packer is named), an in-block tensor is its producer's Func.
     value_of: Callable[..., Value]
     materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
-    # Of those, zero-padded inputs (nn._zero_outside): CPU tiles read them materialised; a GPU
-    # schedule inlines them (their realised region exceeds their tensor's).
-    padded: list[Value] = field(default_factory=list)
+    # Of those, zero-padded inputs (nn._zero_outside), each with the Value it pads (None: more
+    # than padding, a copy worth making): a GPU schedule inlines them (their realised region
+    # exceeds their tensor's), a CPU one where what they pad is realised anyway
+    # (BlockKernel.padding_read_in_place).
+    padded: list[tuple[Value, Value | None]] = field(default_factory=list)
     # Explicit reductions (accumulate): the Func, its kind, its RDom, the activation it walks, and
     # its dot-product depth (0: none).
     accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None, int, bool]] = field(default_factory=list)

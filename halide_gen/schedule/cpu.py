@@ -8,8 +8,10 @@ templates follow:
   outside it ("1x1 expand conv: 144 channels x 2 pixels, 18 accumulators -> 0.194 ms, XNNPACK
   0.194"; "dense 3x3 conv: reduction ordered ky, kx, input channel"). Tile shapes per target
   family are in CpuParams, each with the measurement that chose it.
-* Depthwise: 16 channels x 8 pixels with the taps unrolled, reading a materialised zero-padded
-  input ("inline boundary conditions in a tiled stencil made depthwise 3.4-5x slower").
+* Depthwise: 16 channels x 8 pixels with the taps unrolled. A convolution reads its zero padding
+  inline where its input is in memory anyway, the bounds test `likely` so that Halide's loop
+  partitioning leaves it on the border tiles only (an unmarked test in every tap made depthwise
+  3.4-5x slower; a zero-padded copy cost 10% of a 14x14 inverted residual).
 * Parallelism in coarse tasks over rows; the thread count is Halide's, set at run time.
 * Everything else is vectorized along TFLite's innermost axis.
 
@@ -75,7 +77,13 @@ class CpuParams:
 # Int8 dot products (VPDPBUSD): each pixel's 4 input bytes are broadcast and shifted to uint8 (3
 # instructions) for every 2 output vectors in a 32 x 4 tile; 64 x 6 (24 accumulators of 32 registers)
 # shares them among 4.
-X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=4, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=8,
+# On a Zen 5 host (full-width AVX-512: two 512-bit FMAs a cycle) 8 accumulators could not hide the
+# FMA latency: 32 x 7 conv tiles (14 accumulators; 7 divides the 112 / 56 / 28 / 14 / 7-pixel rows)
+# took MobileNetV2's blocks cut out one by one from 1.25x to 1.06x XNNPACK (14x14 inverted residuals
+# 1.5-1.6x -> 1.1x, the 7x7x1280 conv 1.43x -> 1.02x); 32 x 8 and the modelled tile were close,
+# 64 x 7 and 16 x 14 slower. Fully connected 32 x 12 (24 accumulators): bert's 256 -> 1024 FC
+# 1.10-1.30x -> 0.99x, gpt2's 1.07x -> 1.00x (bench/RESULTS.md, "Register tiles on full-width AVX-512").
+X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
                 dot_tile=(32, 7))
 # NEON: 4 lanes, 32 registers. Counted on qemu's cortex-a76 (bench/arm_count.py, MobileNetV2, ours /
 # XNNPACK instructions, blocks cut out one by one): a fixed 4 vectors x 6 pixels tile with one
@@ -198,15 +206,9 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     rvars = [acc.rdom[k] for k in range(acc.rdom.dimensions())]
     order = rvars if rdom_order is None else [rvars[k] for k in rdom_order]
     innermost = 0 if rdom_order is None else rdom_order[0]
-    grouped = params.reduce_unroll > 1 and not unroll_taps and acc.extents[innermost] % params.reduce_unroll == 0
-    steps = acc.dot or (params.reduce_unroll if grouped else 1)
+    steps, groups = _reduction_steps(acc, params, innermost, unroll_taps)
     if acc.dot and params.dot_tile[0]:
         channels, pixels = params.dot_tile
-    # Dot-product groups per input load, as many as divide the reduction (24 input channels: 2
-    # loads of 8 bytes; see CpuParams.dot_groups).
-    groups = params.dot_groups if acc.dot and acc.source is not None else 1
-    while groups > 1 and acc.extents[innermost] % (steps * groups):
-        groups //= 2
     # A dot-product group is one instruction per accumulator vector: one step of the tile model,
     # whose input loads then serve `groups` steps (as a float vector load serves 4 fmla by element).
     channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, groups if acc.dot else steps,
@@ -272,6 +274,45 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     if unroll_taps:
         for r in order:
             update.unroll(r)
+
+
+def _reduction_steps(acc: Accumulator, params: CpuParams, innermost: int, unroll_taps: bool) -> tuple[int, int]:
+    """(steps, groups) of a register tile's innermost reduction axis: `steps` consecutive values a
+    step takes in one vector (CpuParams.reduce_unroll, or a dot product's depth), and `groups` of
+    those per input load (CpuParams.dot_groups, as many as divide the reduction: 24 input channels
+    make 2 loads of 8 bytes)."""
+    grouped = params.reduce_unroll > 1 and not unroll_taps and acc.extents[innermost] % params.reduce_unroll == 0
+    steps = acc.dot or (params.reduce_unroll if grouped else 1)
+    groups = params.dot_groups if acc.dot and acc.source is not None else 1
+    while groups > 1 and acc.extents[innermost] % (steps * groups):
+        groups //= 2
+    return steps, groups
+
+
+def _reads_in_groups(acc: Accumulator, params: CpuParams) -> bool:
+    """Whether a convolution's register tile reads its input through a wrapper computed per group
+    of reduction steps (the `acc.source.in_()` of _register_tile)."""
+    if acc.kind != AccumulatorKind.CONV or acc.source is None:
+        return False
+    steps, groups = _reduction_steps(acc, params, acc.rdom.dimensions() - 1, unroll_taps=False)
+    return steps > 1 and (groups > 1 or not acc.dot)
+
+
+def _padding_inlined(kernel: BlockKernel, params: CpuParams) -> set[int]:
+    """id() of the zero-padded inputs the convolutions read inline (BlockKernel.padding_read_in_place),
+    except where
+    - a tile reads its input in groups: the wrapper computed per group would keep the bounds test
+      in the innermost loop, out of loop partitioning's reach (NEON's 4-step float tiles and SDOT
+      groups: a U-Net's 3x3 convolutions took 2 % more instructions, an int8 stem 16 %);
+    - a depthwise tile's channels run past the last one (MobileNetV3's 72, 88 and 120 channels in
+      16-channel tiles): the channel clamp that keeps those reads inside the input turns every
+      tap's vector load into a gather (2-5x slower); a copy clamps once per element."""
+    copied = set()
+    for acc in kernel.accumulators:
+        ragged = acc.kind == AccumulatorKind.DEPTHWISE and acc.value.shape[-1] % _depthwise_tile(acc, params)[0]
+        if ragged or _reads_in_groups(acc, params):
+            copied |= {id(h.func) for h in kernel.op_helpers[acc.op_index]}
+    return kernel.padding_read_in_place() - copied
 
 
 def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int, round_up: bool,
@@ -362,10 +403,16 @@ def _widened(base: int, want: int, extent: int, must_divide_padding: bool) -> in
     return best
 
 
+def _depthwise_tile(acc: Accumulator, params: CpuParams) -> tuple[int, int]:
+    """(channels, pixels) of a depthwise register tile."""
+    if acc.narrow and params.narrow_dw_tile[0]:
+        return params.narrow_dw_tile
+    return params.dw_channels, params.dw_pixels
+
+
 def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
     """Channels x pixels, the taps unrolled."""
-    channels, pixels = params.narrow_dw_tile if acc.narrow and params.narrow_dw_tile[0] else (
-        params.dw_channels, params.dw_pixels)
+    channels, pixels = _depthwise_tile(acc, params)
     _register_tile(home, acc, params, channels, pixels, None, unroll_taps=True,
                    round_up_channels=True, parallel=parallel)
 
@@ -450,6 +497,7 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
     strip = max(params.strip_rows, -(-rows // 4))
     home.split(y, yo, yi, strip, hl.TailStrategy.GuardWithIf).parallel(yo)
     done = {id(home)}
+    in_place = _padding_inlined(kernel, params)
     for acc in chain[:-1]:
         f = acc.value.func
         f.store_at(home, yo).compute_at(home, yi)
@@ -457,6 +505,8 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
         done.add(id(f))
     for acc in chain[1:]:
         for helper in kernel.op_helpers[acc.op_index]:
+            if id(helper.func) in in_place:
+                continue  # the taps read the rows of the convolution before (_padding_inlined)
             g = helper.func
             g.store_at(home, yo).compute_at(home, yi)
             _vectorize_inner(g, helper.shape, params.lanes)
@@ -494,8 +544,9 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     lanes = params.lanes
     chain = _conv_chain(kernel, params.stream_bytes)
     streamed = _schedule_conv_chain(kernel, chain, params) if chain else set()
+    in_place = _padding_inlined(kernel, params)
     for v in kernel.materialize:
-        if id(v.func) in streamed:
+        if id(v.func) in streamed or id(v.func) in in_place:
             continue
         f = v.func
         f.compute_root()

@@ -129,7 +129,7 @@ def schedule_gpu(kernel: BlockKernel) -> None:
     # Padded inputs are inlined (their realised region exceeds their tensor, so they could not be
     # scratch buffers of its shape anyway); every other helper holds a reduction or is read by one
     # (a softmax's exps: inlined, Vulkan's 1000-wide rows came out wrong) and stays.
-    padded = {id(v.func) for v in kernel.padded}
+    padded = {id(v.func) for v, _ in kernel.padded}
     roots = [v for v in kernel.materialize if id(v.func) not in shared and id(v.func) not in padded]
     # What reads an accumulator is launched (it computes the accumulator in its threads), unless
     # it only feeds the output through elementwise ops: then the output's threads compute it.
