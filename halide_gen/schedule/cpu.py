@@ -12,7 +12,10 @@ templates follow:
   inline where its input is in memory anyway, the bounds test `likely` so that Halide's loop
   partitioning leaves it on the border tiles only (an unmarked test in every tap made depthwise
   3.4-5x slower; a zero-padded copy cost 10% of a 14x14 inverted residual).
-* Parallelism in coarse tasks over rows; the thread count is Halide's, set at run time.
+* Parallelism in coarse tasks over rows; rows times groups of channel tiles for a convolution on
+  a map of few rows, channel tiles (times heads) for a matrix product; no parallel loop at all for
+  a stage too small to repay waking the pool (CpuParams.parallel_work). The thread count is
+  Halide's, set at run time (the delegate's num_threads, else TFLite's).
 * Everything else is vectorized along TFLite's innermost axis.
 
 Weights arrive packed (halide_gen.pack) with the channel axis padded to pack.CHANNEL_TILE, so a tile
@@ -68,6 +71,11 @@ class CpuParams:
     # (channels, pixels) of an int8 depthwise tile whose taps are narrow products (0: as float):
     # its channels are one vector of int8 inputs, widened into the int32 sums.
     narrow_dw_tile: tuple[int, int] = (0, 0)
+    # Work (elements times the terms each sums) below which a stage's loop stays serial: waking
+    # Halide's thread pool and joining it costs a few microseconds, more than such a stage takes
+    # (MobileNetV3's squeeze-excite blocks: 4.9 us serial, 8.2 us with two threads). See
+    # _parallel_worthwhile.
+    parallel_work: int = 1 << 16
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
@@ -97,6 +105,21 @@ NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pix
 
 def _vars(f: hl.Func) -> list[hl.Var]:
     return [hl.Var(a.name()) for a in f.args()]
+
+
+# Fewest output rows a convolution shares among threads one row per task: below that (a 7x7 or
+# 1x1 map) its tasks are rows times groups of output-channel tiles, about this many in all, so
+# that 8 threads have a task each. Measured at two threads (one block at a time): a 1x1 map's
+# convolution (MobileNetV3's 576 -> 1024, which ran on one core) 0.025 -> 0.015 ms, MobileNetV2's
+# 7x7x1280 one 0.104 -> 0.088. Not for depthwise convolutions, nor at 32 (14x14 and 28x28 maps cut
+# by channels too): their blocks took up to 1.7x as long at two threads, as fast as ever at one.
+ROW_TASKS = 8
+
+
+def _parallel_worthwhile(params: CpuParams, shape, depth: int = 1) -> bool:
+    """Whether a stage computing `shape`'s elements, each a sum of `depth` terms, has work enough
+    to split across threads (CpuParams.parallel_work)."""
+    return int(np.prod(shape)) * depth >= params.parallel_work
 
 
 # Innermost axes this short (an RGB image's 3 channels) are unrolled inside vectors of pixels.
@@ -197,9 +220,14 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     c = v[0]
     co, ci = hl.Var(c.name() + "_o"), hl.Var(c.name() + "_i")
     guard = hl.TailStrategy.GuardWithIf
+    parallel = parallel and _parallel_worthwhile(params, acc.value.shape, int(np.prod(acc.extents)))
     if len(v) == 1:
+        # A matrix-vector product: its tiles of output channels are the only work to share (a
+        # classifier's 1280 x 1000 weights: 5 MB read once, by one core before this).
         _align_to_packing(home, acc, c, channels, round_up_channels)
         home.split(c, co, ci, channels, guard).vectorize(ci, lanes)
+        if parallel:
+            home.parallel(co)
         acc.acc.compute_at(home, co).vectorize(_vars(acc.acc)[0], lanes, hl.TailStrategy.RoundUp)
         return
     x = v[1]
@@ -219,18 +247,26 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     # unroll(ci) unrolls the vectors left after vectorize. An int8 output takes a tile's worth of
     # channels at once, so its int32 epilogue narrows whole registers (4 int32 vectors -> 16 bytes).
     home.vectorize(ci, _lanes_of(home, lanes, channels)).unroll(ci).unroll(xi)
-    if acc.kind == AccumulatorKind.MATMUL:
-        # Output-channel tiles outermost: a slice of the weights stays in cache while every row
-        # passes (schedules.md, FC 128x256->1024: "output tiles outermost").
+    few_rows = len(v) > 2 and acc.kind == AccumulatorKind.CONV and acc.value.shape[-3] < ROW_TASKS
+    if acc.kind == AccumulatorKind.MATMUL or few_rows:
+        # Output-channel tiles outside the row (or pixel) tiles: for a matrix product, a slice of
+        # the weights stays in cache while every row passes (schedules.md, FC 128x256->1024:
+        # "output tiles outermost"); the tasks are channel tiles times the next axis (a batch
+        # matmul's heads, a small map's rows), never one parallel loop per head.
         home.reorder([hl.VarOrRVar(w) for w in (ci, xi, xo, co, *v[2:])])
-        if parallel:
+        inner_tile = xo
+        if parallel and len(v) > 2:
+            _parallel_with_channel_groups(home, co, v[2], -(-acc.value.shape[-1] // channels), acc.value.shape[-3])
+        elif parallel:
             home.parallel(co)
-    elif parallel:
-        home.parallel(v[2] if len(v) > 2 else xo)
+    else:
+        inner_tile = co
+        if parallel:
+            home.parallel(v[2] if len(v) > 2 else xo)
 
     f = acc.acc
     av = _vars(f)
-    f.compute_at(home, xo if acc.kind == AccumulatorKind.MATMUL else co)  # the innermost of the two tile loops
+    f.compute_at(home, inner_tile)  # the innermost of the two tile loops
     # A fixed-size tile gives the accumulator constant strides, so LLVM keeps it in registers
     # (a tail tile's smaller realized extent made the stride a runtime value: 3x slower).
     f.bound_storage(av[0], channels).bound_storage(av[1], pixels)
@@ -315,6 +351,20 @@ def _padding_inlined(kernel: BlockKernel, params: CpuParams) -> set[int]:
     return kernel.padding_read_in_place() - copied
 
 
+def _parallel_with_channel_groups(home: hl.Func, co: hl.Var, outer: hl.Var, tiles: int, extent: int) -> None:
+    """Runs `home` in parallel over `outer` (`extent` rows, or a batch) times groups of its `tiles`
+    channel tiles, about ROW_TASKS tasks in all. Whole groups, not single tiles: Halide's pool takes
+    each task under one lock, and 126 single tiles of a 7x7 map made two threads slower than one."""
+    groups = min(tiles, -(-ROW_TASKS // extent))
+    if groups > 1:
+        cg, cgi = hl.Var(co.name() + "_g"), hl.Var(co.name() + "_gi")
+        home.split(co, cg, cgi, -(-tiles // groups), hl.TailStrategy.GuardWithIf)  # cg lands next to `outer`
+        task = hl.Var(co.name() + "_task")
+        home.fuse(cg, outer, task).parallel(task)
+    else:
+        home.parallel(outer)
+
+
 def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int, round_up: bool,
                 steps: int, modelled: bool) -> tuple[int, int]:
     """The register tile (channels, pixels) of one accumulator: modelled where the CPU's
@@ -367,7 +417,7 @@ def modelled_tile(channels: int, width: int, lanes: int, registers: int, round_u
     return best[1], best[2]
 
 
-def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, lanes: int) -> None:
+def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParams) -> None:
     """Computes the in-block producers of a reduction's inputs once, at the root.
 
     Inlined, an elementwise producer (GELU before a fully-connected layer) would be recomputed for
@@ -386,8 +436,8 @@ def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, lanes: int) -> 
             continue
         v.func.compute_root()
         fv = _vars(v.func)
-        _vectorize_inner(v.func, v.shape, lanes)
-        if len(fv) > 1:
+        _vectorize_inner(v.func, v.shape, params.lanes)
+        if len(fv) > 1 and _parallel_worthwhile(params, v.shape):
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
 
 
@@ -551,13 +601,13 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         f = v.func
         f.compute_root()
         _vectorize_inner(f, v.shape, lanes)
-        if len(f.args()) > 2:
+        if len(f.args()) > 2 and _parallel_worthwhile(params, v.shape):
             f.parallel(_vars(f)[2])
     tiled = set(streamed)
     for acc in kernel.accumulators:
         if chain:
             break
-        _materialize_prologue(kernel, acc, lanes)
+        _materialize_prologue(kernel, acc, params)
         if acc.kind not in TEMPLATES:
             raise ValueError(f"no CPU schedule template for {acc.kind}")
         TEMPLATES[acc.kind](kernel, acc, params, tiled)
@@ -579,6 +629,8 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         f = v.func
         fv = _vars(f)
         _vectorize_inner(f, tensor.shape, lanes)
+        if not _parallel_worthwhile(params, tensor.shape):
+            continue
         if len(fv) > 2 and tensor.shape[-3] > 1:
             f.parallel(fv[2])
         elif len(fv) == 2 and tensor.shape[0] > 1:
