@@ -1,66 +1,48 @@
-"""Before and after, side by side: fused outputs of one model timed in one process, interleaved.
+"""Before and after, side by side: fused outputs of one model timed interleaved.
 
     python bench/ab.py [--threads 1] [--runs 60] [--claim all] before=OUT_OLD after=OUT_NEW [...]
 
 Each NAME=OUT is a `tflite_tools fuse` output directory (its fused model and delegate library), for
 example the same model fused by the previous commit (from a `git worktree` with its own
 DNNFUSION_CACHE_DIR) and by the working tree. LiteRT + XNNPACK on the first one's fused model is timed
-beside them. One invoke of each contender per round, so the machine's drift hits all of them alike;
-prints each median and its ratio to XNNPACK's. This is the measurement to make before and after a
-change that touches speed: separate runs on this machine differ by more than most changes do.
+beside them, as `tflite_tools bench` times its contenders (tflite_tools.bench.time_contenders: one
+process at one thread; a process per contender, taking turns in batches, with more). Prints each
+median and its ratio to XNNPACK's. This is the measurement to make before and after a change that
+touches speed: separate runs on a shared machine differ by more than most changes do.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def _contender(out: Path, threads: int, claim: str):
-    """An interpreter for a fuse output directory with its delegate claiming `claim`."""
-    from tflite_tools import runtime
-
-    (library,) = out.glob("lib*.so")
-    delegate = runtime.load_delegate(str(library), options={"claim": claim, "num_threads": str(threads),
-                                                            "log_level": "error"})
-    return runtime.make_interpreter(str(out / "model.fused.tflite"), "xnnpack", threads, delegates=[delegate])
-
-
 def main(argv: list[str] | None = None) -> int:
     """Prints one line per contender: median ms and its ratio to XNNPACK."""
-    from tflite_tools import runtime
+    from tflite_tools.bench import Contender, ratios, time_contenders
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("outputs", nargs="+", help="NAME=OUT_DIR, a fuse output directory")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--runs", type=int, default=60)
+    parser.add_argument("--runs", type=int, default=60, help="timed invokes per contender")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--claim", default="all", help="the delegates' claim option (default all)")
     args = parser.parse_args(argv)
     named = [arg.split("=", 1) for arg in args.outputs]
     if any(len(pair) != 2 for pair in named):
         parser.error("each output is NAME=OUT_DIR")
-    first = Path(named[0][1]) / "model.fused.tflite"
-    interps = {"xnnpack": runtime.make_interpreter(str(first), "xnnpack", args.threads)}
-    interps.update((name, _contender(Path(out), args.threads, args.claim)) for name, out in named)
-    inputs = runtime.random_inputs(interps["xnnpack"])
-    seconds: dict[str, list[float]] = {name: [] for name in interps}
-    for round_ in range(args.warmup + args.runs):
-        for name, interp in interps.items():
-            start = time.perf_counter()
-            runtime.run(interp, inputs)
-            if round_ >= args.warmup:
-                seconds[name].append(time.perf_counter() - start)
-    base = statistics.median(seconds["xnnpack"])
-    for name, times in seconds.items():
-        median = statistics.median(times)
-        print(f"{name:12s} {median * 1e3:8.3f} ms  {median / base:6.3f}x")
+    cases = [Contender("xnnpack", str(Path(named[0][1]) / "model.fused.tflite"))]
+    for name, out in named:
+        (library,) = Path(out).glob("lib*.so")
+        cases.append(Contender(name, str(Path(out) / "model.fused.tflite"), delegate=str(library), claim=args.claim))
+    timings = time_contenders(cases, args.threads, args.runs, args.warmup)
+    relative = ratios(timings)
+    for t in timings:
+        print(f"{t.name:12s} {t.median / 1e3:8.3f} ms  {relative[t.name]:6.3f}x")
     return 0
 
 

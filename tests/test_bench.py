@@ -50,6 +50,16 @@ def test_cli_bench_runs_every_contender(capsys, model_path):
     assert data["contenders"][0]["ratio_to_xnnpack"] == 1.0
 
 
+def test_cli_bench_at_two_threads_runs_each_contender_in_its_own_process(capsys, model_path):
+    # More than one thread: contenders take turns from processes of their own (their thread pools
+    # would share the cores otherwise); the figures come back as at one thread.
+    assert cli.main(["bench", str(model_path("add_relu")), "--threads", "2", "--runs", "12", "--warmup", "2",
+                     "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in data["contenders"]] == ["xnnpack", "builtin"]
+    assert all(0 < c["min_us"] <= c["median_us"] <= c["max_us"] for c in data["contenders"])
+
+
 def test_cli_bench_refuses_zero_runs(capsys, model_path):
     assert cli.main(["bench", str(model_path("add_relu")), "--runs", "0"]) == 2
     assert "--runs" in capsys.readouterr().err
