@@ -124,3 +124,27 @@ def test_padding_read_in_place_where_its_source_is_in_memory(channels, stride, k
     assert inlined == in_place
     for params in (X86, NEON):
         check_model_blocks(model, params=params)
+
+
+def test_transposed_matmul_operand_is_copied_in_square_tiles_and_exact():
+    # QK^T as converters write it: K's transpose moves the innermost axis, so its copy before the
+    # matrix product is scheduled in 16 x 16 tiles (schedule.cpu._tile_transpose) instead of one
+    # gather per vector; 40 x 24 per head leaves partial tiles on both axes.
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule.cpu import NEON, X86, _tile_transpose
+
+    b = tflite_tools.ModelBuilder()
+    q, k = b.input("q", [1, 40, 2, 24]), b.input("k", [1, 40, 2, 24])
+    qt = b.op("TRANSPOSE", [q, b.const("pq", np.array([0, 2, 1, 3], np.int32))], [1, 2, 40, 24])
+    kt = b.op("TRANSPOSE", [k, b.const("pk", np.array([0, 2, 3, 1], np.int32))], [1, 2, 24, 40])
+    b.output(b.op("BATCH_MATMUL", [qt, kt], [1, 2, 40, 40]))
+    model = b.build()
+    plan = plan_fusion(build_ecg(model.main))
+    (block,) = plan.blocks
+    ops = [plan.ecg.nodes[i].op for i in block.ops]
+    kernel = build_block(block.name, ops, block.outputs)
+    tiled = [op for op in ops if op.name == "TRANSPOSE"
+             and _tile_transpose(kernel.values[id(op.outputs[0])].func, op, op.outputs[0].shape, 16)]
+    assert [list(op.inputs[1].data) for op in tiled] == [[0, 2, 3, 1]]  # K's, not Q's (innermost kept)
+    for params in (X86, NEON):
+        check_model_blocks(model, params=params)
