@@ -148,3 +148,57 @@ def test_transposed_matmul_operand_is_copied_in_square_tiles_and_exact():
     assert [list(op.inputs[1].data) for op in tiled] == [[0, 2, 3, 1]]  # K's, not Q's (innermost kept)
     for params in (X86, NEON):
         check_model_blocks(model, params=params)
+
+
+def _realized_producers(model):
+    """Per block: (what a reduction reads, whether the schedule realises it) for every in-block
+    input of a convolution or matrix product that an op with arithmetic of its own computes."""
+    from fusion.mapping import REORG, SHUFFLE, op_mapping
+    from halide_gen.schedule.cpu import schedule_cpu
+    import tempfile, os
+
+    plan = plan_fusion(build_ecg(model.main))
+    found = []
+    for block in plan.blocks:
+        if block.opaque_reason:
+            continue
+        ops = [plan.ecg.nodes[i].op for i in block.ops]
+        kernel = build_block(block.name, ops, block.outputs)
+        if not kernel.accumulators:
+            continue
+        schedule_cpu(kernel)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "k.stmt")
+            kernel.pipeline().compile_to_lowered_stmt(path, [a.param for a in kernel.arguments])
+            stmt = open(path).read()
+        produced = {id(t): op for op in ops for t in op.outputs}
+        for acc in kernel.accumulators:
+            helpers = kernel.op_helpers[acc.op_index]
+            for t in kernel.ops[acc.op_index].inputs:
+                producer = produced.get(id(t)) if t is not None else None
+                if producer is None or op_mapping(producer) in (REORG, SHUFFLE):
+                    continue
+                funcs = [kernel.values[id(t)].func] + [h.func for h in helpers]
+                found.append((producer.name, any(f"produce {f.name()} " in stmt for f in funcs)))
+    return found
+
+
+@pytest.mark.parametrize("stem", ["transformer_encoder", "swish_chain", "mobilenet_v2_035_96", "unet_tiny",
+                                  "depthwise_residual"])
+def test_no_producer_is_recomputed_inside_a_reduction(model_path, stem):
+    # A fused op feeding a convolution or matrix product is computed once (realised at the root,
+    # per row, or in a padded copy), never inlined into the reduction, where it would run again for
+    # every output channel: a GELU before a fully-connected layer once made a GPT-style decoder's
+    # GELU FC ADD blocks 4x the time their FLOPs take.
+    found = _realized_producers(tflite_tools.load(model_path(stem)))
+    assert all(realised for _, realised in found), found
+
+
+def test_gelu_before_a_fully_connected_layer_is_computed_once():
+    b = tflite_tools.ModelBuilder()
+    rng = np.random.default_rng(0)
+    x = b.input("x", [1, 64, 128])
+    g = b.op("GELU", [x], [1, 64, 128])
+    w = b.const("w", (rng.standard_normal((256, 128)) / 11).astype(np.float32))
+    b.output(b.op("FULLY_CONNECTED", [g, w, None], [1, 64, 256], keep_num_dims=True))
+    assert _realized_producers(b.build()) == [("GELU", True)]
