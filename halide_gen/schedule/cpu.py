@@ -222,8 +222,8 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     guard = hl.TailStrategy.GuardWithIf
     parallel = parallel and _parallel_worthwhile(params, acc.value.shape, int(np.prod(acc.extents)))
     if len(v) == 1:
-        # A matrix-vector product: its tiles of output channels are the only work to share (a
-        # classifier's 1280 x 1000 weights: 5 MB read once, by one core before this).
+        # A rank-1 result (a matrix-vector product): its tiles of output channels are the only
+        # work to share.
         _align_to_packing(home, acc, c, channels, round_up_channels)
         home.split(c, co, ci, channels, guard).vectorize(ci, lanes)
         if parallel:
