@@ -8,7 +8,8 @@ Per reference model (bench/zoo.py: ../shared/models when present):
 - `fuse --measure` (block timings cached), whose claims make the "profitable" contender;
 - latency at one thread, interleaved in one process (tflite_tools.bench): LiteRT + XNNPACK, LiteRT
   builtin, our delegate claiming every block and only the profitable ones — median, min, max and
-  the ratio to XNNPACK; then the same at two threads, reported apart (a 2-core machine makes them noisy);
+  the ratio to XNNPACK; then the same at two threads, each contender in a process of its own taking
+  turns (tflite_tools.bench.time_contenders), reported apart (a 2-core machine makes them noisy);
 - peak resident memory per contender (a fresh process each) and the planned activation bytes;
 - fusion: TFLite ops, our kernels, TVM relax's fused kernels (bench/tvm_fusion.py);
 - TVM latency, untuned, one thread (bench/tvm_latency.py), when --tvm-python is given;
@@ -144,7 +145,8 @@ def format_results(rows: list[dict], env: dict[str, str], command: str) -> str:
                      f"{t['dnnfusion-all']['ratio']:.2f}x | {t['dnnfusion-profitable']['ratio']:.2f}x | {tvm_text} |")
     failed = [f"- TVM could not run {r['model']}: {r['tvm']['error']}" for r in rows if (r.get("tvm") or {}).get("error")]
     lines += [""] + failed if failed else []
-    lines += ["", "Two threads (noisy on 2 cores), median ms and ratio to XNNPACK at two threads:", "",
+    lines += ["", "Two threads (each contender in its own process, taking turns; noisy on 2 cores), median ms and "
+              "ratio to XNNPACK at two threads:", "",
               "| model | XNNPACK | builtin | ours, all | ours, profitable |", "|---|---|---|---|---|"]
     for r in rows:
         t = r["t2"]
