@@ -63,3 +63,14 @@ def test_cli_bench_at_two_threads_runs_each_contender_in_its_own_process(capsys,
 def test_cli_bench_refuses_zero_runs(capsys, model_path):
     assert cli.main(["bench", str(model_path("add_relu")), "--runs", "0"]) == 2
     assert "--runs" in capsys.readouterr().err
+
+
+def test_isolated_contender_that_cannot_run_the_model_is_a_model_error(tmp_path):
+    # A contender timed in a process of its own reports its failure to the parent as one clear error.
+    from tflite_tools.bench import Contender, time_contenders
+    from tflite_tools.model.errors import ModelError
+
+    garbage = tmp_path / "garbage.tflite"
+    garbage.write_bytes(b"not a flatbuffer" * 8)
+    with pytest.raises(ModelError, match="xnnpack cannot run the model"):
+        time_contenders([Contender("xnnpack", str(garbage))], threads=2, runs=1, warmup=0)

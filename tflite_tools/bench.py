@@ -9,10 +9,12 @@ Contenders (those that apply):
 
 Repetitions are interleaved, so drift in the machine's speed hits every contender alike: at one
 thread, one invoke of each contender per round, in one process; with more threads, each contender
-in a process of its own, taking turns in batches of BATCH invokes (the first in each turn rotating).
-Several interpreters in one process share its cores with each other's thread pools, and XNNPACK's
-workers keep spinning after an invoke: two-thread figures measured in one process were 1.4-1.9x
-where each model alone ran at 1.2-1.3x. Each contender also gets benchmark_model's own summary line
+in a process of its own, taking turns in batches of BATCH invokes (the first in each turn rotating),
+every other contender's process stopped (SIGSTOP) meanwhile. Thread pools keep spinning after an
+invoke (XNNPACK's; the builtin kernels' for longer than 0.2 s), and any one left running shares the
+cores with the contender being timed: two-thread figures measured in one process were 1.4-1.9x
+where each model alone ran at 1.2-1.3x, and with the builtin contender's process merely idle
+beside it, XNNPACK's own time at two threads doubled. Each contender also gets benchmark_model's own summary line
 (`Inference timings in us: Init: ..., First inference: ..., Warmup (avg): ..., Inference (avg): ...`).
 Peak memory (`--memory`) is measured per contender in a fresh process: the growth of peak resident
 memory from before the interpreter is built to after one inference.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -74,10 +77,8 @@ def ratios(timings: Sequence[Timings], baseline: str = BASELINE) -> dict[str, fl
     return {t.name: t.median / base.median for t in timings}
 
 
-# Invokes a contender runs per turn when contenders run in processes of their own, and the pause
-# before each turn, long enough for the previous contender's thread pool to stop spinning.
+# Invokes a contender runs per turn when contenders run in processes of their own.
 BATCH = 10
-SETTLE_S = 0.02
 
 
 @dataclass(frozen=True)
@@ -178,9 +179,11 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
             ours, theirs = context.Pipe()
             process = context.Process(target=_serve, args=(theirs, case, threads, seed), daemon=True)
             process.start()
-            reply = ours.recv()
+            theirs.close()  # the child's end: once the child is gone, recv() raises instead of waiting
+            reply = _answer(process, ours, case.name)
             if isinstance(reply, str):
                 raise ModelError(reply)
+            os.kill(process.pid, signal.SIGSTOP)  # its thread pools may still be spinning
             workers.append((process, ours, reply))
         total, done, turn = (warmup + runs) * len(workers), 0, 0
         while done < total:
@@ -189,9 +192,10 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
                 wanted = warmup - len(t.warmup_us) or min(BATCH, runs - len(t.runs_us))
                 if wanted <= 0:
                     continue
-                time.sleep(SETTLE_S)
+                os.kill(process.pid, signal.SIGCONT)
                 conn.send(wanted)
-                times = conn.recv()
+                times = _answer(process, conn, t.name)
+                os.kill(process.pid, signal.SIGSTOP)
                 (t.warmup_us if len(t.warmup_us) < warmup else t.runs_us).extend(times)
                 done += len(times)
             turn += 1
@@ -200,9 +204,20 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
     finally:
         for process, conn, _ in workers:
             if process.is_alive():
+                os.kill(process.pid, signal.SIGCONT)
                 conn.send(0)
                 process.join(timeout=10)
     return [t for _, _, t in workers]
+
+
+def _answer(process: Any, conn: Any, name: str) -> Any:
+    """The contender process's next message; a ModelError if the process died instead (a crash in
+    the runtime ends that process, never this one)."""
+    try:
+        return conn.recv()
+    except EOFError:
+        process.join(timeout=10)
+        raise ModelError(f"{name}: its process ended (exit code {process.exitcode})") from None
 
 
 def _status_kib(field_name: str) -> int:
