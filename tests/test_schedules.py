@@ -202,3 +202,13 @@ def test_gelu_before_a_fully_connected_layer_is_computed_once():
     w = b.const("w", (rng.standard_normal((256, 128)) / 11).astype(np.float32))
     b.output(b.op("FULLY_CONNECTED", [g, w, None], [1, 64, 256], keep_num_dims=True))
     assert _realized_producers(b.build()) == [("GELU", True)]
+
+
+def test_conv_tiles_cover_rows_without_a_one_pixel_tail():
+    # x86 conv tiles: 7 pixels where 7 divides the row (MobileNets), 8 where 8 does (U-Nets), never
+    # fewer than half the requested count.
+    from halide_gen.schedule.cpu import _whole_rows
+
+    assert [_whole_rows(w, 7) for w in (112, 56, 28, 14, 7)] == [7] * 5
+    assert [_whole_rows(w, 7) for w in (64, 32, 16, 8)] == [8] * 4
+    assert all(4 <= _whole_rows(w, 7) <= 8 for w in range(8, 300))
