@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tflite_tools
-from conftest import NOT_RUNNABLE, corpus_model_paths, model_id, project_model_paths
+from conftest import NOT_RUNNABLE, REPO, corpus_model_paths, model_id, project_model_paths
 from delegate_checks import mobilenet_logits, planned_nodes
 from tflite_tools import cli, runtime
 from tflite_tools.fuse import FuseResult, fuse
@@ -497,11 +498,9 @@ def test_measured_fuse_makes_the_fastest_policy_the_default(tmp_path):
 
 def test_bench_ab_times_fused_outputs_side_by_side(fused, capsys):
     # bench/ab.py: the before / after measurement every speed change is recorded with.
-    import importlib.util
+    sys.path.insert(0, str(REPO / "bench"))
+    import ab  # bench/ is not a package
 
-    spec = importlib.util.spec_from_file_location("bench_ab", Path(__file__).parents[1] / "bench" / "ab.py")
-    ab = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ab)
     out = fused("add_relu").out
     assert ab.main([f"before={out}", f"after={out}", "--runs", "2", "--warmup", "1"]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -302,7 +302,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
             update.unroll(inner)
         elif groups > 1:
             update.unroll(group_index)
-        if acc.source is not None and (groups > 1 or not acc.dot):
+        if _group_wrapper(acc, steps, groups):
             group = acc.source.in_(f)
             group.compute_at(f, outer).vectorize(_vars(group)[0], steps * groups)
             for var in _vars(group)[1:]:
@@ -325,13 +325,19 @@ def _reduction_steps(acc: Accumulator, params: CpuParams, innermost: int, unroll
     return steps, groups
 
 
+def _group_wrapper(acc: Accumulator, steps: int, groups: int) -> bool:
+    """Whether a register tile with these (steps, groups) reads its source through a wrapper
+    computed per group of reduction steps (`acc.source.in_()`): float steps by lane, or several
+    dot-product groups per load; a lone dot-product group reads its source directly."""
+    return steps > 1 and acc.source is not None and (groups > 1 or not acc.dot)
+
+
 def _reads_in_groups(acc: Accumulator, params: CpuParams) -> bool:
-    """Whether a convolution's register tile reads its input through a wrapper computed per group
-    of reduction steps (the `acc.source.in_()` of _register_tile)."""
-    if acc.kind != AccumulatorKind.CONV or acc.source is None:
+    """Whether a convolution's register tile (reduction ordered ky, kx, ci: ci innermost) reads its
+    input through a per-group wrapper (_group_wrapper)."""
+    if acc.kind != AccumulatorKind.CONV:
         return False
-    steps, groups = _reduction_steps(acc, params, acc.rdom.dimensions() - 1, unroll_taps=False)
-    return steps > 1 and (groups > 1 or not acc.dot)
+    return _group_wrapper(acc, *_reduction_steps(acc, params, acc.rdom.dimensions() - 1, unroll_taps=False))
 
 
 def _padding_inlined(kernel: BlockKernel, params: CpuParams) -> set[int]:
@@ -561,12 +567,14 @@ def _conv_chain(kernel: BlockKernel, stream_bytes: int = X86.stream_bytes) -> li
     return accs if intermediate >= stream_bytes else None
 
 
-def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: CpuParams) -> set[int]:
+def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: CpuParams,
+                         in_place: set[int]) -> set[int]:
     """Streams a conv chain through row buffers: the output is cut into strips of rows (one
     parallel task each); within a strip, every earlier convolution (and the zero-padded copy
     the next one reads) is computed one row at a time into a sliding buffer that holds just the
     rows still needed (schedules.md: "expand rows into a 4-row ring buffer; depthwise per 8-pixel
-    tile"). A strip recomputes its halo rows, so tasks stay independent.
+    tile"). A strip recomputes its halo rows, so tasks stay independent. Padding in `in_place`
+    (_padding_inlined) is read inline from the rows of the convolution before, not copied.
 
     Returns the ids of the Funcs it scheduled.
     """
@@ -579,7 +587,6 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
     strip = max(params.strip_rows, -(-rows // 4))
     home.split(y, yo, yi, strip, hl.TailStrategy.GuardWithIf).parallel(yo)
     done = {id(home)}
-    in_place = _padding_inlined(kernel, params)
     for acc in chain[:-1]:
         f = acc.value.func
         f.store_at(home, yo).compute_at(home, yi)
@@ -625,8 +632,8 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     (Many-to-Many results) or inlined, and vectorized along the innermost axis."""
     lanes = params.lanes
     chain = _conv_chain(kernel, params.stream_bytes)
-    streamed = _schedule_conv_chain(kernel, chain, params) if chain else set()
     in_place = _padding_inlined(kernel, params)
+    streamed = _schedule_conv_chain(kernel, chain, params, in_place) if chain else set()
     for v in kernel.materialize:
         if id(v.func) in streamed or id(v.func) in in_place:
             continue
