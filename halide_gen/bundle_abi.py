@@ -76,10 +76,8 @@ class Struct:
 
 PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_gen/pack.py, delegate/src/pack.cc).", (
     Member(None, "kNone", 0, "as stored in the model"),
-    Member("ohwi_to_hwio", "kOhwiToHwio", 1, "CONV_2D filter [O, kh, kw, I] -> [kh, kw, I, O padded]"),
-    Member("oi_to_io", "kOiToIo", 2, "FULLY_CONNECTED weights [units, in] -> [in, units padded]"),
     Member("pad_channels", "kPadChannels", 3, "pad the innermost (channel) axis"),
-    Member("o_blocked", "kOBlocked", 4, "matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]"),
+    Member("o_blocked", "kOBlocked", 4, "conv / FC weights [O, ...] -> [O padded / tile, ..., tile]"),
     Member("dot4", "kDot4", 5, "dot-product weights [O, ..., I] -> [..., I / 4, O padded, 4]"),
     Member("channel_sums", "kChannelSums", 6, "int8 [O, ...] -> int32 [O padded]: each output channel's sum"),
     Member("dot4_rows", "kDot4Rows", 7, "CONV_2D [O, kh, kw, I] -> [kh, ceil(kw * I / 4), O padded, 4], zero-padded"),

@@ -2,8 +2,8 @@
 
 TFLite stores conv filters as [O, kh, kw, I] and fully-connected weights as [units, in]: the output
 channel is the outermost axis, so a vector of output channels is a strided gather. Packed, the
-output channel is innermost and padded to a multiple of CHANNEL_TILE with zeros, so every vector
-load is dense and a tile that runs past the last channel still reads memory that exists
+output channels come in tiles of CHANNEL_TILE, innermost, padded with zeros, so every vector load
+is dense and a tile that runs past the last channel still reads memory that exists
 (weights packed once, at init, as XNNPACK does: re-laying them out per call cost more than the
 convolution saved when measured on the x86 host).
 
@@ -100,18 +100,13 @@ def _tap_sums(a: np.ndarray) -> np.ndarray:
 
 
 PACKERS: dict[str, Packer] = {
-    # CONV_2D filter [O, kh, kw, I] -> [kh, kw, I, O_padded]
-    "ohwi_to_hwio": Packer("ohwi_to_hwio", lambda s: (s[1], s[2], s[3], padded(s[0])),
-                           lambda a: _pad_last(np.transpose(a, (1, 2, 3, 0)))),
-    # FULLY_CONNECTED weights [units, in] -> [in, units_padded]
-    "oi_to_io": Packer("oi_to_io", lambda s: (s[1], padded(s[0])), lambda a: _pad_last(np.transpose(a, (1, 0)))),
     # Per-channel vectors (biases, depthwise filters [1, kh, kw, C]): pad the channel axis
     "pad_channels": Packer("pad_channels", lambda s: s[:-1] + (padded(s[-1]),), _pad_last),
-    # Weights of a matrix-vector product (a conv or FC producing one pixel / one row) [O, ...] ->
-    # [O/32, ..., 32]: read once and cold (the model's other blocks evict them), they must stream.
-    # In the hwio / io layouts a tile of output channels gathers 128-byte pieces 4 KB apart: MobileNetV3's
-    # 1x1 conv 576->1024 on one pixel took 80 us alone but 310 us inside the model; blocked, 115 us
-    # inside the model, and the whole model went from 1.12x to 1.03x of XNNPACK (delegate `profile`).
+    # CONV_2D / TRANSPOSE_CONV filters and FULLY_CONNECTED weights [O, ...] -> [O/32, ..., 32]: each
+    # tile of output channels holds all its weights contiguously. Read cold inside a model (its other
+    # blocks evict them), they must stream: laid out output-channel innermost ([..., O]), a tile
+    # gathers 128-byte pieces a whole channel count apart (MobileNetV3's 1x1 conv 576->1024 on one
+    # pixel: 80 us alone, 310 us inside the model; blocked, 115 us; lower/nn.py has the rest).
     "o_blocked": Packer("o_blocked", lambda s: (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:]) + (CHANNEL_TILE,),
                         _blocked),
     # Dot-product weights [O, *mid, I] -> [*mid, I/4, O_padded, 4] (CONV_2D: [kh, kw, I/4, O, 4];

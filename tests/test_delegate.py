@@ -456,8 +456,8 @@ def test_run_refuses_what_is_not_a_delegate_library_before_loading_it(fused, tmp
     assert err.count("\n") == 1 and "not a delegate library" in err and message in err
 
 
-def test_matrix_vector_weights_are_packed_by_the_runtime_as_by_python(kernel_cache, tmp_path):
-    # One-pixel convs and one-row FCs take tile-blocked weights (pack.py "o_blocked"); the delegate
+def test_blocked_weights_are_packed_by_the_runtime_as_by_python(kernel_cache, tmp_path):
+    # Convs and FCs take tile-blocked weights (pack.py "o_blocked"); the delegate
     # packs them itself at Prepare (delegate/src/pack.cc), so this checks the two packers agree.
     from tflite_tools.model.builder import ModelBuilder
 

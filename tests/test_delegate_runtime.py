@@ -64,7 +64,7 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     native = ctypes.CDLL(str(lib)).pack_constant
     rng = np.random.default_rng(0)
-    ranks = {"ohwi_to_hwio": 4, "oi_to_io": 2, "pad_channels": None, "o_blocked": None, "dot4": None,
+    ranks = {"pad_channels": None, "o_blocked": None, "dot4": None,
              "channel_sums": None, "dot4_rows": 4, "tap_sums": None}
     for name in PACKERS:
         for _ in range(25):

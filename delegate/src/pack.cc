@@ -11,15 +11,6 @@ size_t Product(const int32_t* dims, int rank) {
   return n;
 }
 
-// [rows, cols] -> [cols, rows_padded]: a transpose that makes the outermost axis innermost.
-void TransposeInto(const uint8_t* src, size_t rows, size_t cols, uint8_t* dst, size_t padded_rows, size_t bytes) {
-  for (size_t r = 0; r < rows; ++r) {
-    for (size_t c = 0; c < cols; ++c) {
-      std::memcpy(dst + (c * padded_rows + r) * bytes, src + (r * cols + c) * bytes, bytes);
-    }
-  }
-}
-
 // [O, mid, depth] -> [mid, groups, O_padded, 4]: each output channel's 4 consecutive inputs
 // together, as one dot-product lane sums them (zeros past `depth`, up to groups * 4).
 bool PackDot4(const uint8_t* src, size_t o_count, size_t mid, size_t depth, uint8_t* dst, const int32_t* dst_dims,
@@ -59,14 +50,6 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
   const size_t out_bytes = PacksToInt32(pack) ? sizeof(int32_t) : bytes;
   std::memset(out, 0, Product(dst_dims, dst_rank) * out_bytes);
   switch (pack) {
-    case Pack::kOhwiToHwio:  // [O, kh, kw, I] -> [kh, kw, I, O_padded]
-      if (src_rank != 4 || dst_rank != 4 || dst_dims[3] < src_dims[0]) return false;
-      TransposeInto(in, src_dims[0], Product(src_dims + 1, 3), out, dst_dims[3], bytes);
-      return true;
-    case Pack::kOiToIo:  // [units, in] -> [in, units_padded]
-      if (src_rank != 2 || dst_rank != 2 || dst_dims[1] < src_dims[0]) return false;
-      TransposeInto(in, src_dims[0], src_dims[1], out, dst_dims[1], bytes);
-      return true;
     case Pack::kPadChannels: {  // [..., C] -> [..., C_padded]
       if (src_rank != dst_rank || src_rank == 0 || dst_dims[dst_rank - 1] < src_dims[src_rank - 1]) return false;
       const size_t c = src_dims[src_rank - 1], cp = dst_dims[dst_rank - 1];

@@ -28,10 +28,8 @@ typedef int (*KernelEntry)(void** args);
 // How a constant argument is laid out for the kernel (halide_gen/pack.py, delegate/src/pack.cc).
 enum class Pack : int32_t {
   kNone = 0,  // as stored in the model
-  kOhwiToHwio = 1,  // CONV_2D filter [O, kh, kw, I] -> [kh, kw, I, O padded]
-  kOiToIo = 2,  // FULLY_CONNECTED weights [units, in] -> [in, units padded]
   kPadChannels = 3,  // pad the innermost (channel) axis
-  kOBlocked = 4,  // matrix-vector weights [O, ...] -> [O padded / tile, ..., tile]
+  kOBlocked = 4,  // conv / FC weights [O, ...] -> [O padded / tile, ..., tile]
   kDot4 = 5,  // dot-product weights [O, ..., I] -> [..., I / 4, O padded, 4]
   kChannelSums = 6,  // int8 [O, ...] -> int32 [O padded]: each output channel's sum
   kDot4Rows = 7,  // CONV_2D [O, kh, kw, I] -> [kh, ceil(kw * I / 4), O padded, 4], zero-padded
