@@ -8,8 +8,10 @@ Per reference model (bench/zoo.py: ../shared/models when present):
 - `fuse --measure` (block timings cached), whose claims make the "profitable" contender;
 - latency at one thread, interleaved in one process (tflite_tools.bench): LiteRT + XNNPACK, LiteRT
   builtin, our delegate claiming every block and only the profitable ones — median, min, max and
-  the ratio to XNNPACK; then the same at two threads, each contender in a process of its own taking
-  turns (tflite_tools.bench.time_contenders), reported apart (a 2-core machine makes them noisy);
+  the ratio to XNNPACK, taking turns of 10 invokes (warm, as an app running one model) and again
+  one invoke per turn (cold: each after another model's); then at two threads, each contender in a
+  process of its own (tflite_tools.bench.time_contenders), reported apart (a 2-core machine makes
+  them noisy);
 - peak resident memory per contender (a fresh process each) and the planned activation bytes;
 - fusion: TFLite ops, our kernels, TVM relax's fused kernels (bench/tvm_fusion.py);
 - TVM latency, untuned, one thread (bench/tvm_latency.py), when --tvm-python is given;
@@ -90,12 +92,12 @@ def measure_model(model: Path, out: Path, runs: int, tvm_python: str | None) -> 
     row.update(ops=plan["ops"], kernels=sum(1 for k in result.kernels if k.kernel), blocks=len(result.kernels),
                profitable=sum(k.profitable for k in result.kernels),
                activations_before=plan["peak_bytes_before"], activations_after=plan["peak_bytes_after"])
-    for threads in (1, 2):
-        timings = benchmark(str(result.model), str(result.library), threads, runs, warmup=3)
-        if threads == 1:
+    for key, threads, cold in (("t1", 1, False), ("t1_cold", 1, True), ("t2", 2, False)):
+        timings = benchmark(str(result.model), str(result.library), threads, runs, warmup=3, cold=cold)
+        if key == "t1":
             measure_peak_memory(timings, str(result.model), str(result.library), 1)
         rel = ratios(timings)
-        row[f"t{threads}"] = {t.name: {"median_ms": t.median / 1e3, "min_ms": min(t.runs_us) / 1e3,
+        row[key] = {t.name: {"median_ms": t.median / 1e3, "min_ms": min(t.runs_us) / 1e3,
                                        "max_ms": max(t.runs_us) / 1e3, "ratio": rel[t.name],
                                        "peak_mib": (t.peak_memory_kib or 0) / 1024} for t in timings}
     row["tvm_kernels"] = _tvm(tvm_python, "tvm_fusion.py", str(model)).get("fused_functions")
@@ -132,17 +134,24 @@ def format_results(rows: list[dict], env: dict[str, str], command: str) -> str:
     lines = [BEGIN, "## Benchmarks: the whole set (bench/run.py)", "",
              f"Command: `{command}`. Machine: {env['cpu']}, {env['cores']} cores. Versions: Python {env['python']}, "
              f"ai-edge-litert {env['ai-edge-litert']}, halide {env['halide']}, numpy {env['numpy']}. Date: {env['date']}.",
-             "", "Latency at one thread, ms: median (min-max) over interleaved runs in one process; the ratio is to "
-             "LiteRT + XNNPACK's median (< 1: faster). TVM: relax, untuned, one core.", "",
-             "| model | XNNPACK | builtin | ours, all blocks | ours, profitable blocks | TVM untuned |",
-             "|---|---|---|---|---|---|"]
+             "", "Latency at one thread, ms: median (min-max) over interleaved runs in one process, in turns of 10 "
+             "invokes after one untimed (warm, as an app running one model sees); the ratio is to LiteRT + XNNPACK's "
+             "median (< 1: faster). Cold: one invoke per turn, each after another contender's. TVM: relax, untuned, "
+             "one core.", "",
+             "| model | XNNPACK | builtin | ours, all blocks | ours, profitable blocks | cold: XNNPACK, ours all | "
+             "TVM untuned |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["t1"]
         tvm = r.get("tvm") or {}
         tvm_text = (f"{tvm['median_ms']:.2f} ({tvm['median_ms'] / t['xnnpack']['median_ms']:.2f}x)" if "median_ms" in tvm
                     else "n/a (below)" if tvm.get("error") else "not run")
+        cold = r.get("t1_cold")
+        cold_text = (f"{cold['xnnpack']['median_ms']:.2f}, {cold['dnnfusion-all']['ratio']:.2f}x" if cold
+                     else "not run")
         lines.append(f"| {r['model']} | {_ms(t['xnnpack'])} | {t['builtin']['ratio']:.2f}x | "
-                     f"{t['dnnfusion-all']['ratio']:.2f}x | {t['dnnfusion-profitable']['ratio']:.2f}x | {tvm_text} |")
+                     f"{t['dnnfusion-all']['ratio']:.2f}x | {t['dnnfusion-profitable']['ratio']:.2f}x | {cold_text} | "
+                     f"{tvm_text} |")
     failed = [f"- TVM could not run {r['model']}: {r['tvm']['error']}" for r in rows if (r.get("tvm") or {}).get("error")]
     lines += [""] + failed if failed else []
     lines += ["", "Two threads (each contender in its own process, taking turns; noisy on 2 cores), median ms and "

@@ -74,3 +74,36 @@ def test_isolated_contender_that_cannot_run_the_model_is_a_model_error(tmp_path)
     garbage.write_bytes(b"not a flatbuffer" * 8)
     with pytest.raises(ModelError, match="xnnpack cannot run the model"):
         time_contenders([Contender("xnnpack", str(garbage))], threads=2, runs=1, warmup=0)
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_turns_time_batches_after_an_untimed_invoke_or_single_cold_invokes(cold):
+    # Warm: each turn a contender runs one untimed invoke (its caches settle after the other
+    # contender's) and then up to BATCH timed ones; cold: one timed invoke per turn. Either way the
+    # first contender of a turn rotates, and every contender gets its warm-ups and runs exactly.
+    from tflite_tools.bench import BATCH, _take_turns
+
+    calls: list[tuple[int, int]] = []
+
+    def batch(k: int, count: int) -> list[float]:
+        calls.append((k, count))
+        return [float(k * 100000 + len(calls) * 100 + i) for i in range(count)]
+
+    t = [Timings("a", 0.0, 0.0), Timings("b", 0.0, 0.0)]
+    _take_turns(t, batch, runs=25, warmup=3, cold=cold, progress=None)
+    assert all(len(x.warmup_us) == 3 and len(x.runs_us) == 25 for x in t)
+    settle = 0 if cold else 1
+    assert calls[:2] == [(0, 3 + settle), (1, 3 + settle)]  # the warm-ups first
+    assert calls[2][0] == 1 and calls[3][0] == 0  # the next turn starts with the other contender
+    per_turn = 1 if cold else BATCH
+    assert all(count - settle <= per_turn for _, count in calls[2:])
+    timed = sum(count - settle for _, count in calls)
+    assert timed == 2 * (25 + 3)
+    if not cold:  # the untimed invoke's time (the first of each batch, ending in 00) is dropped
+        assert all(int(us) % 100 != 0 for x in t for us in x.warmup_us + x.runs_us)
+
+
+def test_report_says_how_the_runs_were_taken():
+    t = [timings("xnnpack", [2000.0] * 5)]
+    assert "in turns of 10" in format_benchmark(t, "m.tflite", 1)
+    assert "each after another contender" in format_benchmark(t, "m.tflite", 1, cold=True)

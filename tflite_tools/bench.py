@@ -7,14 +7,19 @@ Contenders (those that apply):
     dnnfusion-all         our delegate claiming every block it has a kernel for (XNNPACK takes the rest)
     dnnfusion-profitable  our delegate claiming only the blocks `fuse --measure` found faster
 
-Repetitions are interleaved, so drift in the machine's speed hits every contender alike: at one
-thread, one invoke of each contender per round, in one process; with more threads, each contender
-in a process of its own, taking turns in batches of BATCH invokes (the first in each turn rotating),
-every other contender's process stopped (SIGSTOP) meanwhile. Thread pools keep spinning after an
-invoke (XNNPACK's; the builtin kernels' for longer than 0.2 s), and any one left running shares the
-cores with the contender being timed: two-thread figures measured in one process were 1.4-1.9x
-where each model alone ran at 1.2-1.3x, and with the builtin contender's process merely idle
-beside it, XNNPACK's own time at two threads doubled. Each contender also gets benchmark_model's
+Repetitions are interleaved, so drift in the machine's speed hits every contender alike: the
+contenders take turns, each running a batch of BATCH invokes per turn after one untimed invoke that
+settles its caches, the first in each turn rotating. Timed so, a contender runs as benchmark_model
+runs a model, one invoke after another: its weights and code stay in cache as far as they fit, as
+they do in an app that runs one model on every frame. `cold` times the other regime: one invoke per
+turn, so each follows another model's and finds the caches full of that model's data (MobileNetV3,
+one thread: XNNPACK 0.95 ms warm, 1.05-1.22 ms cold). At one thread the contenders share one process;
+with more, each runs in a process of its own, every other contender's process stopped (SIGSTOP)
+meanwhile. Thread pools keep spinning after an invoke (XNNPACK's; the builtin kernels' for longer
+than 0.2 s), and any one left running shares the cores with the contender being timed: two-thread
+figures measured in one process were 1.4-1.9x where each model alone ran at 1.2-1.3x, and with the
+builtin contender's process merely idle beside it, XNNPACK's own time at two threads doubled.
+Each contender also gets benchmark_model's
 own summary line (`Inference timings in us: Init: ..., First inference: ..., Warmup (avg): ...,
 Inference (avg): ...`).
 Peak memory (`--memory`) is measured per contender in a fresh process: the growth of peak resident
@@ -78,7 +83,7 @@ def ratios(timings: Sequence[Timings], baseline: str = BASELINE) -> dict[str, fl
     return {t.name: t.median / base.median for t in timings}
 
 
-# Invokes a contender runs per turn when contenders run in processes of their own.
+# Timed invokes a contender runs per turn (after one untimed), unless timed cold.
 BATCH = 10
 
 
@@ -130,32 +135,53 @@ def _prepared(case: Contender, threads: int, seed: int) -> tuple[Any, Timings]:
 
 
 def benchmark(model: str, delegate: str | None = None, threads: int = 1, runs: int = 50, warmup: int = 5,
-              progress: Callable[[int, int, str], None] | None = None, seed: int = 0) -> list[Timings]:
-    """Times every contender on the same random inputs, interleaved (see the module's docstring)."""
+              progress: Callable[[int, int, str], None] | None = None, seed: int = 0,
+              cold: bool = False) -> list[Timings]:
+    """Times every contender on the same random inputs, interleaved (see the module's docstring;
+    `cold`: each invoke after another contender's)."""
     if delegate is not None:
         check_unchanged(delegate)
         check_delegate_library(delegate)
-    return time_contenders(contenders(model, delegate), threads, runs, warmup, progress, seed)
+    return time_contenders(contenders(model, delegate), threads, runs, warmup, progress, seed, cold=cold)
 
 
 def time_contenders(cases: Sequence[Contender], threads: int = 1, runs: int = 50, warmup: int = 5,
                     progress: Callable[[int, int, str], None] | None = None, seed: int = 0,
-                    isolated: bool | None = None) -> list[Timings]:
-    """Times `cases` interleaved: in one process, or (`isolated`; by default with more than one
-    thread) each in a process of its own, taking turns in batches."""
+                    isolated: bool | None = None, cold: bool = False) -> list[Timings]:
+    """Times `cases` interleaved, taking turns (see the module's docstring): in one process, or
+    (`isolated`; by default with more than one thread) each in a process of its own. `cold`: one
+    invoke per turn, each after another contender's."""
     if isolated if isolated is not None else threads > 1:
-        return _time_isolated(cases, threads, runs, warmup, progress, seed)
+        return _time_isolated(cases, threads, runs, warmup, progress, seed, cold)
     prepared = [_prepared(case, threads, seed) for case in cases]
-    total = (warmup + runs) * len(prepared)
-    done = 0
-    for round_ in range(warmup + runs):
-        for interp, t in prepared:
-            _, us = _timed(interp.invoke)
-            (t.warmup_us if round_ < warmup else t.runs_us).append(us)
-            done += 1
-        if progress:
-            progress(done, total, f"round {round_ + 1}/{warmup + runs}")
+
+    def batch(k: int, count: int) -> list[float]:
+        invoke = prepared[k][0].invoke
+        return [_timed(invoke)[1] for _ in range(count)]
+
+    _take_turns([t for _, t in prepared], batch, runs, warmup, cold, progress)
     return [t for _, t in prepared]
+
+
+def _take_turns(timings: Sequence[Timings], batch: Callable[[int, int], list[float]], runs: int, warmup: int,
+                cold: bool, progress: Callable[[int, int, str], None] | None) -> None:
+    """Fills each contender's warm-up and run times, contender k timing `count` invokes per call of
+    batch(k, count): in turns of BATCH after one untimed invoke, or (`cold`) of one."""
+    total, done, turn = (warmup + runs) * len(timings), 0, 0
+    while done < total:
+        first = turn % len(timings)
+        for k in [*range(first, len(timings)), *range(first)]:
+            t = timings[k]
+            wanted = warmup - len(t.warmup_us) or min(1 if cold else BATCH, runs - len(t.runs_us))
+            if wanted <= 0:
+                continue
+            times = batch(k, wanted if cold else wanted + 1)[0 if cold else 1:]
+            for us in times:
+                (t.warmup_us if len(t.warmup_us) < warmup else t.runs_us).append(us)
+            done += len(times)
+        turn += 1
+        if progress:
+            progress(done, total, f"turn {turn}")
 
 
 def _serve(conn: Any, case: Contender, threads: int, seed: int) -> None:
@@ -172,9 +198,18 @@ def _serve(conn: Any, case: Contender, threads: int, seed: int) -> None:
 
 
 def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: int,
-                   progress: Callable[[int, int, str], None] | None, seed: int) -> list[Timings]:
+                   progress: Callable[[int, int, str], None] | None, seed: int, cold: bool) -> list[Timings]:
     context = multiprocessing.get_context("spawn")
     workers: list[tuple[Any, Any, Timings]] = []
+
+    def batch(k: int, count: int) -> list[float]:
+        process, conn, t = workers[k]
+        os.kill(process.pid, signal.SIGCONT)
+        conn.send(count)
+        times = _answer(process, conn, t.name)
+        os.kill(process.pid, signal.SIGSTOP)
+        return times
+
     try:
         for case in cases:
             ours, theirs = context.Pipe()
@@ -186,22 +221,7 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
                 raise ModelError(reply)
             os.kill(process.pid, signal.SIGSTOP)  # its thread pools may still be spinning
             workers.append((process, ours, reply))
-        total, done, turn = (warmup + runs) * len(workers), 0, 0
-        while done < total:
-            first = turn % len(workers)
-            for process, conn, t in workers[first:] + workers[:first]:
-                wanted = warmup - len(t.warmup_us) or min(BATCH, runs - len(t.runs_us))
-                if wanted <= 0:
-                    continue
-                os.kill(process.pid, signal.SIGCONT)
-                conn.send(wanted)
-                times = _answer(process, conn, t.name)
-                os.kill(process.pid, signal.SIGSTOP)
-                (t.warmup_us if len(t.warmup_us) < warmup else t.runs_us).extend(times)
-                done += len(times)
-            turn += 1
-            if progress:
-                progress(done, total, f"turn {turn}")
+        _take_turns([t for _, _, t in workers], batch, runs, warmup, cold, progress)
     finally:
         for process, conn, _ in workers:
             if process.is_alive():
@@ -251,10 +271,11 @@ def measure_peak_memory(timings: Sequence[Timings], model: str, delegate: str | 
             t.peak_memory_kib = pool.apply(_peak_memory_child, (model, delegate, threads, t.name))
 
 
-def format_benchmark(timings: Sequence[Timings], model: str, threads: int) -> str:
+def format_benchmark(timings: Sequence[Timings], model: str, threads: int, cold: bool = False) -> str:
     """A table (median, min, max, spread, ratio to XNNPACK, memory) and benchmark_model's lines."""
     rel = ratios(timings)
     lines = [f"{model} ({threads} thread{'s' if threads != 1 else ''}, {len(timings[0].runs_us)} interleaved runs"
+             f"{', each after another contender' if cold else f' in turns of {BATCH}'}"
              f"{', each contender in its own process' if threads > 1 else ''})",
              "",
              f"{'runtime':<22}{'median ms':>10}{'min ms':>9}{'max ms':>9}{'spread':>8}{'vs xnnpack':>11}{'peak MiB':>10}"]

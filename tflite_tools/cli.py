@@ -128,17 +128,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Times LiteRT + XNNPACK, LiteRT builtin and (with --delegate) our delegate, interleaved."""
     if args.runs < 1 or args.warmup < 0 or args.threads < 1:
         raise ModelError("bench: --runs and --threads must be at least 1, --warmup at least 0")
-    timings = benchmark(args.model, args.delegate, args.threads, args.runs, args.warmup, _progress_printer())
+    timings = benchmark(args.model, args.delegate, args.threads, args.runs, args.warmup, _progress_printer(),
+                        cold=args.cold)
     if args.memory:
         measure_peak_memory(timings, args.model, args.delegate, args.threads)
     if args.json:
         rel = ratios(timings)
-        print(json.dumps({"model": args.model, "threads": args.threads, "contenders": [
+        print(json.dumps({"model": args.model, "threads": args.threads, "cold": args.cold, "contenders": [
             {"name": t.name, "median_us": t.median, "min_us": min(t.runs_us), "max_us": max(t.runs_us),
              "spread": t.spread, "ratio_to_xnnpack": rel[t.name], "init_us": t.init_us, "first_us": t.first_us,
              "peak_memory_kib": t.peak_memory_kib} for t in timings]}, indent=2))
     else:
-        print(format_benchmark(timings, args.model, args.threads))
+        print(format_benchmark(timings, args.model, args.threads, args.cold))
     return 0
 
 
@@ -222,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--threads", type=int, default=1, help="threads for every contender (default 1)")
     bench.add_argument("--runs", type=int, default=50, help="timed runs per contender (default 50)")
     bench.add_argument("--warmup", type=int, default=5, help="untimed runs per contender first (default 5)")
+    bench.add_argument("--cold", action="store_true",
+                       help="one invoke per turn, each after another contender's (default: turns of 10 invokes, "
+                            "after one untimed, as an app running one model sees)")
     bench.add_argument("--memory", action="store_true", help="also measure peak memory, one process per contender")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.set_defaults(run=cmd_bench)
