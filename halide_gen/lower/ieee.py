@@ -140,6 +140,10 @@ _EXP_Q = (0.9999995, 0.49999142, 0.16668114, 0.04189873, 0.00826153)
 _LN2_HI, _LN2_LO = 0.693145751953125, 1.4286068e-06
 # Below this, 2^n is no longer a normal float: the result is 2^-126 (1.2e-38), e^x to float precision.
 _EXP_FLOOR = -87.33654
+# 1.5 * 2^23 + 127: adding it rounds a float in [-126, 0] to an integer n and leaves n + 127 in the
+# low bits of the sum (halide_gen.lower.ieee.exp_nonpositive).
+_EXP_MAGIC = 12583039.0
+_EXP_MAGIC_BITS = int(np.float32(_EXP_MAGIC).view(np.int32))
 
 
 def exp_nonpositive(x: hl.Expr) -> hl.Expr:
@@ -148,15 +152,24 @@ def exp_nonpositive(x: hl.Expr) -> hl.Expr:
     over [-87, 0] (measured; hl.exp's range checks and Halide's fast_exp, 1.7e-6, cost more
     instructions: efficientnet_b0's swish is mostly this). Arguments below -87.34 give 1.2e-38 (e^x
     is 0 or subnormal there). A NaN argument gives an unspecified value: callers wrap the result in
-    keep_nan where the NaN must survive (once, around all they compute)."""
+    keep_nan where the NaN must survive (once, around all they compute).
+
+    n is rounded by adding a magic number, 1.5 * 2^23 + 127: float addition rounds to the nearest
+    integer (ties to even, as hl.round), the sum's low bits then hold n + 127, and shifted left by
+    23 they are 2^n's bits. hl.round and a conversion cost 7 instructions a vector on AVX-512
+    (LLVM rounds a 512-bit vector in two 256-bit halves), the magic number an integer subtraction
+    and a conversion."""
     f = hl.f32
     z = hl.max(x, f(_EXP_FLOOR))
-    n = hl.round(z * f(1 / np.log(2)))
+    shifted = z * f(1 / np.log(2)) + f(_EXP_MAGIC)
+    bits = hl.reinterpret(hl.Int(32), shifted)
+    # n from the bits (a float subtraction of the magic number the simplifier would cancel).
+    n = hl.cast(hl.Float(32), bits - hl.i32(_EXP_MAGIC_BITS))
     t = (z - n * f(_LN2_HI)) - n * f(_LN2_LO)
     q = f(_EXP_Q[-1])
     for c in reversed(_EXP_Q[:-1]):
         q = q * t + f(c)
-    scale = hl.reinterpret(hl.Float(32), (hl.cast(hl.Int(32), n) + 127) << 23)  # 2^n
+    scale = hl.reinterpret(hl.Float(32), bits << 23)  # 2^n
     return scale + (scale * t) * q
 
 
