@@ -19,6 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
+
 from .mapping import REORG, SHUFFLE, MappingType, MtM, OtM, OtO
 
 
@@ -114,3 +116,56 @@ def conv_chain_allowed(ecg, block: frozenset[int] | set[int], candidate: int) ->
                 elif node.mapping is OtO:
                     frontier.append(n)
     return False
+
+
+# -- reductions over the same rows --------------------------------------------------------------
+#
+# Past the paper's red cell, where one Halide kernel holds both: reductions along the innermost axis
+# of the same rows (LayerNorm as converters emit it: the mean, then the mean of the squared
+# differences from it) are each a pass over a row that the next pass reads again while it is still
+# in cache, so a kernel can compute both per row. Apart, LayerNorm took two blocks and wrote the
+# squared differences to memory between them. Measured on the x86 host, one thread, each block cut
+# out (bench/block_table.py): gpt2_small's LayerNorm 5 + 6 us in two kernels, 8 us in one (XNNPACK
+# 6 us for the same ops); bert_small's 4 + 9 us, 10 us in one (XNNPACK 9). Yellow, not green: the
+# cost source decides.
+
+# Reductions whose lowering (halide_gen.lower.reduce.row_reduce) sums a row in vector partials.
+ROW_REDUCTIONS = frozenset({"MEAN", "SUM"})
+
+
+def _row_reduction(op) -> tuple[tuple[int, ...], bool] | None:
+    """(input shape, keep_dims) of a MEAN / SUM over the innermost axis alone, else None."""
+    if op.name not in ROW_REDUCTIONS or len(op.inputs) < 2 or op.inputs[1] is None or op.inputs[1].data is None:
+        return None
+    shape = tuple(op.inputs[0].shape)
+    axes = {int(a) % len(shape) for a in np.atleast_1d(op.inputs[1].data)} if shape else set()
+    if axes != {len(shape) - 1}:
+        return None
+    return shape, bool(getattr(op.options, "keepDims", False))
+
+
+def _elementwise_on(op, shape: tuple[int, ...]) -> bool:
+    """True when `op` produces `shape` from inputs that broadcast to it (a value per row, per
+    column, a scalar): a row-by-row kernel reads each in place."""
+    if not op.outputs or tuple(op.outputs[0].shape) != shape:
+        return False
+    for t in op.inputs:
+        if t is None:
+            continue
+        dims = tuple(t.shape)
+        if len(dims) > len(shape) or any(d not in (1, s) for d, s in zip(reversed(dims), reversed(shape))):
+            return False
+    return True
+
+
+def row_reductions_allowed(ecg, block: frozenset[int] | set[int], candidate: int) -> bool:
+    """True when, with `candidate` added, the block's Many-to-Many ops all reduce the innermost axis
+    of rows of one shape (ROW_REDUCTIONS) and its One-to-Many ops are broadcasts onto that shape
+    (x - mean, x * gamma): one kernel then computes them all row by row."""
+    members = set(block) | {candidate}
+    mtm = [ecg.nodes[i].op for i in members if ecg.nodes[i].mapping is MtM]
+    kinds = {_row_reduction(op) for op in mtm}
+    if len(kinds) != 1 or None in kinds:
+        return False
+    ((shape, _),) = kinds
+    return all(_elementwise_on(ecg.nodes[i].op, shape) for i in members if ecg.nodes[i].mapping is OtM)

@@ -384,6 +384,26 @@ def mean(draw, g: Graph, x: Tensor):
                 keep_dims=True)
 
 
+def layer_norm_ops(b: ModelBuilder, x: Tensor, gamma: np.ndarray, beta: np.ndarray, eps: float, stem: str = "ln") -> Tensor:
+    """LayerNorm over the innermost axis as TFLite converters emit it: the mean, the mean of the
+    squared differences from it, then x * (rsqrt(var + eps) * gamma) + (beta - mean * rsqrt(...) * gamma)."""
+    shape, row = list(x.shape), list(x.shape[:-1]) + [1]
+    axis = b.const(stem + "_axis", np.array([-1], np.int32))
+    mean = b.op("MEAN", [x, axis], row, keep_dims=True)
+    var = b.op("MEAN", [b.op("SQUARED_DIFFERENCE", [x, mean], shape), axis], row, keep_dims=True)
+    inv = b.op("RSQRT", [b.op("ADD", [var, b.const(stem + "_eps", np.float32([eps]))], row)], row)
+    scale = b.op("MUL", [inv, b.const(stem + "_gamma", gamma.astype(np.float32))], shape)
+    shift = b.op("SUB", [b.const(stem + "_beta", beta.astype(np.float32)), b.op("MUL", [mean, scale], shape)], shape)
+    return b.op("ADD", [b.op("MUL", [x, scale], shape), shift], shape)
+
+
+def layer_norm(draw, g: Graph, x: Tensor):
+    """A LayerNorm over the channels of each pixel (layer_norm_ops)."""
+    c = x.shape[-1]
+    return layer_norm_ops(g.builder, x, 1 + g.weights(c), g.weights(c), draw(st.sampled_from([1e-5, 1e-3])),
+                          g.name("ln"))
+
+
 def softmax(draw, g: Graph, x: Tensor):
     quant = _q(1 / 256, -128) if g.int8 else None
     return g.builder.op("SOFTMAX", [x], x.shape, quant=quant, beta=draw(st.sampled_from([1.0, 0.5])))
@@ -415,7 +435,7 @@ def fully_connected(draw, g: Graph, x: Tensor):
 # depthwise convolution, streamed through row buffers, once read its input out of bounds).
 _COMMON = (conv_2d, depthwise_conv_2d, unary, binary, residual_block)
 FLOAT_OPS = 3 * _COMMON + (transpose_conv, pool, pad, concatenation, reshape, transpose, resize, strided_slice,
-                           space_depth, mean, softmax, fully_connected)
+                           space_depth, mean, softmax, fully_connected, layer_norm)
 # Ops with int8 kernels, and the data movement that keeps one scale (claimed as float lowerings);
 # pooling, padding and concatenation run on TFLite's kernels and cut blocks. Every int8 kernel here
 # equals LiteRT's reference kernels bit for bit, so any difference is a bug. Not SOFTMAX: it is

@@ -83,3 +83,23 @@ def test_squeeze_excite_gate_is_computed_once():
     gate_value = kernel.op_values[3][0]
     assert any(v.func is gate_value.func for v in kernel.broadcast_sources())
     compare(model)
+
+
+@pytest.mark.parametrize("rows, width", [(6, 40), (5, 64)])
+def test_layer_norm_is_one_block_that_matches_litert(rows, width):
+    # Both MEANs of a LayerNorm in one kernel (fusion.table3.row_reductions_allowed), on rows of a
+    # width that is not a multiple of the vector (40) and one that takes the partial sums (64).
+    from fusion.cost import RooflineCost
+    from fusion.ecg import build_ecg
+    from fusion.plan import plan_fusion
+    from graphgen import layer_norm_ops
+
+    rng = np.random.default_rng(7)
+    b = ModelBuilder()
+    x = b.input("x", [1, rows, width])
+    residual = b.op("ADD", [x, b.input("y", [1, rows, width])], [1, rows, width])
+    b.output(layer_norm_ops(b, residual, 1 + 0.1 * rng.standard_normal(width), rng.standard_normal(width), 1e-5))
+    model = b.build()
+    plan = plan_fusion(build_ecg(model.main), RooflineCost())
+    assert len(plan.blocks) == 1
+    compare(model, seeds=(0, 1))

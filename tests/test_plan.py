@@ -13,6 +13,7 @@ from fusion.ecg import build_ecg
 from fusion.mapping import REORG, SHUFFLE, MappingType, MtM, OtM, OtO
 from fusion.plan import PlanConfig, plan_fusion
 from fusion.table3 import Color, cell
+from graphgen import layer_norm_ops
 from tflite_tools.model.builder import ModelBuilder
 
 
@@ -202,3 +203,50 @@ def test_corrupt_cost_cache_is_ignored(tmp_path, model_path):
     plan_fusion(build_ecg(tflite_tools.load(model_path("transformer_encoder")).main), cost)
     cost.save()
     assert json.loads((tmp_path / "cost-roofline-v1.json").read_text())
+
+
+def _ln_plan(cost):
+    b = ModelBuilder()
+    x = b.input("x", [1, 8, 32])
+    b.output(layer_norm_ops(b, b.op("RELU", [x], [1, 8, 32]), np.linspace(0.5, 1.5, 32), np.linspace(-1, 1, 32), 1e-5))
+    ecg = build_ecg(b.build().main)
+    return ecg, plan_fusion(ecg, cost)
+
+
+def test_layer_norm_reductions_fuse_into_one_block(model_path):
+    # Past Table 3's red Many-to-Many cell: reductions over the innermost axis of the same rows (the
+    # two MEANs of a LayerNorm) and the broadcasts between them are one block, asked of the cost source.
+    cost = FixedCost(True)
+    ecg, plan = _ln_plan(cost)
+    assert len(plan.blocks) == 1 and len(plan.blocks[0].ops) == len(ecg.nodes)
+    assert cost.asked > 0
+    # The same in the converter's transformer: every LayerNorm is one block with both its MEANs.
+    ecg = build_ecg(tflite_tools.load(model_path("transformer_encoder")).main)
+    plan = plan_fusion(ecg, RooflineCost())
+    means = [sum(ecg.nodes[i].name == "MEAN" for i in blk.ops) for blk in plan.blocks]
+    assert means.count(2) >= 2 and 1 not in means
+
+
+def test_the_cost_source_can_veto_fusing_row_reductions():
+    ecg, plan = _ln_plan(FixedCost(False))
+    assert all(sum(ecg.nodes[i].name == "MEAN" for i in blk.ops) <= 1 for blk in plan.blocks)
+
+
+def test_reductions_of_other_axes_or_rows_stay_apart():
+    from fusion.table3 import row_reductions_allowed
+
+    b = ModelBuilder()
+    x = b.input("x", [1, 8, 32])
+    rows = b.op("MEAN", [x, b.const("a", np.array([2], np.int32))], [1, 8, 1], keep_dims=True)
+    centred = b.op("SUB", [x, rows], [1, 8, 32])
+    columns = b.op("MEAN", [centred, b.const("c", np.array([1], np.int32))], [1, 1, 32], keep_dims=True)  # not rows
+    tiled = b.op("TILE", [centred, b.const("m", np.array([1, 1, 2], np.int32))], [1, 8, 64])  # not a broadcast
+    wide = b.op("SUM", [tiled, b.const("w", np.array([2], np.int32))], [1, 8, 1], keep_dims=True)
+    b.output(columns)
+    b.output(wide)
+    ecg = build_ecg(b.build().main)
+    mean_rows, sub, mean_columns, tile, total = range(5)
+    assert row_reductions_allowed(ecg, {mean_rows}, sub)  # x - mean: a value per row
+    assert not row_reductions_allowed(ecg, {mean_rows, sub}, mean_columns)  # another axis
+    assert not row_reductions_allowed(ecg, {mean_rows, sub}, tile)  # not a broadcast onto the rows
+    assert not row_reductions_allowed(ecg, {mean_rows, sub, tile}, total)  # rows of 64 beside rows of 32
