@@ -98,8 +98,8 @@ def measure_model(model: Path, out: Path, runs: int, tvm_python: str | None) -> 
             measure_peak_memory(timings, str(result.model), str(result.library), 1)
         rel = ratios(timings)
         row[key] = {t.name: {"median_ms": t.median / 1e3, "min_ms": min(t.runs_us) / 1e3,
-                                       "max_ms": max(t.runs_us) / 1e3, "ratio": rel[t.name],
-                                       "peak_mib": (t.peak_memory_kib or 0) / 1024} for t in timings}
+                             "max_ms": max(t.runs_us) / 1e3, "ratio": rel[t.name],
+                             "peak_mib": (t.peak_memory_kib or 0) / 1024} for t in timings}
     row["tvm_kernels"] = _tvm(tvm_python, "tvm_fusion.py", str(model)).get("fused_functions")
     inputs = []
     interp = runtime.make_interpreter(model)

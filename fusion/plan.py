@@ -168,10 +168,10 @@ class _Planner:
         if n in block or n in self.block_id or not node.fusible:
             return False
         c = cell(btype[0], node.mapping) if forward else cell(node.mapping, btype[0])
-        if c.color is Color.RED and btype[0] is MtM and node.mapping is MtM and conv_chain_allowed(self.ecg, block, n):
-            c = Cell(MtM, Color.YELLOW)  # the measured inverted-residual exception (table3.py)
-        elif c.color is Color.RED and row_reductions_allowed(self.ecg, block, n):
-            c = Cell(MtM, Color.YELLOW)  # reductions of the same rows, in one kernel (table3.py)
+        if c.color is Color.RED and (
+                (btype[0] is MtM and node.mapping is MtM and conv_chain_allowed(self.ecg, block, n))
+                or row_reductions_allowed(self.ecg, block, n)):
+            c = Cell(MtM, Color.YELLOW)  # the measured exceptions (table3.py): inverted residuals, row reductions
         if c.color is Color.RED:
             self._count("red")
             return False

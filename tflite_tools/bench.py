@@ -19,9 +19,8 @@ meanwhile. Thread pools keep spinning after an invoke (XNNPACK's; the builtin ke
 than 0.2 s), and any one left running shares the cores with the contender being timed: two-thread
 figures measured in one process were 1.4-1.9x where each model alone ran at 1.2-1.3x, and with the
 builtin contender's process merely idle beside it, XNNPACK's own time at two threads doubled.
-Each contender also gets benchmark_model's
-own summary line (`Inference timings in us: Init: ..., First inference: ..., Warmup (avg): ...,
-Inference (avg): ...`).
+Each contender also gets benchmark_model's own summary line (`Inference timings in us: Init: ...,
+First inference: ..., Warmup (avg): ..., Inference (avg): ...`).
 Peak memory (`--memory`) is measured per contender in a fresh process: the growth of peak resident
 memory from before the interpreter is built to after one inference.
 """

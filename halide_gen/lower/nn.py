@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import halide as hl
-import numpy as np
 
 from ..pack import CHANNEL_TILE, DOT_DEPTH
 from ..values import Value, define, flat_index, unflatten

@@ -152,17 +152,16 @@ def _lanes_of(f: hl.Func, lanes: int, extent: int, registers: int = 1) -> int:
     return dividing if dividing >= lanes else min(wide, one_register)
 
 
-def _vectorize_inner(f: hl.Func, shape, lanes: int, done: set[str] | None = None) -> None:
+def _vectorize_inner(f: hl.Func, shape, lanes: int, done: set[str]) -> None:
     """Vectorizes `f` along TFLite's innermost axis when that axis holds at least one vector, else
     (a few channels, as a network's RGB input) along the pixels with the channels unrolled inside:
     Halide turns the channel-strided accesses into interleaved vector loads and stores (NEON's
     ld3 / st3) instead of a scalar loop (MobileNetV3's normalised 224x224x3 input: 10 scalar
     instructions per element). `done`: the names of the Funcs vectorized so far, skipped (a second
     split of the same axis is an error), `f`'s added."""
-    if not shape or not f.args() or (done is not None and f.name() in done):
+    if not shape or not f.args() or f.name() in done:
         return
-    if done is not None:
-        done.add(f.name())
+    done.add(f.name())
     # Two registers of a narrow type per step: a widening copy (int8 -> int16) then loads one
     # register, extends both halves and stores two (the int16 copy before an int8 depthwise conv:
     # 6 instructions per 8 elements in a loop of one register).
@@ -446,8 +445,8 @@ def modelled_tile(channels: int, width: int, lanes: int, registers: int, round_u
 
 
 def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParams, vectorized: set[str]) -> None:
-    """Computes the in-block producers of a reduction's inputs once, at the root (adding each to
-    `vectorized`).
+    """Computes the in-block producers of a reduction's inputs once, at the root (`vectorized`:
+    as _vectorize_inner takes it).
 
     Inlined, an elementwise producer (GELU before a fully-connected layer) would be recomputed for
     every output channel, and a TRANSPOSE before a matrix product would turn its dense loads into
