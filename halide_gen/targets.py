@@ -1,7 +1,7 @@
 """The compile targets: one TargetSpec per name the CLI takes, the single description of a target.
 
-    host                  x86-64 Linux, multitarget: AVX-512 with VNNI (Zen 4, Sapphire Rapids and
-                          later), AVX-512, AVX2, and a plain x86-64 baseline
+    host                  x86-64 Linux, multitarget: AVX-512 with VNNI (Sapphire Rapids and
+                          later; Zen 4 and later), AVX-512, AVX2, and a plain x86-64 baseline
                           (Halide picks the best one the running CPU supports)
     arm64-linux           AArch64 Linux (NEON, ARMv8.2 dot product: int8 sums with SDOT)
     arm64-linux-nodot     AArch64 Linux for ARMv8.0 cores (Cortex-A53): NEON without dot product
@@ -26,9 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
-# AVX-512 with VNNI (and the rest of Zen 4's set, which Sapphire Rapids has too): int8 sums with
-# VPDPBUSD, 4 byte products per 32-bit lane.
-_X86_AVX512_VNNI = "x86-64-linux-avx-avx2-avx512-avx512_skylake-avx512_cannonlake-avx512_zen4-f16c-fma-sse41"
+# AVX-512 with VNNI: int8 sums with VPDPBUSD, 4 byte products per 32-bit lane. Two builds, one per
+# vendor: Halide's feature set also picks LLVM's -mcpu, and code for znver4 may use AMD's SSE4a
+# (insertq), code for sapphirerapids Intel's AVX512-FP16. The delegate keeps each to its vendor's
+# CPUs (delegate/src/cpu_caps.cc); Halide's runtime alone would run the Zen 4 build on a Xeon.
+_X86_AVX512_VNNI_INTEL = ("x86-64-linux-avx-avx2-avx512-avx512_skylake-avx512_cannonlake-avx512_sapphirerapids-"
+                          "f16c-fma-sse41")
+_X86_AVX512_VNNI_AMD = "x86-64-linux-avx-avx2-avx512-avx512_skylake-avx512_cannonlake-avx512_zen4-f16c-fma-sse41"
 _X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
 _X86_BASE = "x86-64-linux"
 _VULKAN = "vulkan-vk_int8-vk_int16-vk_v13"  # 8/16-bit storage for BOOL and int8 tensors
@@ -179,7 +183,7 @@ def _with_fp16(spec: TargetSpec) -> TargetSpec:
 
 
 _BASE_TARGETS = [
-    TargetSpec("host", (_X86_AVX512_VNNI, _X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
+    TargetSpec("host", (_X86_AVX512_VNNI_INTEL, _X86_AVX512_VNNI_AMD, _X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
     # ARMv8.2 and later (every big and little phone core since Cortex-A55 / A75) run int8 sums with
     # SDOT; the -nodot builds are for ARMv8.0 cores (Cortex-A53), where the others decline to run.
     TargetSpec("arm64-linux", ("arm-64-linux-arm_dot_prod",), "arm"),

@@ -4,7 +4,9 @@ a NULL reporter, claims against a changed graph, and the memory planner."""
 
 from __future__ import annotations
 
+import platform
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -108,3 +110,46 @@ def test_initializer_refuses_a_missing_or_unknown_field():
     assert initializer(NODE_SPEC, n_outputs=5, index=1, builtin_code=2, first_io=3, n_inputs=4) == "{1, 2, 3, 4, 5}"
     with pytest.raises(KeyError, match="missing \\['n_outputs'\\], unknown \\['outputs'\\]"):
         initializer(NODE_SPEC, index=1, builtin_code=2, first_io=3, n_inputs=4, outputs=5)
+
+
+FEATURE_CHECK = """
+#include <cstdio>
+#include "HalideRuntime.h"
+#include "cpu_caps.h"
+static int CanUse(int feature) {
+  constexpr int kWords = (halide_target_feature_end + 63) / 64;  // the size Halide insists on
+  uint64_t bits[kWords] = {};
+  for (int f : {halide_target_feature_avx512, halide_target_feature_avx512_skylake,
+                halide_target_feature_avx512_cannonlake, static_cast<halide_target_feature_t>(feature)}) bits[f / 64] |= uint64_t{1} << (f % 64);
+  return halide_can_use_target_features(kWords, bits);
+}
+int main() {
+  dnnfusion::InstallCpuFeatureCheck();
+  std::printf("zen4 %d sapphirerapids %d\\n", CanUse(halide_target_feature_avx512_zen4),
+              CanUse(halide_target_feature_avx512_sapphirerapids));
+}
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").is_file() or platform.machine() != "x86_64", reason="reads x86 /proc/cpuinfo")
+def test_each_vnni_build_runs_only_on_its_vendors_cpus(tmp_path):
+    """The host library's Zen 4 build may hold AMD's SSE4a, its Sapphire Rapids build Intel's
+    AVX512-FP16 (LLVM's -mcpu follows Halide's feature set); Halide's own check ran the Zen 4 build
+    on a Xeon (SIGILL). With the delegate's check, a build is taken only where its instructions exist."""
+    (tmp_path / "check.cc").write_text(FEATURE_CHECK)
+    exe = tmp_path / "check"
+    build = subprocess.run([compiler_for("host"), "-std=c++17", "-O1", f"-I{DELEGATE_DIR / 'include'}",
+                            f"-I{DELEGATE_DIR / 'src'}", f"-I{HALIDE_INCLUDE}", str(tmp_path / "check.cc"),
+                            str(DELEGATE_DIR / "src" / "cpu_caps.cc"), str(compile_runtime("host", tmp_path)),
+                            "-lpthread", "-ldl", "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr[-3000:]
+    flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split())
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.split()
+    zen4, sapphirerapids = int(out[1]), int(out[3])
+    assert not zen4 or "sse4a" in flags
+    assert not sapphirerapids or "avx512_fp16" in flags
+    # ...and VNNI is not lost where a build fits: an Intel CPU with Sapphire Rapids' set takes its build.
+    intel_vnni = {"avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512ifma", "avx512_vnni", "avx512_bf16", "avx_vnni",
+                  "avx512_fp16"}
+    if intel_vnni <= flags:
+        assert sapphirerapids

@@ -11,6 +11,7 @@
 
 #include "HalideRuntime.h"
 #include "claim.h"
+#include "cpu_caps.h"
 #include "delegate_state.h"
 #include "dnnfusion/bundle.h"
 #include "dnnfusion/tflite_abi.h"
@@ -122,6 +123,7 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   }
   SetLogLevel(state->options.log_level);
   InstallHalideHooks();
+  InstallCpuFeatureCheck();
   state->bundle = &bundle();
   if (!state->options.claim_given && state->bundle->default_claim >= 0 && state->bundle->default_claim <= 2) {
     state->options.claim = static_cast<ClaimPolicy>(state->bundle->default_claim);
