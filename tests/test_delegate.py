@@ -258,6 +258,54 @@ def test_num_threads(fused, tmp_path, threads):
     assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
 
 
+def test_parallel_loops_give_the_one_thread_answer_every_time(fused, tmp_path):
+    """The delegate's pool (delegate/src/thread_pool.cc) hands tasks out one at a time to spinning
+    workers: at 2 and 4 threads (more than this machine may have cores), every invoke must give the
+    one-thread output bit for bit."""
+    result = fused("mobilenet_v2_035_96")
+    outputs = {}
+    for threads in (1, 2, 4):
+        d, _ = delegate(result, tmp_path, claim="all", num_threads=str(threads))
+        interp = runtime.make_interpreter(result.model, "xnnpack", 1, delegates=[d])
+        inputs = runtime.random_inputs(interp)
+        outputs[threads] = [runtime.run(interp, inputs) for _ in range(5)]
+    expected = outputs[1][0]
+    for threads, runs in outputs.items():
+        for run_outputs in runs:
+            for got, want in zip(run_outputs, expected):
+                np.testing.assert_array_equal(got, want, err_msg=f"{threads} threads")
+
+
+def _threads_in_process() -> int:
+    return len(list(Path("/proc/self/task").iterdir()))
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="counts threads in /proc")
+def test_worker_threads_end_with_the_last_delegate(fused, tmp_path):
+    """A host that destroys its delegates may unload the library: no worker may outlive them."""
+    result = fused("unet_tiny")
+    before = _threads_in_process()
+    d, _ = delegate(result, tmp_path, claim="all", num_threads="3")
+    interp = runtime.make_interpreter(result.model, "xnnpack", 1, delegates=[d])
+    runtime.run(interp, runtime.random_inputs(interp))
+    assert _threads_in_process() == before + 2  # the invoking thread is the third
+    del interp, d
+    import gc
+
+    gc.collect()
+    assert _threads_in_process() == before
+
+
+def test_invoke_leaves_the_callers_floating_point_mode_alone(fused, tmp_path):
+    """Kernels run with subnormals as zero (as XNNPACK's do), the caller's thread only meanwhile."""
+    result = fused("unet_tiny")
+    d, _ = delegate(result, tmp_path, claim="all")
+    interp = runtime.make_interpreter(result.model, "xnnpack", 1, delegates=[d])
+    runtime.run(interp, runtime.random_inputs(interp))
+    tiny = np.array([np.finfo(np.float32).tiny], np.float32)
+    assert (tiny * np.float32(0.25))[0] == np.float32(2.0**-128)  # a subnormal, not flushed to 0
+
+
 @pytest.mark.parametrize("options, message", [
     ({"num_threads": "many"}, "num_threads: expected an integer"),
     ({"claim": "some"}, "claim: expected profitable, all or none"),

@@ -1,9 +1,11 @@
 """The delegate runtime in C++, under a fake TFLite host (delegate/tests/fake_host_test.cc):
 profiler events per block, the partition arena, idempotent prepare, failing kernels, options with
-a NULL reporter, claims against a changed graph, and the memory planner."""
+a NULL reporter, claims against a changed graph, and the memory planner; and the thread pool behind
+the kernels' parallel loops (delegate/tests/thread_pool_test.cc)."""
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -26,6 +28,27 @@ def test_fake_host(tmp_path):
     assert "all checks passed" in proc.stdout
     # Without a reporter, a bad option still says why (on stderr) instead of failing silently.
     assert "unknown option 'colour'" in proc.stderr
+
+
+def test_thread_pool(tmp_path):
+    """delegate/tests/thread_pool_test.cc: the pool behind the kernels' parallel loops, under
+    ThreadSanitizer where the toolchain has it (it reports any data race it sees as a failure)."""
+    sources = [DELEGATE_DIR / "tests" / "thread_pool_test.cc"] + [
+        DELEGATE_DIR / "src" / name for name in ("thread_pool.cc", "denormals.cc", "log.cc")]
+    runtime = str(compile_runtime("host", tmp_path))
+    for sanitizer in (["-fsanitize=thread"], []):
+        exe = tmp_path / f"thread_pool{len(sanitizer)}"
+        cmd = [compiler_for("host"), "-std=c++17", "-O1", *sanitizer, "-Wall", "-Werror", f"-I{DELEGATE_DIR / 'include'}",
+               f"-I{DELEGATE_DIR / 'src'}", f"-I{HALIDE_INCLUDE}", *map(str, sources), runtime, "-lpthread", "-ldl",
+               "-o", str(exe)]
+        if subprocess.run(cmd, capture_output=True, text=True).returncode == 0:
+            break
+    else:
+        pytest.fail("thread_pool_test.cc did not build")
+    proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "all checks passed" in proc.stdout
 
 
 def test_library_exports_only_the_plugin_entry_points(tmp_path):

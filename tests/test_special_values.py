@@ -229,3 +229,24 @@ def test_nan_weights_leave_the_block_to_tflite(tmp_path, monkeypatch):
     assert outcome.ok, outcome.errors
     assert outcome.claims["claimed_nodes"] == []
     assert "holds NaN or infinity" in outcome.claims["declined"][0]["reason"]
+
+
+def test_exp_of_nonpositive_values_is_accurate_and_underflows_to_zero():
+    """halide_gen.lower.ieee.exp_nonpositive: within 4e-7 of e^x while e^x is a normal float, and
+    exactly 0 well below it (a masked attention score), never a tiny normal that turns the products
+    it enters subnormal."""
+    import halide as hl
+
+    from halide_gen.lower.ieee import exp_nonpositive
+
+    x = np.concatenate([np.linspace(-87.3, 0, 20001), [-87.7, -88.0, -88.5, -100.0, -1e9, -np.inf]]).astype(np.float32)
+    values = hl.Buffer(x)
+    i = hl.Var("i")
+    f = hl.Func("exp_nonpositive")
+    f[i] = exp_nonpositive(values[i])
+    got = np.asarray(f.realize([x.size]))
+    normal = x >= -87.3
+    want = np.exp(x[normal].astype(np.float64))
+    assert float(np.abs(got[normal] / want - 1).max()) <= 4e-7
+    np.testing.assert_array_equal(got[~normal], 0.0)
+

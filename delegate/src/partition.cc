@@ -1,7 +1,6 @@
 #include "partition.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -9,10 +8,12 @@
 #include <utility>
 
 #include "claim.h"
+#include "denormals.h"
 #include "halide_hooks.h"
 #include "log.h"
 #include "memory_plan.h"
 #include "pack.h"
+#include "thread_pool.h"
 
 namespace dnnfusion {
 namespace {
@@ -40,13 +41,6 @@ std::vector<halide_dimension_t> HalideDims(int rank, const int32_t* dims) {
     stride *= dims[rank - 1 - k];
   }
   return out;
-}
-
-// Halide's thread pool is process-wide (per delegate library): resize it only when asked for a
-// different count.
-void UseThreads(int threads) {
-  static std::atomic<int> current{-1};
-  if (current.exchange(threads) != threads) halide_set_num_threads(threads);
 }
 
 }  // namespace
@@ -297,7 +291,12 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
   const int threads = state_.options.num_threads > 0 ? state_.options.num_threads
                       : context->recommended_num_threads > 0 ? context->recommended_num_threads
                                                              : 1;
-  UseThreads(threads);
+  SetThreadPoolSize(threads);
+  // Whichever way this returns, the pool's workers stop spinning once the partition is done.
+  struct Park {
+    ~Park() { ParkThreadPool(); }
+  } park;
+  const ScopedDenormalsAsZero denormals_as_zero;  // the pool's workers run so throughout
   // TFLite's memory for the partition's edges may move between invokes: rebind it every time.
   for (Buffer& b : buffers_) {
     if (b.role == Role::kDecoded && TakeDecoded(context, b) != kTfLiteOk) return kTfLiteError;

@@ -20,6 +20,7 @@
 #include "options.h"
 #include "partition.h"
 #include "report.h"
+#include "thread_pool.h"
 
 namespace dnnfusion {
 namespace {
@@ -124,6 +125,8 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   SetLogLevel(state->options.log_level);
   InstallHalideHooks();
   InstallCpuFeatureCheck();
+  InstallThreadPool();
+  AcquireThreadPool();
   state->bundle = &bundle();
   if (!state->options.claim_given && state->bundle->default_claim >= 0 && state->bundle->default_claim <= 2) {
     state->options.claim = static_cast<ClaimPolicy>(state->bundle->default_claim);
@@ -163,6 +166,7 @@ __attribute__((visibility("default"))) void tflite_plugin_destroy_delegate(TfLit
   if (delegate == nullptr) return;
   delete static_cast<dnnfusion::DelegateState*>(delegate->data_);
   std::free(delegate);
+  dnnfusion::ReleaseThreadPool();
 }
 
 }  // extern "C"

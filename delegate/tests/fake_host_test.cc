@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "HalideRuntime.h"
+#include "check.h"
 #include "dnnfusion/bundle.h"
 #include "dnnfusion/tflite_abi.h"
 #include "memory_plan.h"
@@ -22,14 +23,6 @@
 extern "C" TfLiteDelegate* tflite_plugin_create_delegate(char**, char**, size_t, void (*)(const char*));
 extern "C" void tflite_plugin_destroy_delegate(TfLiteDelegate*);
 
-static int g_failures = 0;
-#define CHECK(cond)                                                     \
-  do {                                                                  \
-    if (!(cond)) {                                                      \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                     \
-    }                                                                   \
-  } while (0)
 
 // ---- the bundle: three blocks, each "t_out = t_in + k" over 4 floats ---------------------------
 

@@ -138,8 +138,11 @@ def exp(x: hl.Expr) -> hl.Expr:
 _EXP_Q = (0.9999995, 0.49999142, 0.16668114, 0.04189873, 0.00826153)
 # ln 2 in two parts: n * _LN2_HI is exact for |n| <= 126, so t keeps its accuracy without an FMA.
 _LN2_HI, _LN2_LO = 0.693145751953125, 1.4286068e-06
-# Below this, 2^n is no longer a normal float: the result is 2^-126 (1.2e-38), e^x to float precision.
-_EXP_FLOOR = -87.33654
+# Clamped here, n is -127 and 2^n's bits are all zero: e^x below -87.68 (under half the smallest
+# normal float) comes out exactly 0, as std::exp's underflow gives for a masked attention score
+# (-1e9), rather than a tiny value whose products downstream are subnormal (a microcode assist per
+# instruction on x86: a causal attention's probability x value product took 50x its time).
+_EXP_FLOOR = -88.0
 # 1.5 * 2^23 + 127: adding it rounds a float in [-126, 0] to an integer n and leaves n + 127 in the
 # low bits of the sum (halide_gen.lower.ieee.exp_nonpositive).
 _EXP_MAGIC = 12583039.0
@@ -150,9 +153,10 @@ def exp_nonpositive(x: hl.Expr) -> hl.Expr:
     """std::exp for x <= 0 (softmax's shifted values, logistic's -|x|), where it cannot overflow:
     2^n e^t with n = round(x / ln 2) and a degree-5 polynomial for e^t, within 3.8e-7 relative
     over [-87, 0] (measured; hl.exp's range checks and Halide's fast_exp, 1.7e-6, cost more
-    instructions: efficientnet_b0's swish is mostly this). Arguments below -87.34 give 1.2e-38 (e^x
-    is 0 or subnormal there). A NaN argument gives an unspecified value: callers wrap the result in
-    keep_nan where the NaN must survive (once, around all they compute).
+    instructions: efficientnet_b0's swish is mostly this). Arguments below -87.68 give exactly 0
+    (e^x is subnormal there), those between it and -87.34 a subnormal near e^x. A NaN argument gives
+    an unspecified value: callers wrap the result in keep_nan where the NaN must survive (once,
+    around all they compute).
 
     n is rounded by adding a magic number, 1.5 * 2^23 + 127: float addition rounds to the nearest
     integer (ties to even, as hl.round), the sum's low bits then hold n + 127, and shifted left by

@@ -14,8 +14,9 @@ templates follow:
   3.4-5x slower; a zero-padded copy cost 10% of a 14x14 inverted residual).
 * Parallelism in coarse tasks over rows; rows times groups of channel tiles for a convolution on
   a map of few rows, channel tiles (times heads) for a matrix product; no parallel loop at all for
-  a stage too small to repay waking the pool (CpuParams.parallel_work). The thread count is
-  Halide's, set at run time (the delegate's num_threads, else TFLite's).
+  a stage too small to repay handing tasks to the pool (CpuParams.parallel_work). The threads are
+  the delegate's pool's (delegate/src/thread_pool.cc), their count set at run time (the delegate's
+  num_threads, else TFLite's).
 * Everything else is vectorized along TFLite's innermost axis.
 
 Weights arrive packed (halide_gen.pack) with the channel axis padded to pack.CHANNEL_TILE, so a tile

@@ -1,0 +1,220 @@
+#include "thread_pool.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "HalideRuntime.h"
+#include "denormals.h"
+#include "log.h"
+
+namespace dnnfusion {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// How long an unparked worker spins for the next loop before it sleeps: far longer than the gap
+// between two parallel loops of a partition (a serial stage or the delegate's bookkeeping, a few
+// microseconds), and short enough that a worker left unparked (a partition that failed midway)
+// gives its core back soon.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+inline void CpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__) || defined(__arm__)
+  asm volatile("yield");
+#endif
+}
+
+int RunSerially(void* user_context, halide_task_t task, int min, int size, uint8_t* closure) {
+  for (int i = min; i < min + size; ++i) {
+    if (int result = task(user_context, i, closure)) return result;
+  }
+  return 0;
+}
+
+// One parallel loop: tasks [min, min + size), claimed one at a time by whichever thread is free.
+struct Loop {
+  halide_task_t task;
+  void* user_context;
+  uint8_t* closure;
+  int min, size;
+  std::atomic<int> next{0};
+  std::atomic<int> finished{0};
+  std::atomic<int> error{0};
+
+  void Run() {
+    for (int i = next.fetch_add(1, std::memory_order_relaxed); i < size; i = next.fetch_add(1, std::memory_order_relaxed)) {
+      if (error.load(std::memory_order_relaxed) == 0) {
+        if (int result = task(user_context, min + i, closure)) {
+          int none = 0;
+          error.compare_exchange_strong(none, result);  // the first failure is the one reported
+        }
+      }
+      finished.fetch_add(1, std::memory_order_release);  // publishes the task's writes to the caller
+    }
+  }
+};
+
+class Pool {
+ public:
+  ~Pool() { Resize(1); }
+
+  int ParallelFor(void* user_context, halide_task_t task, int min, int size, uint8_t* closure) {
+    // Nested loops (a task's own parallel loop) and a second caller meanwhile run serially.
+    if (size <= 1 || busy_.exchange(true, std::memory_order_acquire)) {
+      return RunSerially(user_context, task, min, size, closure);
+    }
+    if (workers_.empty()) {
+      busy_.store(false, std::memory_order_release);
+      return RunSerially(user_context, task, min, size, closure);
+    }
+    Loop loop{task, user_context, closure, min, size};
+    parked_.store(false, std::memory_order_relaxed);
+    loop_.store(&loop, std::memory_order_seq_cst);
+    Wake();
+    loop.Run();
+    for (int spins = 0; loop.finished.load(std::memory_order_acquire) < size; ++spins) {
+      // A worker's task is still running; yield if it was descheduled rather than spin on its core.
+      if (spins < (1 << 14)) {
+        CpuRelax();
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    // A worker may still hold `loop` (it found no task left): it lives on this stack until none does.
+    loop_.store(nullptr, std::memory_order_seq_cst);
+    while (visiting_.load(std::memory_order_seq_cst) != 0) CpuRelax();
+    busy_.store(false, std::memory_order_release);
+    return loop.error.load(std::memory_order_relaxed);
+  }
+
+  // Sets the workers to `threads` - 1 (the caller of a loop is the last thread).
+  void Resize(int threads) {
+    while (busy_.exchange(true, std::memory_order_acquire)) std::this_thread::yield();
+    const size_t want = threads > 1 ? static_cast<size_t>(threads - 1) : 0;
+    if (want != workers_.size()) {
+      StopWorkers();
+      try {
+        const uint64_t now = generation_.load(std::memory_order_acquire);
+        while (workers_.size() < want) workers_.emplace_back([this, now] { Work(now); });
+      } catch (const std::system_error& e) {
+        Log(LogLevel::kWarning, "started %zu of %zu worker threads (%s): parallel loops use fewer", workers_.size(),
+            want, e.what());
+      }
+    }
+    busy_.store(false, std::memory_order_release);
+  }
+
+  void Park() { parked_.store(true, std::memory_order_relaxed); }
+
+ private:
+  // Starts waiting workers on a new generation: the spinning ones see it, the sleeping ones are woken.
+  void Wake() {
+    generation_.fetch_add(1, std::memory_order_seq_cst);
+    std::lock_guard<std::mutex> lock(sleep_mutex_);
+    if (sleepers_ > 0) wake_.notify_all();
+  }
+
+  void StopWorkers() {
+    stop_.store(true, std::memory_order_seq_cst);
+    Wake();
+    for (std::thread& t : workers_) t.join();
+    workers_.clear();
+    stop_.store(false, std::memory_order_seq_cst);
+  }
+
+  // `seen`: the generation when the worker was started (one it reads itself may already be a stop's).
+  void Work(uint64_t seen) {
+    const ScopedDenormalsAsZero denormals_as_zero;  // as the partition's own thread runs its kernels
+    for (;;) {
+      if (!SpinFor(seen)) {
+        std::unique_lock<std::mutex> lock(sleep_mutex_);
+        ++sleepers_;
+        wake_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen || stop_.load(); });
+        --sleepers_;
+      }
+      seen = generation_.load(std::memory_order_acquire);
+      if (stop_.load(std::memory_order_seq_cst)) return;
+      // Announce the visit before looking: the loop's owner then waits for it before it returns
+      // (both seq_cst, so either the owner sees this count or this thread sees no loop).
+      visiting_.fetch_add(1, std::memory_order_seq_cst);
+      if (Loop* loop = loop_.load(std::memory_order_seq_cst)) loop->Run();
+      visiting_.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  // Spins until the generation moves past `seen` (true), or the pool is parked or kSpin passes.
+  bool SpinFor(uint64_t seen) {
+    const Clock::time_point deadline = Clock::now() + kSpin;
+    for (unsigned i = 1;; ++i) {
+      if (generation_.load(std::memory_order_acquire) != seen) return true;
+      if (parked_.load(std::memory_order_relaxed)) return false;
+      if (i % 256 == 0 && Clock::now() > deadline) return false;
+      CpuRelax();
+    }
+  }
+
+  std::atomic<bool> busy_{false};  // a loop (or a resize) is in progress; guards workers_
+  std::vector<std::thread> workers_;
+  std::atomic<Loop*> loop_{nullptr};
+  std::atomic<int> visiting_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> parked_{true};
+  std::atomic<bool> stop_{false};
+  std::mutex sleep_mutex_;
+  std::condition_variable wake_;
+  int sleepers_ = 0;  // guarded by sleep_mutex_
+};
+
+Pool& ThePool() {
+  static Pool pool;  // destroyed (workers joined) when the library unloads or the process exits
+  return pool;
+}
+
+int DoParFor(void* user_context, halide_task_t task, int min, int size, uint8_t* closure) {
+  return ThePool().ParallelFor(user_context, task, min, size, closure);
+}
+
+std::mutex g_users_mutex;
+int g_users = 0;      // live delegates
+int g_threads = -1;   // the size last asked for (-1: none yet)
+
+}  // namespace
+
+void InstallThreadPool() {
+  static std::once_flag once;
+  std::call_once(once, [] { halide_set_custom_do_par_for(DoParFor); });
+}
+
+void AcquireThreadPool() {
+  std::lock_guard<std::mutex> lock(g_users_mutex);
+  ++g_users;
+}
+
+void ReleaseThreadPool() {
+  std::lock_guard<std::mutex> lock(g_users_mutex);
+  if (--g_users == 0) {
+    ThePool().Resize(1);
+    g_threads = -1;
+  }
+}
+
+void SetThreadPoolSize(int threads) {
+  std::lock_guard<std::mutex> lock(g_users_mutex);
+  if (threads == g_threads) return;
+  g_threads = threads;
+  ThePool().Resize(threads);
+  // Halide's own pool stays behind halide_do_parallel_tasks (kernels with async stages).
+  halide_set_num_threads(threads);
+}
+
+void ParkThreadPool() { ThePool().Park(); }
+
+}  // namespace dnnfusion

@@ -1,0 +1,33 @@
+// The threads behind the kernels' parallel loops: a pool whose workers spin between the blocks of
+// a partition instead of sleeping.
+//
+// Halide's own pool puts an idle worker to sleep on a condition variable at once, so every
+// parallel loop pays a wake-up (and the caller a sleep until the last task ends): tens of
+// microseconds each on a busy or virtual machine, and a partition runs one or more parallel loops
+// per block, dozens per invoke. XNNPACK's pthreadpool spins its workers instead. This pool does the
+// same while a partition runs (ParkThreadPool at the end of each Invoke puts them to sleep, so the
+// cores are free for whatever the app and TFLite's own kernels do next), and its tasks are claimed
+// one at a time from an atomic counter, so uneven tasks balance across the threads.
+//
+// Every Halide kernel in this library reaches it through halide_do_par_for (InstallThreadPool).
+// One parallel loop runs at a time; a nested loop, or one from a second interpreter invoking on
+// another thread meanwhile, runs serially on its caller's thread.
+#pragma once
+
+namespace dnnfusion {
+
+// Routes halide_do_par_for of the Halide runtime linked into this library to the pool (once).
+void InstallThreadPool();
+
+// A live delegate holds the pool; when the last one lets go, its workers are joined (so none runs
+// this library's code once the host has destroyed every delegate and may unload it).
+void AcquireThreadPool();
+void ReleaseThreadPool();
+
+// Threads a parallel loop uses from now on, the calling thread included (TFLite's num_threads).
+void SetThreadPoolSize(int threads);
+
+// Workers stop spinning and sleep until the next parallel loop.
+void ParkThreadPool();
+
+}  // namespace dnnfusion
