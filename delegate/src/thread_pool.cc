@@ -4,6 +4,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -39,25 +40,56 @@ int RunSerially(void* user_context, halide_task_t task, int min, int size, uint8
   return 0;
 }
 
-// One parallel loop: tasks [min, min + size), claimed one at a time by whichever thread is free.
+// A thread's share of a loop: tasks [begin, end) in one word, so that its owner (from the front) and
+// a thread that has run out (from the back) each claim a task with one compare-and-swap, on a cache
+// line of its own.
+struct alignas(64) Share {
+  std::atomic<uint64_t> bounds{0};
+};
+
+inline uint64_t Bounds(uint32_t begin, uint32_t end) { return uint64_t{end} << 32 | begin; }
+
+// One parallel loop: tasks [min, min + size), split into one contiguous share per thread, as
+// pthreadpool splits XNNPACK's. The same rows then go to the same thread in loop after loop, so a block
+// mostly reads what its own core wrote in the block before (claimed from one shared counter, a small
+// 2-thread block read half its input from the other core's cache and ran slower than on one), and a
+// thread that finishes early takes tasks from the backs of the others' shares.
 struct Loop {
   halide_task_t task;
   void* user_context;
   uint8_t* closure;
   int min, size;
-  std::atomic<int> next{0};
-  std::atomic<int> finished{0};
+  Share* shares;
+  int threads;
+  alignas(64) std::atomic<int> finished{0};
   std::atomic<int> error{0};
 
-  void Run() {
-    for (int i = next.fetch_add(1, std::memory_order_relaxed); i < size; i = next.fetch_add(1, std::memory_order_relaxed)) {
-      if (error.load(std::memory_order_relaxed) == 0) {
-        if (int result = task(user_context, min + i, closure)) {
-          int none = 0;
-          error.compare_exchange_strong(none, result);  // the first failure is the one reported
+  void Run(int self) {
+    int done = 0;
+    for (int k = 0; k < threads; ++k) {
+      const bool own = k == 0;
+      std::atomic<uint64_t>& bounds = shares[(self + k) % threads].bounds;
+      for (uint64_t b = bounds.load(std::memory_order_relaxed);;) {
+        const uint32_t begin = static_cast<uint32_t>(b), end = static_cast<uint32_t>(b >> 32);
+        if (begin >= end) break;
+        const uint32_t claimed = own ? begin : end - 1;
+        if (!bounds.compare_exchange_weak(b, own ? Bounds(begin + 1, end) : Bounds(begin, end - 1),
+                                          std::memory_order_relaxed)) {
+          continue;  // b reloaded
         }
+        RunTask(static_cast<int>(claimed));
+        ++done;
+        b = bounds.load(std::memory_order_relaxed);
       }
-      finished.fetch_add(1, std::memory_order_release);  // publishes the task's writes to the caller
+    }
+    if (done > 0) finished.fetch_add(done, std::memory_order_release);  // publishes the tasks' writes
+  }
+
+  void RunTask(int i) {
+    if (error.load(std::memory_order_relaxed) != 0) return;  // skip the rest once a task failed
+    if (int result = task(user_context, min + i, closure)) {
+      int none = 0;
+      error.compare_exchange_strong(none, result);  // the first failure is the one reported
     }
   }
 };
@@ -75,11 +107,17 @@ class Pool {
       busy_.store(false, std::memory_order_release);
       return RunSerially(user_context, task, min, size, closure);
     }
-    Loop loop{task, user_context, closure, min, size};
+    const int threads = static_cast<int>(workers_.size()) + 1;
+    for (int t = 0; t < threads; ++t) {
+      shares_[t].bounds.store(Bounds(static_cast<uint32_t>(int64_t{size} * t / threads),
+                                     static_cast<uint32_t>(int64_t{size} * (t + 1) / threads)),
+                              std::memory_order_relaxed);
+    }
+    Loop loop{task, user_context, closure, min, size, shares_.get(), threads};
     parked_.store(false, std::memory_order_relaxed);
-    loop_.store(&loop, std::memory_order_seq_cst);
+    loop_.store(&loop, std::memory_order_seq_cst);  // publishes the shares too
     Wake();
-    loop.Run();
+    loop.Run(0);
     for (int spins = 0; loop.finished.load(std::memory_order_acquire) < size; ++spins) {
       // A worker's task is still running; yield if it was descheduled rather than spin on its core.
       if (spins < (1 << 14)) {
@@ -101,9 +139,13 @@ class Pool {
     const size_t want = threads > 1 ? static_cast<size_t>(threads - 1) : 0;
     if (want != workers_.size()) {
       StopWorkers();
+      shares_.reset(new Share[want + 1]);
       try {
         const uint64_t now = generation_.load(std::memory_order_acquire);
-        while (workers_.size() < want) workers_.emplace_back([this, now] { Work(now); });
+        while (workers_.size() < want) {
+          const int self = static_cast<int>(workers_.size()) + 1;  // the loop's caller is thread 0
+          workers_.emplace_back([this, now, self] { Work(now, self); });
+        }
       } catch (const std::system_error& e) {
         Log(LogLevel::kWarning, "started %zu of %zu worker threads (%s): parallel loops use fewer", workers_.size(),
             want, e.what());
@@ -130,8 +172,9 @@ class Pool {
     stop_.store(false, std::memory_order_seq_cst);
   }
 
-  // `seen`: the generation when the worker was started (one it reads itself may already be a stop's).
-  void Work(uint64_t seen) {
+  // `seen`: the generation when the worker was started (one it reads itself may already be a stop's);
+  // `self`: its share of every loop.
+  void Work(uint64_t seen, int self) {
     const ScopedDenormalsAsZero denormals_as_zero;  // as the partition's own thread runs its kernels
     for (;;) {
       if (!SpinFor(seen)) {
@@ -145,7 +188,7 @@ class Pool {
       // Announce the visit before looking: the loop's owner then waits for it before it returns
       // (both seq_cst, so either the owner sees this count or this thread sees no loop).
       visiting_.fetch_add(1, std::memory_order_seq_cst);
-      if (Loop* loop = loop_.load(std::memory_order_seq_cst)) loop->Run();
+      if (Loop* loop = loop_.load(std::memory_order_seq_cst)) loop->Run(self);
       visiting_.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
@@ -163,6 +206,7 @@ class Pool {
 
   std::atomic<bool> busy_{false};  // a loop (or a resize) is in progress; guards workers_
   std::vector<std::thread> workers_;
+  std::unique_ptr<Share[]> shares_{new Share[1]};  // one per thread, the caller's first
   std::atomic<Loop*> loop_{nullptr};
   std::atomic<int> visiting_{0};
   std::atomic<uint64_t> generation_{0};

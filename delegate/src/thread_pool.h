@@ -6,8 +6,9 @@
 // microseconds each on a busy or virtual machine, and a partition runs one or more parallel loops
 // per block, dozens per invoke. XNNPACK's pthreadpool spins its workers instead. This pool does the
 // same while a partition runs (ParkThreadPool at the end of each Invoke puts them to sleep, so the
-// cores are free for whatever the app and TFLite's own kernels do next), and its tasks are claimed
-// one at a time from an atomic counter, so uneven tasks balance across the threads.
+// cores are free for whatever the app and TFLite's own kernels do next). A loop's tasks are split
+// into one contiguous share per thread, the same rows to the same thread loop after loop (their data
+// stays in that core's cache), and a thread that runs out takes tasks from the others' shares.
 //
 // Every Halide kernel in this library reaches it through halide_do_par_for (InstallThreadPool).
 // One parallel loop runs at a time; a nested loop, or one from a second interpreter invoking on

@@ -72,11 +72,13 @@ class CpuParams:
     # (channels, pixels) of an int8 depthwise tile whose taps are narrow products (0: as float):
     # its channels are one vector of int8 inputs, widened into the int32 sums.
     narrow_dw_tile: tuple[int, int] = (0, 0)
-    # Work (elements times the terms each sums) below which a stage's loop stays serial: waking
-    # Halide's thread pool and joining it costs a few microseconds, more than such a stage takes
-    # (MobileNetV3's squeeze-excite blocks: 4.9 us serial, 8.2 us with two threads). See
-    # _parallel_worthwhile.
-    parallel_work: int = 1 << 16
+    # Work (elements times the terms each sums) below which a stage's loop stays serial: handing its
+    # tasks to the threads costs more than such a stage takes. 1 << 16 while Halide's pool woke a
+    # sleeping worker for every loop (MobileNetV3's squeeze-excite blocks: 4.9 us serial, 8.2 us with
+    # two threads); the delegate's spinning pool hands tasks over in about a microsecond, and 1 << 14
+    # also splits the zero-padded copies of 14x14 inverted residuals: mobilenet_v3_small at two
+    # threads 1.09x -> 1.06x XNNPACK, mobilenet_v2 unchanged. See _parallel_worthwhile.
+    parallel_work: int = 1 << 14
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
