@@ -4,6 +4,7 @@ exactly the blocks that have kernels, declining what does not match, and never f
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import sys
@@ -259,9 +260,9 @@ def test_num_threads(fused, tmp_path, threads):
 
 
 def test_parallel_loops_give_the_one_thread_answer_every_time(fused, tmp_path):
-    """The delegate's pool (delegate/src/thread_pool.cc) hands tasks out one at a time to spinning
-    workers: at 2 and 4 threads (more than this machine may have cores), every invoke must give the
-    one-thread output bit for bit."""
+    """The delegate's pool (delegate/src/thread_pool.cc) splits each loop into shares that spinning
+    workers take and steal from: at 2 and 4 threads (more than this machine may have cores), every
+    invoke must give the one-thread output bit for bit."""
     result = fused("mobilenet_v2_035_96")
     outputs = {}
     for threads in (1, 2, 4):
@@ -290,8 +291,6 @@ def test_worker_threads_end_with_the_last_delegate(fused, tmp_path):
     runtime.run(interp, runtime.random_inputs(interp))
     assert _threads_in_process() == before + 2  # the invoking thread is the third
     del interp, d
-    import gc
-
     gc.collect()
     assert _threads_in_process() == before
 

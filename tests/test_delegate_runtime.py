@@ -16,12 +16,17 @@ from halide_gen.aot import compile_runtime
 from halide_gen.bundle import DELEGATE_DIR, HALIDE_INCLUDE, compiler_for, runtime_sources
 
 
+def _build_host_program(sources, exe: Path, tmp_path: Path, flags=("-Wall", "-Werror")) -> subprocess.CompletedProcess:
+    """Compiles a test program against the delegate's sources and the host Halide runtime."""
+    cmd = [compiler_for("host"), "-std=c++17", "-O1", *flags, f"-I{DELEGATE_DIR / 'include'}", f"-I{DELEGATE_DIR / 'src'}",
+           f"-I{HALIDE_INCLUDE}", *map(str, sources), str(compile_runtime("host", tmp_path)), "-lpthread", "-ldl",
+           "-o", str(exe)]
+    return subprocess.run(cmd, capture_output=True, text=True)
+
+
 def test_fake_host(tmp_path):
     exe = tmp_path / "fake_host"
-    cmd = [compiler_for("host"), "-std=c++17", "-O1", "-Wall", "-Werror", f"-I{DELEGATE_DIR / 'include'}",
-           f"-I{DELEGATE_DIR / 'src'}", f"-I{HALIDE_INCLUDE}", str(DELEGATE_DIR / "tests" / "fake_host_test.cc"),
-           *map(str, runtime_sources()), str(compile_runtime("host", tmp_path)), "-lpthread", "-ldl", "-o", str(exe)]
-    build = subprocess.run(cmd, capture_output=True, text=True)
+    build = _build_host_program([DELEGATE_DIR / "tests" / "fake_host_test.cc", *runtime_sources()], exe, tmp_path)
     assert build.returncode == 0, build.stderr[-3000:]
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -35,13 +40,9 @@ def test_thread_pool(tmp_path):
     ThreadSanitizer where the toolchain has it (it reports any data race it sees as a failure)."""
     sources = [DELEGATE_DIR / "tests" / "thread_pool_test.cc"] + [
         DELEGATE_DIR / "src" / name for name in ("thread_pool.cc", "denormals.cc", "log.cc")]
-    runtime = str(compile_runtime("host", tmp_path))
     for sanitizer in (["-fsanitize=thread"], []):
         exe = tmp_path / f"thread_pool{len(sanitizer)}"
-        cmd = [compiler_for("host"), "-std=c++17", "-O1", *sanitizer, "-Wall", "-Werror", f"-I{DELEGATE_DIR / 'include'}",
-               f"-I{DELEGATE_DIR / 'src'}", f"-I{HALIDE_INCLUDE}", *map(str, sources), runtime, "-lpthread", "-ldl",
-               "-o", str(exe)]
-        if subprocess.run(cmd, capture_output=True, text=True).returncode == 0:
+        if _build_host_program(sources, exe, tmp_path, flags=(*sanitizer, "-Wall", "-Werror")).returncode == 0:
             break
     else:
         pytest.fail("thread_pool_test.cc did not build")
@@ -161,10 +162,7 @@ def test_each_vnni_build_runs_only_on_its_vendors_cpus(tmp_path):
     on a Xeon (SIGILL). With the delegate's check, a build is taken only where its instructions exist."""
     (tmp_path / "check.cc").write_text(FEATURE_CHECK)
     exe = tmp_path / "check"
-    build = subprocess.run([compiler_for("host"), "-std=c++17", "-O1", f"-I{DELEGATE_DIR / 'include'}",
-                            f"-I{DELEGATE_DIR / 'src'}", f"-I{HALIDE_INCLUDE}", str(tmp_path / "check.cc"),
-                            str(DELEGATE_DIR / "src" / "cpu_caps.cc"), str(compile_runtime("host", tmp_path)),
-                            "-lpthread", "-ldl", "-o", str(exe)], capture_output=True, text=True)
+    build = _build_host_program([tmp_path / "check.cc", DELEGATE_DIR / "src" / "cpu_caps.cc"], exe, tmp_path, flags=())
     assert build.returncode == 0, build.stderr[-3000:]
     flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split())
     out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60).stdout.split()

@@ -29,25 +29,19 @@ bool HasFeature(int count, const uint64_t* features, int feature) {
   return feature / 64 < count && (features[feature / 64] >> (feature % 64)) & 1;
 }
 
-// AMD's SSE4a (insertq, extrq): CPUID 0x80000001, ECX bit 6.
-bool HasSse4a() {
+// Whether CPUID leaf `leaf` (sub-leaf `subleaf`) sets `bit` of register `reg` (0..3: EAX..EDX).
+bool CpuidBit(unsigned leaf, unsigned subleaf, int reg, int bit) {
 #if defined(__x86_64__) || defined(__i386__)
-  unsigned a, b, c, d;
-  return __get_cpuid(0x80000001, &a, &b, &c, &d) && (c & (1u << 6));
+  unsigned r[4];
+  return __get_cpuid_count(leaf, subleaf, &r[0], &r[1], &r[2], &r[3]) && (r[reg] >> bit & 1);
 #else
+  (void)leaf, (void)subleaf, (void)reg, (void)bit;
   return false;
 #endif
 }
 
-// Intel's AVX512-FP16: CPUID 7.0, EDX bit 23.
-bool HasAvx512Fp16() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned a, b, c, d;
-  return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23));
-#else
-  return false;
-#endif
-}
+bool HasSse4a() { return CpuidBit(0x80000001, 0, 2, 6); }  // AMD's insertq, extrq: ECX bit 6
+bool HasAvx512Fp16() { return CpuidBit(7, 0, 3, 23); }  // Intel's AVX512-FP16: EDX bit 23
 
 // Halide's check, narrowed: its avx512_zen4 and avx512_sapphirerapids feature sets also pick LLVM's
 // -mcpu (znver4, sapphirerapids), whose code may use one vendor's instructions (SSE4a's insertq in

@@ -5,7 +5,7 @@
 // internal to a partition, idempotent prepare, a failing kernel reported (not aborting), option
 // parsing with a NULL error reporter, and the memory planner.
 //
-// Built and run by tests/test_delegate_runtime.py; exits non-zero on the first failed check.
+// Built and run by tests/test_delegate_runtime.py; exits non-zero if any check failed.
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
@@ -22,7 +22,6 @@
 
 extern "C" TfLiteDelegate* tflite_plugin_create_delegate(char**, char**, size_t, void (*)(const char*));
 extern "C" void tflite_plugin_destroy_delegate(TfLiteDelegate*);
-
 
 // ---- the bundle: three blocks, each "t_out = t_in + k" over 4 floats ---------------------------
 

@@ -4,7 +4,7 @@
 // once (one of them serially), and resizes between loops. Built with ThreadSanitizer where the
 // compiler has it.
 //
-// Built and run by tests/test_delegate_runtime.py; exits non-zero on the first failed check.
+// Built and run by tests/test_delegate_runtime.py; exits non-zero if any check failed.
 #include <atomic>
 #include <cstdio>
 #include <thread>
