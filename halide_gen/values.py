@@ -75,6 +75,11 @@ class Value:
     func: hl.Func
     shape: tuple[int, ...]
     type: hl.Type
+    # How many channels (the innermost axis) the Func may be read at without any read out of
+    # bounds: a float convolution over weights and bias packed to a padded channel count computes
+    # the channels past its last as zeros. 0: just shape[-1]. A consumer whose tiles round up past
+    # the last channel (a depthwise tile of 16 over 72) then reads those instead of clamping.
+    readable_channels: int = 0
 
     @property
     def read_type(self) -> hl.Type:

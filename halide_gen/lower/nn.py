@@ -14,7 +14,7 @@ from typing import Callable
 
 import halide as hl
 
-from ..pack import CHANNEL_TILE, DOT_DEPTH
+from ..pack import CHANNEL_TILE, DOT_DEPTH, padded
 from ..values import Value, define, flat_index, unflatten
 from . import ieee
 from .elementwise import activation
@@ -71,17 +71,20 @@ def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
     """
     n, h, w, c = x.shape
     zero = hl.cast(x.read_type, fill)
+    # The channel clamp lets a schedule round channel loops up past the last channel; where `x`
+    # can be read past it (Value.readable_channels), only as far as that, which no tile reaches:
+    # Halide then drops the clamp, which would otherwise make every tap's vector load a gather.
+    channels = max(c, x.readable_channels)
 
     def body(b, y, xx, ch):
         inside = (y >= 0) & (y < h) & (xx >= 0) & (xx < w)
-        # The channel clamp lets a schedule round channel loops up past the last channel.
-        at = x(b, hl.clamp(hl.likely(y), 0, h - 1), hl.clamp(hl.likely(xx), 0, w - 1), hl.clamp(ch, 0, c - 1))
+        at = x(b, hl.clamp(hl.likely(y), 0, h - 1), hl.clamp(hl.likely(xx), 0, w - 1), hl.clamp(ch, 0, channels - 1))
         return hl.select(hl.likely(inside), at, zero)
 
     f = hl.Func(name)
     b, y, xx, ch = (hl.Var(v) for v in ("n", "y", "x", "c"))
     f[ch, xx, y, b] = body(b, y, xx, ch)
-    return Value(f, (n, h, w, c), f.type())
+    return Value(f, (n, h, w, c), f.type(), x.readable_channels)
 
 
 def _conv_geometry(ctx: OpContext, x: Value, kh: int, kw: int):
@@ -130,7 +133,7 @@ def _weights(ctx: OpContext, index: int, dot: int = 0):
 @register("CONV_2D")
 def lower_conv2d(ctx: OpContext) -> list[Value]:
     """out[n,y,x,o] = act(bias[o] + sum_{ky,kx,i} in[n, y*s-p+ky*d, x*s-p+kx*d, g*Cin+i] * w[o,ky,kx,i])."""
-    return conv2d(ctx, float_arithmetic(ctx, 2))
+    return _readable_past_last_channel(ctx, conv2d(ctx, float_arithmetic(ctx, 2)))
 
 
 def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
@@ -207,7 +210,17 @@ def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: 
 @register("DEPTHWISE_CONV_2D")
 def lower_depthwise(ctx: OpContext) -> list[Value]:
     """out[n,y,x,o] = act(bias[o] + sum_{ky,kx} in[n, y*s-p+ky*d, x*s-p+kx*d, o / mult] * w[0,ky,kx,o])."""
-    return depthwise(ctx, float_arithmetic(ctx, 2))
+    return _readable_past_last_channel(ctx, depthwise(ctx, float_arithmetic(ctx, 2)))
+
+
+def _readable_past_last_channel(ctx: OpContext, results: list[Value]) -> list[Value]:
+    """A float convolution's result, marked readable up to its packed channel count
+    (Value.readable_channels) where its weights and bias are constants: those are packed with the
+    channels padded with zeros, so every channel up to there reads only memory that exists."""
+    weights, bias = ctx.op.inputs[1], ctx.op.inputs[2] if len(ctx.op.inputs) > 2 else None
+    if weights.is_constant and (bias is None or bias.is_constant):
+        results[0].readable_channels = padded(results[0].shape[-1])
+    return results
 
 
 def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
