@@ -269,6 +269,9 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
                 kernel.values[id(t)] = params[key]
         return params[key]
 
+    output_index = {id(t): k for k, t in enumerate(outputs)}
+    read_by_ops = {id(t) for op in ops for t in op.inputs if t is not None}
+    wrappers: dict[int, hl.Func] = {}  # output index -> its Func, made when an op's result is lowered
     for k, op in enumerate(ops):
         ctx = OpContext(op, f"{kernel.name}_op{k}_{op.name.lower()}", value_of)
         results = lower(ctx)
@@ -278,6 +281,14 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
             if tuple(v.shape) != tuple(t.shape):
                 raise LoweringError(f"{op.name}: lowered shape {list(v.shape)} != {list(t.shape)}")
             kernel.values[id(t)] = v
+            if id(t) in output_index and id(t) in read_by_ops:
+                # A block output that later ops read too (HARD_SWISH then the MEAN of a squeeze-
+                # excite): they read the output buffer, which the op's result is computed into,
+                # instead of a copy of it computed first (a pass over the tensor more, and 2x
+                # XNNPACK's time for MobileNetV3's 14x14x240 HARD_SWISH MEAN).
+                index = output_index[id(t)]
+                wrappers[index] = _output_func(kernel, index, t, v)
+                kernel.values[id(t)] = Value(wrappers[index], v.shape, wrappers[index].type())
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
         kernel.padded.extend(ctx.padded)
@@ -288,18 +299,25 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
                                    for acc, kind, r, *rest in ctx.accumulators)
 
     for k, t in enumerate(outputs):
-        v = kernel.values.get(id(t))
-        if v is None or id(t) not in produced:
+        if id(t) not in produced or id(t) not in kernel.values:
             raise LoweringError(f"block output {t.name!r} is not computed by the block")
-        # Each output gets its own Func named after the kernel: Halide names a multitarget
-        # library's entry point after the first output, and two outputs may share a Func. The
-        # build counter keeps the name unique in this process (Halide would append "$n" itself).
-        wrapper = hl.Func(f"{kernel.name}_{next(_BUILDS)}" if k == 0 else f"{kernel.name}_out{k}")
-        vars_ = [hl.Var(a.name()) for a in v.func.args()]
-        wrapper[vars_] = hl.cast(halide_type(t.type_name), v.func[vars_])
-        for var, extent in zip(vars_, reversed(v.shape)):
-            wrapper.bound(var, 0, int(extent))
-        _declare_dense(wrapper.output_buffer(), v.shape)
-        kernel.copied_from[id(wrapper)] = v.func
+        wrapper = wrappers.get(k) or _output_func(kernel, k, t, kernel.values[id(t)])
+        v = kernel.values[id(t)]
         kernel.outputs.append((t, Value(wrapper, v.shape, wrapper.type())))
     return kernel
+
+
+def _output_func(kernel: BlockKernel, index: int, t: Tensor, v: Value) -> hl.Func:
+    """The Func of block output `index` (tensor `t`): `v` cast to `t`'s type, bounded to its shape.
+
+    Each output gets its own Func named after the kernel: Halide names a multitarget library's
+    entry point after the first output, and two outputs may share a Func. The build counter keeps
+    the name unique in this process (Halide would append "$n" itself)."""
+    wrapper = hl.Func(f"{kernel.name}_{next(_BUILDS)}" if index == 0 else f"{kernel.name}_out{index}")
+    vars_ = [hl.Var(a.name()) for a in v.func.args()]
+    wrapper[vars_] = hl.cast(halide_type(t.type_name), v.func[vars_])
+    for var, extent in zip(vars_, reversed(v.shape)):
+        wrapper.bound(var, 0, int(extent))
+    _declare_dense(wrapper.output_buffer(), v.shape)
+    kernel.copied_from[id(wrapper)] = v.func
+    return wrapper

@@ -123,8 +123,11 @@ UNARY = {
     "RELU": lambda x: ieee.at_least(x, 0),  # no upper bound: +inf stays +inf, as in TFLite
     "RELU6": lambda x: ieee.clamp(x, 0, 6),
     "RELU_N1_TO_1": lambda x: ieee.clamp(x, -1, 1),
-    # In TFLite's order: x * 6 overflows to inf before the division for huge x.
-    "HARD_SWISH": lambda x: hl.strict_float(x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) / hl.f32(6)),
+    # In TFLite's order: x * 6 overflows to inf before the scaling for huge x. Scaled by 1/6 as
+    # TFLite's NEON kernel does (its scalar loop divides; the two differ by at most an ulp): a
+    # division is a 16-cycle instruction per AVX-512 vector, and took a 14x14x240 HARD_SWISH MEAN
+    # block to 2.8x XNNPACK's time.
+    "HARD_SWISH": lambda x: hl.strict_float(x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) * hl.f32(1.0 / 6.0)),
 }
 
 
