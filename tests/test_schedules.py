@@ -240,6 +240,30 @@ def test_conv_tiles_cover_rows_without_a_one_pixel_tail():
     assert all(4 <= _whole_rows(w, 7) <= 8 for w in range(8, 300))
 
 
+def test_rows_of_a_multiple_of_14_pixels_get_14_pixel_conv_tiles_and_stay_exact():
+    # x86: 32 x 14 tiles where 14 divides the row (MobileNets' 112 / 56 / 28 / 14), the whole-row
+    # tiles of 7 or 8 elsewhere; a 1x1 and a 3x3 conv on a 28-pixel row checked against LiteRT.
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule.cpu import X86, _tile_shape
+
+    rng = np.random.default_rng(14)
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 3, 28, 16])
+    y = b.op("CONV_2D", [x, b.const("w0", rng.standard_normal((40, 1, 1, 16)).astype(np.float32) / 4),
+                         b.const("b0", rng.standard_normal(40).astype(np.float32))], [1, 3, 28, 40],
+             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
+    b.output(b.op("CONV_2D", [y, b.const("w1", rng.standard_normal((24, 3, 3, 40)).astype(np.float32) / 19),
+                              b.const("b1", rng.standard_normal(24).astype(np.float32))], [1, 3, 28, 24],
+                  padding="SAME", stride_h=1, stride_w=1))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("rows", ops, [ops[1].outputs[0]])
+    shapes = [_tile_shape(acc, X86, X86.conv_channels, X86.conv_pixels, True, 1, modelled=True)
+              for acc in kernel.accumulators]
+    assert shapes == [(32, 14), (32, 14)]
+    assert check_model_blocks(model)
+
+
 @pytest.mark.parametrize("params_name", ["X86", "NEON"])
 def test_concatenated_channels_are_copied_a_whole_vector_from_one_input(tmp_path, params_name):
     # The zero-padded copy of a CONCATENATION a 3x3 conv reads (U-Net's decoder): its few channel

@@ -56,6 +56,9 @@ class CpuParams:
     # Fewest output rows per streamed strip (a few coarse tasks, little halo: schedules.md, lesson
     # 4). Tests set 2 so that small maps are cut into several strips too.
     strip_rows: int = 8
+    # Pixels of a convolution's tile on rows that are a multiple of this many (0: conv_pixels
+    # everywhere): twice the pixels per weight load where whole tiles of them fill the row.
+    conv_row_pixels: int = 0
     # Vector registers a convolution's or matrix product's register tile may fill. Nonzero: the
     # tile shape is chosen per op by `modelled_tile` (fewest instructions for its channel count and
     # row width); 0: the fixed shapes above, as measured.
@@ -94,8 +97,13 @@ class CpuParams:
 # 1.5-1.6x -> 1.1x, the 7x7x1280 conv 1.43x -> 1.02x); 32 x 8 and the modelled tile were close,
 # 64 x 7 and 16 x 14 slower. Fully connected 32 x 12 (24 accumulators): bert's 256 -> 1024 FC
 # 1.10-1.30x -> 0.99x, gpt2's 1.07x -> 1.00x (bench/RESULTS.md, "Register tiles on full-width AVX-512").
+# On a Sapphire Rapids Xeon (2 x 512-bit FMA, 2 loads a cycle) 32 x 14 tiles (28 accumulators: 16
+# loads per 28 FMAs against 9 per 14) on MobileNet's 112 / 56 / 28 / 14-pixel rows took
+# MobileNetV2's 14x14 inverted residuals from 1.05-1.19x XNNPACK to 0.95-1.02x (blocks cut out one
+# by one); on 7-pixel rows 64 x 7 lost to 32 x 7, and rows that 14 does not divide (a U-Net's 64 /
+# 32 / 16) keep their whole-row tiles of 8.
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
-                dot_tile=(32, 7))
+                dot_tile=(32, 7), conv_row_pixels=14)
 # NEON: 4 lanes, 32 registers. Counted on qemu's cortex-a76 (bench/arm_count.py, MobileNetV2, ours /
 # XNNPACK instructions, blocks cut out one by one): a fixed 4 vectors x 6 pixels tile with one
 # broadcast load per reduction step 1.21; 4 steps per vector load with `fmla` by element 1.05 with a
@@ -404,6 +412,9 @@ def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int,
     if round_up:  # a tile must divide the packed channel count (a multiple of pack.CHANNEL_TILE)
         while channels > CHANNEL_TILE and padded(acc.value.shape[-1]) % channels:
             channels //= 2
+    rows_fit = params.conv_row_pixels and width % params.conv_row_pixels == 0
+    if acc.kind == AccumulatorKind.CONV and not acc.dot and rows_fit:
+        return channels, params.conv_row_pixels
     requested = pixels
     if acc.kind == AccumulatorKind.CONV and width > pixels:
         pixels = _whole_rows(width, pixels)
