@@ -70,27 +70,25 @@ def keep_nan(x: hl.Expr, value: hl.Expr) -> hl.Expr:
     return hl.select(is_nan(x), x, value) if _is_float(x) else value
 
 
-def negative(x: hl.Expr) -> hl.Expr:
-    """The sign bit (of +-inf too, which LLVM's no-infs flag lets it misjudge in a comparison)."""
-    return hl.reinterpret(hl.UInt(32), x) >= hl.u32(0x80000000)
-
-
 def clamp(x: hl.Expr, lo: float, hi: float) -> hl.Expr:
     """std::min(std::max(x, lo), hi) with finite bounds: NaN stays NaN, +-inf becomes a bound.
-    Infinities are picked out on the bits: under LLVM's no-infs flag a clamp to +-FLT_MAX is a
-    no-op it may delete."""
-    bounded = hl.clamp(x, hl.f32(lo), hl.f32(hi))
+
+    Written as the C++ is, `(x < lo) ? lo : x`, then `(hi < m) ? hi : m`, in strict float: without
+    LLVM's no-NaNs and no-infs flags the two selects keep their operand order and become x86's
+    maxps(lo, x) and minps(hi, m), which return their second operand on a NaN: two instructions,
+    exact (NaN and infinity tests on the bits took nine, and LLVM may fold such tests of a computed
+    value away under those flags)."""
     if _NATIVE_MINMAX.get() or not _is_float(x):
-        return bounded
-    if lo == -FLT_MAX or hi == FLT_MAX:
-        bounded = hl.select(is_inf(x), hl.select(negative(x), hl.f32(lo), hl.f32(hi)), bounded)
-    return keep_nan(x, bounded)
+        return hl.clamp(x, hl.f32(lo), hl.f32(hi))
+    at_lo = hl.select(x < hl.f32(lo), hl.f32(lo), x)
+    return hl.strict_float(hl.select(at_lo > hl.f32(hi), hl.f32(hi), at_lo))
 
 
 def at_least(x: hl.Expr, lo: float) -> hl.Expr:
-    """`x < lo ? lo : x` (TFLite's RELU): NaN stays NaN."""
-    bounded = hl.max(x, hl.f32(lo))
-    return bounded if _NATIVE_MINMAX.get() else keep_nan(x, bounded)
+    """`x < lo ? lo : x` (TFLite's RELU): NaN stays NaN, in one maxps(lo, x) (see clamp)."""
+    if _NATIVE_MINMAX.get() or not _is_float(x):
+        return hl.max(x, hl.f32(lo))
+    return hl.strict_float(hl.select(x < hl.f32(lo), hl.f32(lo), x))
 
 
 def greater_of(a: hl.Expr, b: hl.Expr) -> hl.Expr:

@@ -136,7 +136,10 @@ def _shifted_exp(beta: float):
 @register("SOFTMAX")
 def lower_softmax(ctx: OpContext) -> list[Value]:
     """exp(beta * (x - max)) / sum over the last axis; each exponential computed once, kept for the
-    sum and the division (as XNNPACK does), not computed again for the output."""
+    sum and the scaling (as XNNPACK does), not computed again for the output. Scaled by 1 / sum, as
+    LiteRT's optimized kernel does (its reference one divides: they differ by an ulp or two): one
+    division per row instead of one per element, a 16-cycle instruction per AVX-512 vector (bert's
+    128 x 128 attention softmax took 1.7x XNNPACK's time dividing)."""
     x = ctx.value(0)
     beta = float(ctx.option("beta", 1.0))
     row_max = _row_max(ctx, x)
@@ -147,7 +150,7 @@ def lower_softmax(ctx: OpContext) -> list[Value]:
     row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1], lambda row, k: exps.at(row + [k]), hl.sum)
     ctx.materialize.append(row_sum)
     return [define(ctx.func_name(), ctx.out_shape(),
-                   lambda *i: exps(*i) / row_sum.at(list(i[:-1]) + [hl.Expr(0)]))]
+                   lambda *i: exps(*i) * (hl.f32(1) / row_sum.at(list(i[:-1]) + [hl.Expr(0)])))]
 
 
 @register("LOG_SOFTMAX")
