@@ -285,7 +285,9 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
                 # A block output that later ops read too (HARD_SWISH then the MEAN of a squeeze-
                 # excite): they read the output buffer, which the op's result is computed into,
                 # instead of a copy of it computed first (a pass over the tensor more, and 2x
-                # XNNPACK's time for MobileNetV3's 14x14x240 HARD_SWISH MEAN).
+                # XNNPACK's time for MobileNetV3's 14x14x240 HARD_SWISH MEAN). Halide reads it
+                # with aligned vector loads, as memory of its own: the delegate hands every kernel
+                # 64-byte-aligned outputs (delegate/src/memory_plan.h, kBufferAlignment).
                 index = output_index[id(t)]
                 wrappers[index] = _output_func(kernel, index, t, v)
                 kernel.values[id(t)] = Value(wrappers[index], v.shape, wrappers[index].type())

@@ -4,9 +4,22 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 namespace dnnfusion {
+
+// Every buffer a kernel writes starts at a multiple of this many bytes (an AVX-512 vector, a cache
+// line). Halide compiles a block's reads of its own output (a HARD_SWISH that the block's MEAN
+// also reads) as aligned vector loads, as it does reads of memory it allocated itself: a
+// LayerNorm block faulted on a 16-byte-aligned arena.
+constexpr size_t kBufferAlignment = 64;
+
+// `p` rounded up to the next multiple of kBufferAlignment.
+inline uint8_t* Aligned(uint8_t* p) {
+  const uintptr_t address = reinterpret_cast<uintptr_t>(p);
+  return p + ((kBufferAlignment - address % kBufferAlignment) % kBufferAlignment);
+}
 
 // A tensor's size and the steps (block positions in the partition) from its producer to its
 // last consumer, inclusive.
@@ -19,6 +32,7 @@ struct Lifetime {
 // Greedy by size (TFLite's own arena strategy): the largest tensor first, each at the lowest
 // offset that no tensor alive at the same time overlaps. Writes one offset per tensor, aligned to
 // `alignment`, and returns the arena size.
-size_t PlanArena(const std::vector<Lifetime>& tensors, std::vector<size_t>* offsets, size_t alignment = 64);
+size_t PlanArena(const std::vector<Lifetime>& tensors, std::vector<size_t>* offsets,
+                 size_t alignment = kBufferAlignment);
 
 }  // namespace dnnfusion

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <set>
 #include <utility>
@@ -216,7 +217,9 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
   std::vector<Lifetime> lifetimes;
   for (const auto& kv : internal) lifetimes.push_back(kv.second);
   std::vector<size_t> offsets;
-  arena_.assign(PlanArena(lifetimes, &offsets), 0);
+  const size_t arena_bytes = PlanArena(lifetimes, &offsets, kBufferAlignment);
+  arena_.assign(arena_bytes + kBufferAlignment, 0);
+  arena_base_ = Aligned(arena_.data());
   size_t i = 0;
   for (const auto& kv : internal) arena_offset_[kv.first] = offsets[i++];
 
@@ -250,7 +253,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
     }
   }
   for (Buffer& b : buffers_) {
-    if (b.role == Role::kInternal) b.raw.host = arena_.data() + b.arena_offset;
+    if (b.role == Role::kInternal) b.raw.host = arena_base_ + b.arena_offset;
   }
   Log(LogLevel::kVerbose, "partition of %zu nodes: %zu blocks, %zu buffers, %zu internal tensors in a %zu-byte arena",
       nodes_.size(), steps_.size(), buffers_.size(), internal.size(), arena_.size());
@@ -306,6 +309,12 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
       return Fail(context, std::string("tensor '") + (t.name ? t.name : "?") + "' has no memory");
     }
     b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
+    b.copy_to = nullptr;
+    if (b.role == Role::kOutput && Aligned(b.raw.host) != b.raw.host) {
+      b.shadow.resize(t.bytes + kBufferAlignment);
+      b.raw.host = Aligned(b.shadow.data());
+      b.copy_to = t.data.raw;
+    }
     if (b.role == Role::kInput) b.raw.set_host_dirty(true);  // new data: upload on first use
   }
   auto* profiler = static_cast<tflite::Profiler*>(context->profiler);
@@ -325,6 +334,7 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
     int err = block.kernel(step.argv.data());
     for (Buffer* b : step.to_host) {
       if (err == 0) err = halide_copy_to_host(nullptr, &b->raw);  // no-op unless a GPU wrote it
+      if (err == 0 && b->copy_to != nullptr) std::memcpy(b->copy_to, b->raw.host, b->raw.size_in_bytes());
     }
     if (timed) {
       step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -2,8 +2,9 @@
 // graph (t0 -> n0 -> t1 -> n1 -> t2 -> n2 -> t3), a hand-written bundle of three one-node
 // blocks whose "kernels" add a constant, and a profiler that records events. It checks what the
 // Python end-to-end tests cannot see: one profiler event per block, the arena for tensors
-// internal to a partition, idempotent prepare, a failing kernel reported (not aborting), option
-// parsing with a NULL error reporter, and the memory planner.
+// internal to a partition, 64-byte-aligned buffers for every kernel output, idempotent prepare, a
+// failing kernel reported (not aborting), option parsing with a NULL error reporter, and the
+// memory planner.
 //
 // Built and run by tests/test_delegate_runtime.py; exits non-zero if any check failed.
 #include <cmath>
@@ -93,7 +94,8 @@ TfLiteIntArray* IntArray(std::vector<int> values) {
 struct Host {
   TfLiteContext context{};
   TfLiteTensor tensors[4]{};
-  float data[4][4] = {{1, 2, 3, 4}, {}, {}, {}};
+  // One 64-byte row per tensor (4 floats used), every row aligned as TFLite's arena aligns tensors.
+  alignas(64) float data[4][16] = {{1, 2, 3, 4}, {}, {}, {}};
   TfLiteNode nodes[3]{};
   TfLiteRegistration regs[3]{};
   TfLiteIntArray* plan = IntArray({0, 1, 2});
@@ -210,6 +212,18 @@ int main() {
     CHECK(g_seen_hosts.size() == 6 && g_seen_hosts[0] == h.data[0] && g_seen_hosts[5] == h.data[3]);
     CHECK(g_seen_hosts[1] == g_seen_hosts[2] && g_seen_hosts[3] == g_seen_hosts[4]);
     CHECK(g_seen_hosts[1] != nullptr && g_seen_hosts[1] != g_seen_hosts[3]);
+    // Every buffer a kernel writes is 64-byte aligned (Halide reads a block's own outputs with
+    // aligned loads): the arena's tensors, and an output whose TFLite memory is not aligned, which
+    // the kernel writes to an aligned shadow that is copied over after it.
+    for (int i : {1, 3, 5}) CHECK(reinterpret_cast<uintptr_t>(g_seen_hosts[i]) % dnnfusion::kBufferAlignment == 0);
+    float* unaligned = h.data[3] + 1;
+    h.tensors[3].data.raw = reinterpret_cast<char*>(unaligned);
+    g_seen_hosts.clear();
+    CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteOk);
+    for (int i = 0; i < 4; ++i) CHECK(unaligned[i] == h.data[0][i] + 111.0f);
+    CHECK(g_seen_hosts.size() == 6 && g_seen_hosts[5] != unaligned);
+    CHECK(reinterpret_cast<uintptr_t>(g_seen_hosts[5]) % dnnfusion::kBufferAlignment == 0);
+    h.tensors[3].data.raw = reinterpret_cast<char*>(h.data[3]);
     // A failing kernel: kTfLiteError with Halide's message, and the process goes on.
     g_fail_next = true;
     CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteError);
