@@ -15,7 +15,7 @@ import numpy as np
 
 from tflite_tools.model.ir import Operator, Tensor
 
-from .lower import AccumulatorKind, LoweringError, OpContext, ieee, lower
+from .lower import AccumulatorKind, LoweringError, OpContext, RowReduction, ieee, lower
 from .lower.quantized import x86_integer_forms
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, float_storage, halide_type
@@ -119,7 +119,7 @@ class BlockKernel:
       with the Value it pads.
     - accumulators: explicit reductions, each tagged with its AccumulatorKind; a template per kind
       tiles it (schedule/cpu.py TEMPLATES).
-    - row_reductions: (partials, totals) pairs of innermost-axis reductions (lower/reduce.py).
+    - row_reductions: innermost-axis reductions in two stages (lower.registry.RowReduction).
     - constants: lookup tables compiled into the kernel (int8 per-channel parameters).
     - read_in_block: id() of the op-result Funcs a later op of the block reads (they cannot be
       computed inside an output's copy).
@@ -138,7 +138,7 @@ class BlockKernel:
     materialize: list[Value] = field(default_factory=list)  # helper Values that must not be inlined
     padded: list[tuple[Value, Value | None]] = field(default_factory=list)  # of those, (padded input, its source)
     accumulators: list[Accumulator] = field(default_factory=list)
-    row_reductions: list[tuple[Value, Value]] = field(default_factory=list)  # (partials, totals), see OpContext
+    row_reductions: list[RowReduction] = field(default_factory=list)  # see OpContext
     constants: list[hl.Buffer] = field(default_factory=list)  # tables compiled into the kernel
     op_helpers: list[list[Value]] = field(default_factory=list)  # per op, the helpers it materialises
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read

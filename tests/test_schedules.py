@@ -230,6 +230,27 @@ def test_an_output_that_later_ops_read_is_computed_once_into_its_buffer(tmp_path
     assert check_model_blocks(model)
 
 
+@pytest.mark.parametrize("shape, split", [((1, 4, 128, 128), True), ((1, 4, 64, 64), False)])
+def test_a_softmax_shares_its_stages_among_threads_only_when_they_are_large(tmp_path, shape, split):
+    # A block with no convolution or matrix product splits its stages from 2^16 terms each
+    # (CpuParams.parallel_light_work), every stage over the same rows (the heads here), so that a
+    # thread reads back the rows it wrote: bert's softmax is split, gpt2's smaller one stays serial.
+    from halide_gen.schedule.cpu import schedule_cpu
+
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", list(shape))
+    b.output(b.op("SOFTMAX", [x], list(shape), beta=1.0))
+    ops = b.build().main.operators
+    kernel = build_block("softmax", ops, [ops[0].outputs[0]])
+    schedule_cpu(kernel)
+    path = tmp_path / "k.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(path), [a.param for a in kernel.arguments])
+    stmt = path.read_text()
+    partial = kernel.row_reductions[0].partial.func.name()
+    assert (f"par_for_{partial}_s0_y" in stmt) == split
+    assert ("halide_do_par_for" in stmt) == split
+
+
 def test_conv_tiles_cover_rows_without_a_one_pixel_tail():
     # x86 conv tiles: 7 pixels where 7 divides the row (MobileNets), 8 where 8 does (U-Nets), never
     # fewer than half the requested count.

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..values import Value, define, dim_vars
 from . import ieee
-from .registry import AccumulatorKind, LoweringError, OpContext, accumulate, read, register
+from .registry import AccumulatorKind, LoweringError, OpContext, RowReduction, accumulate, read, register
 
 
 def reduction_axes(ctx: OpContext, index: int, rank: int) -> list[int]:
@@ -82,7 +82,7 @@ def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, ele
                      lambda *i: reducer(element(list(i[:-1]), outer[0] * PARTIAL + i[-1])), exact=True)
     ctx.materialize.append(partial)
     total = define(ctx.func_name(name), shape, lambda *i: reducer(partial.at(list(i[:-1]) + [lanes[0]])), exact=True)
-    ctx.row_reductions.append((partial, total))
+    ctx.row_reductions.append(RowReduction(partial, total, depth // PARTIAL))
     return total
 
 

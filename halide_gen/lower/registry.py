@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import halide as hl
 import numpy as np
@@ -21,6 +21,15 @@ from ..values import Value, dim_vars, halide_type
 
 class LoweringError(NotImplementedError):
     """An op (or an option of it) this code generator does not handle; the block is not claimed."""
+
+
+class RowReduction(NamedTuple):
+    """An innermost-axis reduction in two stages (reduce.row_reduce): 16-lane partials, each the
+    fold of `terms` elements of its row, then the row totals."""
+
+    partial: Value
+    total: Value
+    terms: int
 
 
 @dataclass
@@ -42,8 +51,8 @@ class OpContext:
     # its dot-product depth (0: none).
     accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None, int, bool]] = field(default_factory=list)
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
-    # Two-stage innermost-axis reductions (reduce.row_reduce): (16-lane partials, row totals).
-    row_reductions: list[tuple[Value, Value]] = field(default_factory=list)
+    # Two-stage innermost-axis reductions (reduce.row_reduce).
+    row_reductions: list[RowReduction] = field(default_factory=list)
 
     def value(self, i: int) -> Value:
         """Input `i` as a Value (a runtime tensor: data, weights, bias)."""

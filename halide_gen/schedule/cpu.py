@@ -82,6 +82,11 @@ class CpuParams:
     # also splits the zero-padded copies of 14x14 inverted residuals: mobilenet_v3_small at two
     # threads 1.09x -> 1.06x XNNPACK, mobilenet_v2 unchanged. See _parallel_worthwhile.
     parallel_work: int = 1 << 14
+    # The same for the stages of a block with no convolution or matrix product (a LayerNorm, a
+    # softmax): a few operations per element, several stages each handed to the threads. Split at
+    # 1 << 14, gpt2_small's LayerNorm blocks ([64, 256]) took 13 us at two threads against 7 at one,
+    # its softmax ([4, 64, 64]) 6 against 4; bert's [4, 128, 128] softmax is split (2^16 terms per stage).
+    parallel_light_work: int = 1 << 16
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
@@ -127,10 +132,24 @@ def _vars(f: hl.Func) -> list[hl.Var]:
 ROW_TASKS = 8
 
 
-def _parallel_worthwhile(params: CpuParams, shape, depth: int = 1) -> bool:
+def _row_axis(f: hl.Func, shape) -> hl.Var | None:
+    """The outermost of `f`'s axes with more than one element, the innermost excluded: what the
+    stages of a block split among threads. Every stage over the same rows takes the same axis, so
+    the pool's per-thread shares give each thread the same rows in each (a LayerNorm on [1, 128,
+    256] split none of its stages, which then read rows the other core's FC had written; a
+    softmax's row sums ran on one thread after its exps ran on two)."""
+    v = _vars(f)
+    for k in range(len(v) - 1, 0, -1):  # Halide's order: v[0] is TFLite's innermost axis
+        if shape[len(shape) - 1 - k] > 1:
+            return v[k]
+    return None
+
+
+def _parallel_worthwhile(params: CpuParams, shape, depth: int = 1, light: bool = False) -> bool:
     """Whether a stage computing `shape`'s elements, each a sum of `depth` terms, has work enough
-    to split across threads (CpuParams.parallel_work)."""
-    return int(np.prod(shape)) * depth >= params.parallel_work
+    to split across threads (CpuParams.parallel_work; parallel_light_work for a `light` block's
+    stages)."""
+    return int(np.prod(shape)) * depth >= (params.parallel_light_work if light else params.parallel_work)
 
 
 # Innermost axes this short (an RGB image's 3 channels) are unrolled inside vectors of pixels.
@@ -667,14 +686,17 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     in_place = _padding_inlined(kernel, params)
     vectorized: set[str] = set()  # (_vectorize_inner)
     streamed = _schedule_conv_chain(kernel, chain, params, in_place, vectorized) if chain else set()
+    terms = {id(r.partial.func): r.terms for r in kernel.row_reductions}
+    light = not kernel.accumulators
     for v in kernel.materialize:
         if id(v.func) in streamed or id(v.func) in in_place:
             continue
         f = v.func
         f.compute_root()
         _vectorize_inner(f, v.shape, lanes, vectorized)
-        if len(f.args()) > 2 and _parallel_worthwhile(params, v.shape):
-            f.parallel(_vars(f)[2])
+        axis = _row_axis(f, v.shape)
+        if axis is not None and _parallel_worthwhile(params, v.shape, terms.get(id(f), 1), light):
+            f.parallel(axis)
     tiled = set(streamed)
     for acc in kernel.accumulators:
         if chain:
@@ -699,11 +721,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         if id(v.func) in tiled or not tensor.shape:
             continue
         f = v.func
-        fv = _vars(f)
         _vectorize_inner(f, tensor.shape, lanes, vectorized)
-        if not _parallel_worthwhile(params, tensor.shape):
-            continue
-        if len(fv) > 2 and tensor.shape[-3] > 1:
-            f.parallel(fv[2])
-        elif len(fv) == 2 and tensor.shape[0] > 1:
-            f.parallel(fv[1])
+        axis = _row_axis(f, tensor.shape)
+        if axis is not None and _parallel_worthwhile(params, tensor.shape, light=light):
+            f.parallel(axis)

@@ -122,8 +122,8 @@ def _elementwise_landing(kernel: BlockKernel, op_index: int) -> hl.Func | None:
 
 def schedule_gpu(kernel: BlockKernel) -> None:
     """Applies the GPU schedule in place."""
-    shared = {id(f.func) for pair in kernel.row_reductions for f in pair}
-    for partial, total in kernel.row_reductions:
+    shared = {id(f.func) for r in kernel.row_reductions for f in (r.partial, r.total)}
+    for partial, total, _ in kernel.row_reductions:
         _row_reduction_in_shared_memory(partial, total)
         kernel.scratch.append(total)
     # Padded inputs are inlined (their realised region exceeds their tensor, so they could not be
