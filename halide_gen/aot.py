@@ -28,7 +28,7 @@ from tflite_tools.model.ir import Operator, Tensor
 from .block import build_block
 from .cache import cached_entry
 from .lower import LoweringError
-from .schedule import schedule_for
+from .schedule import is_template, schedule_for
 from .schedule.auto import schedule_auto
 from .targets import TargetSpec, target_spec
 from .values import tflite_type_name
@@ -99,8 +99,9 @@ def compile_kernel(
 ) -> KernelArtifact:
     """Compiles a block for `target`, or returns the cached kernel for the same signature.
 
-    `schedule` is "template" (the hand-written families in halide_gen.schedule) or the name of
-    one of Halide's autoschedulers (halide_gen.profile.choose_schedule says which is faster).
+    `schedule` is "template" (the hand-written families in halide_gen.schedule), a variant of
+    them (schedule.TEMPLATE_VARIANTS) or the name of one of Halide's autoschedulers
+    (halide_gen.profile.choose_schedule says which is faster).
 
     The cache entry (halide_gen.cache) is verified before use and rebuilt when damaged.
     """
@@ -124,8 +125,8 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
     fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())
-    if schedule == "template":
-        schedule_for(kernel, spec)
+    if is_template(schedule):
+        schedule_for(kernel, spec, schedule)
     else:
         schedule_auto(kernel, schedule, spec.targets()[0])
     if spec.gpu_api == "vulkan":

@@ -10,6 +10,7 @@ from fusion.ecg import build_ecg
 from fusion.plan import plan_fusion
 from halide_gen.block import build_block
 from halide_gen.jit import JitKernel
+from halide_gen.schedule import TEMPLATE_VARIANTS, is_template
 from halide_gen.schedule.auto import CPU_AUTOSCHEDULERS, schedule_auto
 from tflite_tools import runtime
 from opcheck import FLOAT_RTOL
@@ -27,6 +28,39 @@ def first_block(model_path, stem):
 def test_autoscheduled_kernels_match_litert(model_path, stem, autoscheduler):
     model, ops, block = first_block(model_path, stem)
     kernel = JitKernel(build_block("auto", ops, block.outputs), schedule=lambda k: schedule_auto(k, autoscheduler))
+    _check_against_litert(model_path, stem, model, kernel)
+
+
+@pytest.mark.parametrize("variant", TEMPLATE_VARIANTS["x86"])
+def test_template_variants_are_schedule_sources_and_match_litert(model_path, variant):
+    # A variant of the x86 templates' parameters (the 7-pixel conv tiles a Zen 5 host chose) is a
+    # source `fuse --autoschedulers` times next to the defaults; its kernels are as exact.
+    from halide_gen.profile import jit_kernel, schedule_sources
+
+    assert variant in schedule_sources("host") and is_template(variant)
+    model, ops, block = first_block(model_path, "conv_relu6")
+    _check_against_litert(model_path, "conv_relu6", model, jit_kernel("variant", ops, block.outputs, variant))
+    from halide_gen.schedule import schedule_for
+    from halide_gen.targets import target_spec
+
+    with pytest.raises(ValueError, match="no template variant"):  # never another family's parameters
+        schedule_for(build_block("variant", ops, block.outputs), target_spec("arm64-linux"), variant)
+
+
+@pytest.mark.parametrize("times, best", [
+    ({"template": 1.0, "template-7px": 0.97, "Adams2019": 0.99}, "template"),  # within the noise
+    ({"template": 1.0, "template-7px": 0.90, "Adams2019": 0.94}, "template-7px"),
+])
+def test_another_source_replaces_the_templates_only_when_clearly_faster(monkeypatch, times, best):
+    from halide_gen import profile
+
+    monkeypatch.setattr(profile, "jit_kernel", lambda name, ops, outputs, source, target: source)
+    monkeypatch.setattr(profile, "_kernel_seconds", lambda source, inputs, min_seconds, seed: times[source])
+    choice = profile.choose_schedule([], [], [], sources=list(times))
+    assert choice.best == best and choice.seconds == times
+
+
+def _check_against_litert(model_path, stem, model, kernel) -> None:
     interp = runtime.make_interpreter(model_path(stem), resolver="reference")
     inputs = runtime.random_inputs(interp, 4)
     (expected,) = runtime.run(interp, inputs)

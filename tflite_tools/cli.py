@@ -197,8 +197,9 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--measure", action="store_true",
                       help="time every block against LiteRT+XNNPACK here; claim only faster ones by default")
     fuse.add_argument("--autoschedulers", action="store_true",
-                      help="time Halide's autoschedulers against the templates per block where the target's kernels "
-                           "run here (CPU; host-opencl/host-vulkan: the GPU API's device); compile the fastest")
+                      help="time Halide's autoschedulers and the template variants against the templates per block "
+                           "where the target's kernels run here (CPU; host-opencl/host-vulkan: the GPU API's "
+                           "device); compile the fastest")
     fuse.add_argument("--emit-asm", action="store_true",
                       help="keep each kernel's assembly (.s) and Halide statement (.stmt) in OUT/asm/<block>/")
     fuse.add_argument("--debug-runtime", action="store_true",

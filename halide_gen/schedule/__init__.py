@@ -1,11 +1,13 @@
 """Schedules: where each Func of a block kernel is computed, and how its loops run.
 
 `schedule_for` picks the schedule family for a target: CPU (x86 or ARM NEON, by vector width) or
-GPU (OpenCL / Vulkan).
+GPU (OpenCL / Vulkan), and within a CPU family the templates' default parameters or a named
+variant of them (TEMPLATE_VARIANTS).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from .cpu import NEON, X86, CpuParams, schedule_cpu
@@ -19,16 +21,40 @@ if TYPE_CHECKING:  # pragma: no cover
 # The CPU template parameters of each CPU family a TargetSpec may name.
 CPU_PARAMS = {"x86": X86, "arm": NEON}
 
+# Named variants of a CPU family's template parameters: the defaults were measured on one CPU and
+# tile shapes do not carry to the next, so where a default beat an alternative on one host, the
+# alternative is a variant that `fuse --autoschedulers` times per block on the machine it runs on
+# (halide_gen.profile.schedule_sources) next to the defaults and Halide's autoschedulers.
+# "template-7px": x86 conv tiles of 7 pixels on every row (conv_row_pixels off): the 32 x 14 tiles
+# of 14-pixel rows were chosen on a Sapphire Rapids Xeon; a Zen 5 host had chosen 32 x 7 among others.
+TEMPLATE_VARIANTS: dict[str, dict[str, dict]] = {"x86": {"template-7px": {"conv_row_pixels": 0}}, "arm": {}, "gpu": {}}
 
-def schedule_for(kernel: "BlockKernel", spec: "TargetSpec") -> None:
-    """Applies the schedule family of `spec` to `kernel` in place; a family without templates is
-    an error, never another family's parameters."""
+
+def template_sources(family: str) -> tuple[str, ...]:
+    """The template schedule sources of a target family: "template" (the defaults), then its variants."""
+    return ("template",) + tuple(TEMPLATE_VARIANTS.get(family, {}))
+
+
+def is_template(source: str) -> bool:
+    """Whether a schedule source names the templates (defaults or a variant), not an autoscheduler."""
+    return source == "template" or any(source in variants for variants in TEMPLATE_VARIANTS.values())
+
+
+def schedule_for(kernel: "BlockKernel", spec: "TargetSpec", source: str = "template") -> None:
+    """Applies the schedule family of `spec` to `kernel` in place, with the template parameters
+    `source` names (TEMPLATE_VARIANTS); a family without templates, or a variant of another
+    family, is an error, never another family's parameters."""
+    variants = TEMPLATE_VARIANTS.get(spec.family, {})
+    if source != "template" and source not in variants:
+        raise ValueError(f"{spec.name}: no template variant {source!r} for the {spec.family!r} family")
     if spec.family == "gpu":
         schedule_gpu(kernel)
     elif spec.family in CPU_PARAMS:
-        schedule_cpu(kernel, CPU_PARAMS[spec.family])
+        params = CPU_PARAMS[spec.family]
+        schedule_cpu(kernel, dataclasses.replace(params, **variants[source]) if source != "template" else params)
     else:
         raise ValueError(f"{spec.name}: no schedule templates for the {spec.family!r} family")
 
 
-__all__ = ["CPU_PARAMS", "NEON", "X86", "CpuParams", "schedule_cpu", "schedule_for", "schedule_gpu"]
+__all__ = ["CPU_PARAMS", "NEON", "TEMPLATE_VARIANTS", "X86", "CpuParams", "is_template", "schedule_cpu", "schedule_for",
+           "schedule_gpu", "template_sources"]
