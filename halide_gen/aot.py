@@ -28,8 +28,7 @@ from tflite_tools.model.ir import Operator, Tensor
 from .block import build_block
 from .cache import cached_entry
 from .lower import LoweringError
-from .schedule import is_template, schedule_for
-from .schedule.auto import schedule_auto
+from .schedule import schedule_from
 from .targets import TargetSpec, target_spec
 from .values import tflite_type_name
 
@@ -125,10 +124,7 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
     fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())
-    if is_template(schedule):
-        schedule_for(kernel, spec, schedule)
-    else:
-        schedule_auto(kernel, schedule, spec.targets()[0])
+    schedule_from(kernel, spec, schedule, spec.targets()[0])
     if spec.gpu_api == "vulkan":
         # Halide's Vulkan runtime clears a fresh buffer; for a 4-byte scratch buffer (a softmax's
         # row max) that clear wrote past the end of its memory block on lavapipe (valgrind). Under

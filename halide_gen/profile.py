@@ -27,8 +27,8 @@ from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor
 from .aot import generator_digest
 from .block import build_block
 from .jit import JitKernel
-from .schedule import is_template, schedule_for, template_sources
-from .schedule.auto import CPU_AUTOSCHEDULERS, GPU_AUTOSCHEDULERS, schedule_auto
+from .schedule import is_template, schedule_from, template_sources
+from .schedule.auto import CPU_AUTOSCHEDULERS, GPU_AUTOSCHEDULERS
 from .targets import VULKAN_ALLOC_CONFIG, target_spec
 
 
@@ -125,15 +125,8 @@ def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], so
     if spec.gpu_api == "vulkan":  # the allocator settings the delegate uses (aot.VULKAN_ALLOC_CONFIG)
         os.environ.setdefault("HL_VK_ALLOC_CONFIG", VULKAN_ALLOC_CONFIG)
     jit = spec.jit_target()
-
-    def schedule(k) -> None:
-        if is_template(source):
-            schedule_for(k, spec, source)
-        else:
-            schedule_auto(k, source, jit)
-
     kernel = build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms)
-    return JitKernel(kernel, target=jit, schedule=schedule)
+    return JitKernel(kernel, target=jit, schedule=lambda k: schedule_from(k, spec, source, jit))
 
 
 def schedule_sources(target: str) -> tuple[str, ...]:

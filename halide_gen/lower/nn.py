@@ -217,8 +217,7 @@ def _readable_past_last_channel(ctx: OpContext, results: list[Value]) -> list[Va
     """A float convolution's result, marked readable up to its packed channel count
     (Value.readable_channels) where its weights and bias are constants: those are packed with the
     channels padded with zeros, so every channel up to there reads only memory that exists."""
-    weights, bias = ctx.op.inputs[1], ctx.op.inputs[2] if len(ctx.op.inputs) > 2 else None
-    if weights.is_constant and (bias is None or bias.is_constant):
+    if ctx.op.inputs[1].is_constant and (not ctx.has_input(2) or ctx.op.inputs[2].is_constant):
         results[0].readable_channels = padded(results[0].shape[-1])
     return results
 

@@ -10,10 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from .auto import schedule_auto
 from .cpu import NEON, X86, CpuParams, schedule_cpu
 from .gpu import schedule_gpu
 
 if TYPE_CHECKING:  # pragma: no cover
+    import halide as hl
+
     from ..targets import TargetSpec
     from ..block import BlockKernel
 
@@ -56,5 +59,14 @@ def schedule_for(kernel: "BlockKernel", spec: "TargetSpec", source: str = "templ
         raise ValueError(f"{spec.name}: no schedule templates for the {spec.family!r} family")
 
 
+def schedule_from(kernel: "BlockKernel", spec: "TargetSpec", source: str, target: "hl.Target") -> None:
+    """Schedules `kernel` in place from any schedule source: the templates or a variant of them
+    (schedule_for), or one of Halide's autoschedulers planning for `target`."""
+    if is_template(source):
+        schedule_for(kernel, spec, source)
+    else:
+        schedule_auto(kernel, source, target)
+
+
 __all__ = ["CPU_PARAMS", "NEON", "TEMPLATE_VARIANTS", "X86", "CpuParams", "is_template", "schedule_cpu", "schedule_for",
-           "schedule_gpu", "template_sources"]
+           "schedule_from", "schedule_gpu", "template_sources"]
