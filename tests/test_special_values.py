@@ -72,11 +72,11 @@ def conv(op, act, rng):
     return b.build()
 
 
-def pool(op, act):
+def pool(op, act, padding="SAME", size=3):
     b = ModelBuilder()
     x = b.input("x", [1, 6, 6, 3])
-    b.output(b.op(op, [x], [1, 3, 3, 3], padding="SAME", stride_h=2, stride_w=2, filter_height=3, filter_width=3,
-                  fused_activation_function=act))
+    b.output(b.op(op, [x], [1, 3, 3, 3], padding=padding, stride_h=2, stride_w=2, filter_height=size,
+                  filter_width=size, fused_activation_function=act))
     return b.build()
 
 
@@ -149,6 +149,7 @@ CASES = {
        for op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED") for act in ("NONE", "RELU", "RELU6")},
     **{f"{op} {act}": (lambda op=op, act=act: pool(op, act))
        for op in ("MAX_POOL_2D", "AVERAGE_POOL_2D") for act in ("NONE", "RELU6")},
+    "MAX_POOL_2D VALID 2x2": lambda: pool("MAX_POOL_2D", "NONE", "VALID", 2),  # no tap outside: no bounds test
     **{f"{op} axis {axis}": (lambda op=op, axis=axis: reduce(op, axis))
        for op in ("SUM", "MEAN", "REDUCE_MAX", "REDUCE_MIN") for axis in (1, 2)},
     "SOFTMAX": lambda: rows("SOFTMAX", 40, beta=1.0),

@@ -376,14 +376,36 @@ def lower_batch_matmul(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, lambda *i: read(acc, i))]
 
 
+# Windows of at most this many taps are unrolled into one expression per output (a U-Net's 2x2
+# max pool, a 3x3 one): as an inline reduction each output vector had its own loop nest over the
+# window, and unet_small's MAX_POOL_2D blocks took 1.3-2.2x XNNPACK's ARM64 instructions.
+UNROLLED_WINDOW = 16
+
+
 @dataclass
 class PoolWindow:
-    """A pooling op's window: `taps(n, y, x, c)` gives (inside, value) per tap of the RDom `r`,
-    `count(y, x)` the taps inside the input (TFLite averages over those only)."""
+    """A pooling op's window of `size` (rows, columns): `tap(n, y, x, c, ky, kx)` gives (inside,
+    value) for one tap, `count(y, x)` the taps inside the input (TFLite averages over those only);
+    `padded` says whether any tap of any output falls outside the input."""
 
     r: hl.RDom
-    taps: Callable[..., tuple[hl.Expr, hl.Expr]]
+    size: tuple[int, int]
+    tap: Callable[..., tuple[hl.Expr, hl.Expr]]
     count: Callable[[hl.Expr, hl.Expr], hl.Expr]
+    padded: bool
+
+    def taps(self, n, y, x, c) -> tuple[hl.Expr, hl.Expr]:
+        """(inside, value) of the tap at the RDom `r`."""
+        return self.tap(n, y, x, c, self.r[0], self.r[1])
+
+    def unrolled_taps(self, n, y, x, c) -> list[tuple[hl.Expr | None, hl.Expr]] | None:
+        """Every tap in TFLite's order (rows, then columns), `inside` None where no tap can fall
+        outside the input; None when the window is larger than UNROLLED_WINDOW."""
+        rows, cols = self.size
+        if rows * cols > UNROLLED_WINDOW:
+            return None
+        taps = [self.tap(n, y, x, c, ky, kx) for ky in range(rows) for kx in range(cols)]
+        return [(inside if self.padded else None, v) for inside, v in taps]
 
 
 def pool_window(ctx: OpContext) -> PoolWindow:
@@ -396,8 +418,8 @@ def pool_window(ctx: OpContext) -> PoolWindow:
     _, h, w, _ = x.shape
     r = hl.RDom([(0, fh), (0, fw)], ctx.func_name("r"))
 
-    def taps(n, y, xx, c):
-        iy, ix = y * sh - ph + r[0], xx * sw - pw + r[1]
+    def tap(n, y, xx, c, ky, kx):
+        iy, ix = y * sh - ph + ky, xx * sw - pw + kx
         inside = (iy >= 0) & (iy < h) & (ix >= 0) & (ix < w)
         return inside, x(n, hl.clamp(iy, 0, h - 1), hl.clamp(ix, 0, w - 1), c)
 
@@ -405,7 +427,8 @@ def pool_window(ctx: OpContext) -> PoolWindow:
         y0, x0 = y * sh - ph, xx * sw - pw
         return (hl.min(y0 + fh, h) - hl.max(y0, 0)) * (hl.min(x0 + fw, w) - hl.max(x0, 0))
 
-    return PoolWindow(r, taps, count)
+    padded = ph > 0 or pw > 0 or (out[1] - 1) * sh - ph + fh > h or (out[2] - 1) * sw - pw + fw > w
+    return PoolWindow(r, (fh, fw), tap, count, padded)
 
 
 def _pool(ctx: OpContext, kind: str) -> list[Value]:
@@ -413,6 +436,12 @@ def _pool(ctx: OpContext, kind: str) -> list[Value]:
     act = ctx.op.fused_activation
 
     def body(n, y, xx, c):
+        unrolled = window.unrolled_taps(n, y, xx, c) if kind == "max" else None
+        if unrolled is not None:
+            running = hl.f32(-ieee.FLT_MAX)  # std::max from the lowest float, tap by tap
+            for inside, v in unrolled:
+                running = ieee.running_max(running, v, inside)
+            return activation(running, act)
         inside, v = window.taps(n, y, xx, c)
         if kind == "max":
             # std::max from the lowest float: NaNs are skipped (halide_gen.lower.ieee).
