@@ -349,8 +349,8 @@ def test_concatenated_channels_are_copied_a_whole_vector_from_one_input(tmp_path
     check_model_blocks(model, params=params)
 
 
-def _hot_loop(asm: str) -> list[str]:
-    """The mnemonics of the assembly loop with the most `fmla` (a label up to the branch back to it)."""
+def _hot_loop(asm: str, mnemonic: str = "fmla") -> list[str]:
+    """The mnemonics of the assembly loop with the most `mnemonic` (a label up to the branch back to it)."""
     best, loop, label = [], None, None
     for line in asm.splitlines():
         words = line.split("//")[0].split()
@@ -361,17 +361,17 @@ def _hot_loop(asm: str) -> list[str]:
         elif loop is not None and not words[0].startswith("."):
             loop.append(words[0])
             if words[0].startswith("b") and words[-1] == label:
-                best = max(best, loop, key=lambda instructions: instructions.count("fmla"))
+                best = max(best, loop, key=lambda instructions: instructions.count(mnemonic))
                 loop = None
     return best
 
 
-def _neon_hot_loop(tmp_path, model, name):
+def _neon_hot_loop(tmp_path, model, name, mnemonic="fmla"):
     from halide_gen.aot import compile_kernel
 
     sg = model.main
     art = compile_kernel(sg.operators, sg.outputs, name, "arm64-linux", cache_dir=tmp_path, emit_asm=True)
-    return _hot_loop("".join(p.read_text() for p in art.extra if p.suffix == ".s"))
+    return _hot_loop("".join(p.read_text() for p in art.extra if p.suffix == ".s"), mnemonic)
 
 
 def test_neon_matrix_products_load_a_tiles_weights_in_pairs(tmp_path):
@@ -398,3 +398,14 @@ def test_neon_3x3_convolutions_keep_their_tile_in_registers(tmp_path):
 
     loop = _neon_hot_loop(tmp_path, conv_model((1, 6, 40, 16), 16, 3, 1, "SAME"), "neon-3x3")
     assert loop.count("fmla") >= 64 and "str" not in loop and "mov" not in loop, loop
+
+
+def test_neon_elementwise_outputs_take_several_vectors_per_step(tmp_path):
+    # A squeeze-excite MUL over 144 channels: 4 NEON vectors per loop iteration (CpuParams.
+    # elementwise_vectors), loaded and stored in pairs, not one vector and a loop branch each.
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 4, 4, 144])
+    gate = b.input("gate", [1, 1, 1, 144])
+    b.output(b.op("MUL", [x, gate], [1, 4, 4, 144]))
+    loop = _neon_hot_loop(tmp_path, b.build(), "neon-se-mul", "fmul")
+    assert loop.count("fmul") == 4 and loop.count("stp") == 2, loop

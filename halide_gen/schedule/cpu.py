@@ -70,6 +70,8 @@ class CpuParams:
     # Groups of `reduce_unroll` float steps per loop iteration, where they divide the reduction: at 2,
     # a matrix product's loop counter, branch and pointer increments come once per 8 steps, not 4.
     reduce_groups_unrolled: int = 1
+    # Vectors per step of an elementwise stage's long innermost axis, where they divide it.
+    elementwise_vectors: int = 1
     # (channels, pixels) of an int8 dot-product tile where it is fixed (0: as the float tiles).
     dot_tile: tuple[int, int] = (0, 0)
     # Dot-product groups per input load: at 4, a pixel's 16 consecutive input bytes come in one
@@ -120,8 +122,9 @@ X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pi
 # NEON's NaN-propagating min / max (lower.ieee.native_minmax). Two groups of 4 steps per loop
 # iteration: gpt2_small's FC loop 97 -> 189 instructions per 80 -> 160 `fmla`, MobileNetV2 0.923 ->
 # 0.898, gpt2_small 0.935 -> 0.914 (four groups: 0.923 and 0.940, LLVM then holds more loads at once).
+# Block outputs 4 vectors per loop step: efficientnet_b0 0.931 -> 0.922, mobilenet_v3_small 0.890 -> 0.880.
 NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pixels=4, mm_channels=16, mm_rows=6,
-                 registers=32, reduce_unroll=4, reduce_groups_unrolled=2, dot_groups=4, narrow_dw_tile=(16, 4))
+                 registers=32, reduce_unroll=4, reduce_groups_unrolled=2, elementwise_vectors=4, dot_groups=4, narrow_dw_tile=(16, 4))
 
 
 def _vars(f: hl.Func) -> list[hl.Var]:
@@ -187,26 +190,35 @@ def _lanes_of(f: hl.Func, lanes: int, extent: int, registers: int = 1) -> int:
     return dividing if dividing >= lanes else min(wide, one_register)
 
 
-def _vectorize_inner(f: hl.Func, shape, lanes: int, done: set[str]) -> None:
+def _vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], output: bool = False) -> None:
     """Vectorizes `f` along TFLite's innermost axis when that axis holds at least one vector, else
     (a few channels, as a network's RGB input) along the pixels with the channels unrolled inside:
     Halide turns the channel-strided accesses into interleaved vector loads and stores (NEON's
     ld3 / st3) instead of a scalar loop (MobileNetV3's normalised 224x224x3 input: 10 scalar
-    instructions per element). `done`: the names of the Funcs vectorized so far, skipped (a second
-    split of the same axis is an error), `f`'s added."""
+    instructions per element). A block output's long axis goes up to `params.elementwise_vectors`
+    vectors per step, as many as divide it (EfficientNet's squeeze-excite MUL over 144 channels
+    took 9 instructions a vector in a loop of one: 2x XNNPACK's); intermediate stages keep one,
+    as unrolled their sigmoids spilled (memory accesses +3 %). `done`: the names of the Funcs
+    vectorized so far, skipped (a second split of the same axis is an error), `f`'s added."""
     if not shape or not f.args() or f.name() in done:
         return
     done.add(f.name())
     # Two registers of a narrow type per step: a widening copy (int8 -> int16) then loads one
     # register, extends both halves and stores two (the int16 copy before an int8 depthwise conv:
     # 6 instructions per 8 elements in a loop of one register).
-    lanes = _lanes_of(f, lanes, shape[-1], registers=2)
+    lanes = _lanes_of(f, params.lanes, shape[-1], registers=2)
     v = _vars(f)
     if shape[-1] % lanes == 0 and shape[-1] <= UNROLLED_CHANNELS:
         co, ci = hl.Var(v[0].name() + "_vectors"), hl.Var(v[0].name() + "_lanes")
         f.split(v[0], co, ci, lanes, hl.TailStrategy.GuardWithIf).vectorize(ci).unroll(co)
     elif shape[-1] >= lanes:
-        f.vectorize(v[0], lanes, hl.TailStrategy.GuardWithIf)
+        most = params.elementwise_vectors if output else 1
+        step = max(k for k in range(1, most + 1) if k == 1 or shape[-1] % (k * lanes) == 0)
+        if step == 1:
+            f.vectorize(v[0], lanes, hl.TailStrategy.GuardWithIf)
+        else:
+            co, ci = hl.Var(v[0].name() + "_steps"), hl.Var(v[0].name() + "_step")
+            f.split(v[0], co, ci, step * lanes, hl.TailStrategy.GuardWithIf).vectorize(ci, lanes).unroll(ci)
     elif len(v) >= 2 and shape[-1] <= INTERLEAVED_CHANNELS and shape[-2] >= lanes:
         # Split, not bound: a consumer whose channel tile rounds up reads past the last channel.
         co, ci = hl.Var(v[0].name() + "_o"), hl.Var(v[0].name() + "_i")
@@ -529,7 +541,7 @@ def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuPara
         v.func.compute_root()
         fv = _vars(v.func)
         if not _tile_transpose(v.func, producer, v.shape, params.lanes):
-            _vectorize_inner(v.func, v.shape, params.lanes, vectorized)
+            _vectorize_inner(v.func, v.shape, params, vectorized)
         if len(fv) > 1 and _parallel_worthwhile(params, v.shape):
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
 
@@ -673,7 +685,7 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
                 continue  # the taps read the rows of the convolution before (_padding_inlined)
             g = helper.func
             g.store_at(home, yo).compute_at(home, yi)
-            _vectorize_inner(g, helper.shape, params.lanes, vectorized)
+            _vectorize_inner(g, helper.shape, params, vectorized)
             done.add(id(g))
     return done
 
@@ -717,7 +729,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             continue
         f = v.func
         f.compute_root()
-        _vectorize_inner(f, v.shape, lanes, vectorized)
+        _vectorize_inner(f, v.shape, params, vectorized)
         axis = _row_axis(f, v.shape)
         if axis is not None and _parallel_worthwhile(params, v.shape, terms.get(id(f), 1), light):
             f.parallel(axis)
@@ -739,13 +751,13 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     for v in roots:
         if id(v.func) not in rooted:
             v.func.compute_root()
-            _vectorize_inner(v.func, v.shape, lanes, vectorized)
+            _vectorize_inner(v.func, v.shape, params, vectorized)
             rooted.add(id(v.func))
     for tensor, v in kernel.outputs:
         if id(v.func) in tiled or not tensor.shape:
             continue
         f = v.func
-        _vectorize_inner(f, tensor.shape, lanes, vectorized)
+        _vectorize_inner(f, tensor.shape, params, vectorized, output=True)
         axis = _row_axis(f, tensor.shape)
         if axis is not None and _parallel_worthwhile(params, tensor.shape, light=light):
             f.parallel(axis)
