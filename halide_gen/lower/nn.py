@@ -372,7 +372,11 @@ def lower_batch_matmul(ctx: OpContext) -> list[Value]:
         rhs = operand(b, batch, n, r[0]) if adj_y else operand(b, batch, r[0], n)
         return lhs * rhs
 
-    acc = accumulate(ctx, out, lambda *i: hl.f32(0), update, AccumulatorKind.MATMUL, r)
+    # A's rows at the output's own leading indices, consecutive along the reduction (as a fully
+    # connected layer's input): a schedule may load 4 steps of a row in one vector.
+    direct = not adj_x and tuple(a.shape[:-1]) == tuple(out[:-1])
+    acc = accumulate(ctx, out, lambda *i: hl.f32(0), update, AccumulatorKind.MATMUL, r,
+                     source=a.func if direct else None)
     return [define(ctx.func_name(), out, lambda *i: read(acc, i))]
 
 
