@@ -421,3 +421,17 @@ def test_neon_batch_matmul_loads_four_steps_of_a_row_at_once(tmp_path):
     loop = _neon_hot_loop(tmp_path, b.build(), "neon-bmm")
     fmla, single = loop.count("fmla"), loop.count("ldr") + loop.count("ld1r")
     assert fmla >= 64 and single <= 0.2 * fmla, loop
+
+
+def test_a_row_reductions_partial_sums_run_in_one_loop_on_neon(tmp_path):
+    # A MEAN over 64 values takes 16 partial sums per row: one vector of 16 lanes (4 NEON registers)
+    # whose inline sum runs one loop with 4 accumulators, not one loop per register.
+    from halide_gen.aot import compile_kernel
+
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 8, 64])
+    b.output(b.op("MEAN", [x, b.const("axis", np.array([2], np.int32))], [1, 8, 1], keep_dims=True))
+    sg = b.build().main
+    art = compile_kernel(sg.operators, sg.outputs, "neon-mean", "arm64-linux", cache_dir=tmp_path, emit_asm=True)
+    stmt = "".join(p.read_text() for p in art.extra if p.suffix == ".stmt")
+    assert sum("for (sum" in line and "_ro$x" in line for line in stmt.splitlines()) == 1

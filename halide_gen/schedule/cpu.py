@@ -729,6 +729,12 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             continue
         f = v.func
         f.compute_root()
+        if id(f) in terms and f.name() not in vectorized:
+            # A row reduction's partial results are one vector (4 NEON registers), so the inline
+            # reduction behind them runs one loop with 4 accumulators, not 4 loops of one: bert's
+            # LayerNorm and softmax blocks, ARM64 bert_small 0.913 -> 0.907, gpt2_small 0.904 -> 0.898.
+            f.vectorize(_vars(f)[0], v.shape[-1])
+            vectorized.add(f.name())
         _vectorize_inner(f, v.shape, params, vectorized)
         axis = _row_axis(f, v.shape)
         if axis is not None and _parallel_worthwhile(params, v.shape, terms.get(id(f), 1), light):
