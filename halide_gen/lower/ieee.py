@@ -111,13 +111,10 @@ def skip_nan_for_max(v: hl.Expr) -> hl.Expr:
 
 
 def running_max(running: hl.Expr, v: hl.Expr, inside: hl.Expr | None = None) -> hl.Expr:
-    """std::max(running, v) = `(running < v) ? v : running` (NaNs skipped, the earlier of equal
-    values kept), taking `v` only where `inside` holds; in strict float, so LLVM does not fold it
-    into a max instruction that propagates NaN (see clamp). Two instructions a vector, where a
-    NaN test of each value and a max took four."""
-    if not _is_float(v):
-        larger = hl.max(running, v)
-        return larger if inside is None else hl.select(inside, larger, running)
+    """std::max(running, v) for floats = `(running < v) ? v : running` (NaNs skipped, the earlier
+    of equal values kept), taking `v` only where `inside` holds; in strict float, so LLVM does not
+    fold it into a max instruction that propagates NaN (see clamp). Two instructions a vector,
+    where a NaN test of each value and a max took four."""
     take = running < v if inside is None else inside & (running < v)
     return hl.strict_float(hl.select(take, v, running))
 
