@@ -72,7 +72,7 @@ def kernel_name(signature: str) -> str:
 def cache_key(signature: str, spec: TargetSpec, emit_asm: bool, schedule: str = "template") -> str:
     """What a compiled kernel depends on: the block, the target, the schedule source, the
     generator and Halide."""
-    text = json.dumps([signature, spec.halide, generator_digest(), emit_asm, schedule])
+    text = json.dumps([signature, spec.halide, spec.int8_rounding, generator_digest(), emit_asm, schedule])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -120,7 +120,7 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
     """Lowers, schedules and compiles a block into `folder`: the static library, its header,
     kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files."""
     kernel = build_block(kernel_name(signature), ops, outputs, spec.precision, spec.native_minmax,
-                         spec.x86_integer_forms)
+                         spec.x86_integer_forms, spec.int8_rounding)
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
     fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())

@@ -125,7 +125,8 @@ def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], so
     if spec.gpu_api == "vulkan":  # the allocator settings the delegate uses (aot.VULKAN_ALLOC_CONFIG)
         os.environ.setdefault("HL_VK_ALLOC_CONFIG", VULKAN_ALLOC_CONFIG)
     jit = spec.jit_target()
-    kernel = build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms)
+    kernel = build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms,
+                         spec.int8_rounding)
     return JitKernel(kernel, target=jit, schedule=lambda k: schedule_from(k, spec, source, jit))
 
 

@@ -17,13 +17,19 @@ every tensor a block computes is stored in half precision (halide_gen.values.flo
 the device's fp16 feature enabled (`cl_half`: cl_khr_fp16; `vk_float16`: shaderFloat16 + 16-bit
 storage).
 
+Each CPU target also comes with its other int8 rounding (the CLI's `--int8-rounding`,
+`with_int8_rounding`): `<name>-int8-reference` or `<name>-int8-xnnpack`. x86 targets requantize int8
+sums as XNNPACK does by default ("xnnpack": float32, within 1 LSB of LiteRT's reference kernels and
+the same integers as its default XNNPACK path); ARM targets as the reference kernels do, bit for bit
+("reference": ARM's SQRDMULH makes the fixed point cheap there). halide_gen.lower.quantized says how.
+
 Plain data, importable without Halide (the CLI lists the names before anything is compiled); the
 Halide objects are made on demand.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
 # AVX-512 with VNNI: int8 sums with VPDPBUSD, 4 byte products per 32-bit lane. Two builds, one per
@@ -88,6 +94,7 @@ class TargetSpec:
     family: str  # "x86", "arm" or "gpu": which schedule family applies
     precision: str = "fp32"  # how float tensors inside a block are stored (halide_gen.block.PRECISIONS)
     packaging: str = "library"  # one of PACKAGINGS
+    int8_rounding: str = "reference"  # how int8 sums are requantized (lower.quantized.INT8_ROUNDINGS)
 
     def __post_init__(self):
         if self.packaging not in PACKAGINGS:
@@ -159,7 +166,11 @@ class TargetSpec:
         """Whether int8 blocks are claimed by default without `fuse --measure`: where their kernels
         are known to beat XNNPACK's QS8 path. ARMv8.2 with dot product: MobileNetV2 int8 runs in
         0.965x XNNPACK's instructions on a Cortex-A76 (bench/arm_count.py). Not yet on x86 (1.36x
-        its time) nor on ARMv8.0 cores (widening multiplies instead of SDOT)."""
+        its time with the reference rounding) nor on ARMv8.0 cores (widening multiplies instead of
+        SDOT). x86 with XNNPACK's float rounding: 0.88x its time at one thread on a Sapphire Rapids
+        Xeon (bench/RESULTS.md)."""
+        if self.family == "x86":
+            return self.int8_rounding == "xnnpack"
         return self.family == "arm" and self.dot_product
 
     @property
@@ -182,8 +193,15 @@ def _with_fp16(spec: TargetSpec) -> TargetSpec:
                       spec.packaging)
 
 
+def _with_other_rounding(spec: TargetSpec) -> TargetSpec:
+    """A CPU target with the int8 rounding it does not take by default."""
+    rounding = "reference" if spec.int8_rounding == "xnnpack" else "xnnpack"
+    return replace(spec, name=f"{spec.name}-int8-{rounding}", int8_rounding=rounding)
+
+
 _BASE_TARGETS = [
-    TargetSpec("host", (_X86_AVX512_VNNI_INTEL, _X86_AVX512_VNNI_AMD, _X86_AVX512, _X86_AVX2, _X86_BASE), "x86"),
+    TargetSpec("host", (_X86_AVX512_VNNI_INTEL, _X86_AVX512_VNNI_AMD, _X86_AVX512, _X86_AVX2, _X86_BASE), "x86",
+               int8_rounding="xnnpack"),
     # ARMv8.2 and later (every big and little phone core since Cortex-A55 / A75) run int8 sums with
     # SDOT; the -nodot builds are for ARMv8.0 cores (Cortex-A53), where the others decline to run.
     TargetSpec("arm64-linux", ("arm-64-linux-arm_dot_prod",), "arm"),
@@ -197,6 +215,9 @@ _BASE_TARGETS = [
 ]
 TARGETS: dict[str, TargetSpec] = {s.name: s for s in _BASE_TARGETS}
 TARGETS.update({f.name: f for f in (_with_fp16(s) for s in _BASE_TARGETS if s.family == "gpu")})
+TARGETS.update({r.name: r for r in (_with_other_rounding(s) for s in _BASE_TARGETS if s.family != "gpu")})
+# The names the CLI's --target takes; the variants come from --gpu-precision and --int8-rounding.
+BASE_TARGETS = tuple(s.name for s in _BASE_TARGETS)
 
 
 def target_spec(name: str) -> TargetSpec:
@@ -218,4 +239,19 @@ def with_precision(name: str, precision: str) -> str:
     variant = f"{name}-{precision}"
     if variant not in TARGETS:
         raise ValueError(f"--gpu-precision {precision} needs a GPU target ({', '.join(GPU_TARGETS)}), not {name}")
+    return variant
+
+
+def with_int8_rounding(name: str, rounding: str | None) -> str:
+    """The target that requantizes int8 sums as `rounding` says ("reference" or "xnnpack"; None:
+    the target's default); raises ValueError for GPU targets (their int8 kernels round as the
+    reference does) and unknown roundings."""
+    spec = target_spec(name)
+    if rounding is None or rounding == spec.int8_rounding:
+        return spec.name
+    if spec.family == "gpu":
+        raise ValueError(f"--int8-rounding {rounding} needs a CPU target, not {name}")
+    variant = f"{name}-int8-{rounding}"
+    if variant not in TARGETS:
+        raise ValueError(f"no int8 rounding {rounding!r} (reference or xnnpack)")
     return variant

@@ -83,6 +83,26 @@ def test_every_gpu_target_has_an_fp16_variant_and_no_cpu_target_does():
         with_precision("arm64-linux", "fp16")
 
 
+def test_int8_rounding_defaults_to_xnnpacks_on_x86_and_the_references_on_arm():
+    from halide_gen.targets import BASE_TARGETS, TARGETS, target_spec, with_int8_rounding
+
+    assert target_spec("host").int8_rounding == "xnnpack"
+    assert all(target_spec(t).int8_rounding == "reference" for t in BASE_TARGETS if not t.startswith("host"))
+    assert with_int8_rounding("host", None) == with_int8_rounding("host", "xnnpack") == "host"
+    assert with_int8_rounding("host", "reference") == "host-int8-reference"
+    assert TARGETS[with_int8_rounding("arm64-linux", "xnnpack")].int8_rounding == "xnnpack"
+    with pytest.raises(ValueError, match="needs a CPU target"):
+        with_int8_rounding("host-opencl", "xnnpack")
+
+
+def test_int8_rounding_on_a_gpu_target_is_exit_2(capsys, model_path, tmp_path):
+    out = tmp_path / "out"
+    assert cli.main(["fuse", str(model_path("add_relu")), "-o", str(out), "--target", "host-vulkan",
+                     "--int8-rounding", "xnnpack"]) == 2
+    assert "--int8-rounding xnnpack needs a CPU target" in capsys.readouterr().err
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("path", project_model_paths() + shared_model_paths(), ids=model_id)
 def test_plan_only_runs_on_every_model(capsys, path):
     data = fuse_json(capsys, str(path))

@@ -29,33 +29,47 @@ rng = np.random.default_rng(11)
 
 
 # Int8 ops take ARM's forms (SDOT on signed activations, SQRDMULH requantization) or x86's (VNNI on
-# uint8-shifted activations, 64-bit requantizing products): every int8 test runs both.
-X86_FORMS = (False, True)
+# uint8-shifted activations, 64-bit requantizing products), and requantize convolutions and matrix
+# products as the reference kernels do or in float32 as XNNPACK does (x86's default): every int8 test
+# runs each (x86_forms, int8_rounding) pair here.
+FORMS = ((False, "reference"), (True, "reference"), (True, "xnnpack"))
+REFERENCE_FORMS = tuple(f for f in FORMS if f[1] == "reference")
+
+# The ops whose requantization the "xnnpack" rounding changes (lower.quantized._int8_arithmetic).
+REQUANTIZED_SUMS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV"}
 
 
-def halide(model, inputs, x86_forms: bool = False, target=None):
+def halide(model, inputs, x86_forms: bool = False, target=None, rounding: str = "reference"):
     sg = model.main
-    jit = JitKernel(build_block("block", sg.operators, sg.outputs, x86_integer=x86_forms), target=target)
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs, x86_integer=x86_forms, int8_rounding=rounding),
+                    target=target)
     return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
 
 
+def exact_resolver(model, rounding: str) -> str:
+    """The LiteRT kernels a form's outputs must equal bit for bit: XNNPACK's where the model's sums
+    are requantized as XNNPACK does, else the reference kernels."""
+    ops = {op.name for op in model.main.operators}
+    return "xnnpack" if rounding == "xnnpack" and ops & REQUANTIZED_SUMS else "reference"
+
+
 def check(model, exact: bool, seeds=(0, 1)) -> None:
-    """Asserts the int8 outputs: within 1 LSB of the builtin kernels, equal to the reference
-    kernels when `exact`."""
+    """Asserts the int8 outputs: within 1 LSB of the builtin kernels, and when `exact` equal to
+    the reference kernels (XNNPACK's, for sums requantized as XNNPACK does)."""
     data = tflite_tools.serialize(model)
-    for seed, x86_forms in itertools.product(seeds, X86_FORMS):
+    for seed, (x86_forms, rounding) in itertools.product(seeds, FORMS):
         builtin = runtime.make_interpreter(data, resolver="builtin")
         inputs = runtime.random_inputs(builtin, seed)
-        got = halide(model, inputs, x86_forms)
+        got = halide(model, inputs, x86_forms, rounding=rounding)
         for ref, out in zip(runtime.run(builtin, inputs), got):
             assert out.dtype == np.int8 and ref.shape == out.shape
             diff = np.abs(ref.astype(np.int32) - out.astype(np.int32))
-            assert diff.max() <= 1, f"{int((diff > 1).sum())} elements more than 1 LSB off"
+            assert diff.max() <= 1, f"{int((diff > 1).sum())} elements more than 1 LSB off ({rounding})"
             assert len(np.unique(ref)) > 3, "outputs saturated: the test's scales say nothing"
         if exact:
-            reference = runtime.make_interpreter(data, resolver="reference")
-            for ref, out in zip(runtime.run(reference, inputs), got):
-                assert np.array_equal(ref, out), f"{int((ref != out).sum())} elements differ from the reference"
+            resolver = exact_resolver(model, rounding)
+            for ref, out in zip(runtime.run(runtime.make_interpreter(data, resolver=resolver), inputs), got):
+                assert np.array_equal(ref, out), f"{int((ref != out).sum())} elements differ from {resolver}'s"
 
 
 def int8_weights(*shape):
@@ -148,10 +162,11 @@ def test_depthwise_int8_products_at_the_int16_limit(extreme):
     builtin = runtime.make_interpreter(data, resolver="builtin")
     inputs = [np.full(i.shape, -128, np.int8) if k == 0 else i for k, i in enumerate(runtime.random_inputs(builtin, 0))]
     inputs[0][0, 2:4, 2:4, :] = 100  # some contrast, so the outputs are not one value
-    reference = runtime.make_interpreter(data, resolver="reference")
-    for x86_forms in X86_FORMS:
-        for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, x86_forms)):
-            assert np.array_equal(ref, out), f"{int((ref != out).sum())} elements differ from the reference"
+    for x86_forms, rounding in FORMS:
+        resolver = exact_resolver(model, rounding)
+        expected = runtime.run(runtime.make_interpreter(data, resolver=resolver), inputs)
+        for ref, out in zip(expected, halide(model, inputs, x86_forms, rounding=rounding)):
+            assert np.array_equal(ref, out), f"{int((ref != out).sum())} elements differ from {resolver}'s"
 
 
 def fully_connected_model(rows: int, depth: int, units: int):
@@ -288,11 +303,33 @@ def test_int8_sums_use_arm_dot_product_instructions(target, sdot, tmp_path):
         assert ("sdot\t" in asm) == sdot, target
 
 
+@pytest.mark.parametrize("x86_forms", [False, True])
+def test_xnnpack_rounding_equals_xnnpack_where_it_parts_from_the_reference(x86_forms):
+    # XNNPACK (LiteRT's default CPU path) requantizes in float32 and LiteRT's reference kernels in
+    # fixed point: on these sizes they part on a few outputs per seed. The "xnnpack" rounding must
+    # give XNNPACK's integers there too (the float32 scale's product order, round to nearest even),
+    # and stay within 1 LSB of the reference, in ARM's forms and in x86's.
+    parted = 0
+    for model in (conv_model((1, 12, 12, 16), 36, 1, 1, "VALID", "NONE"),
+                  conv_model((1, 12, 12, 32), None, 3, 1, "SAME", "RELU6", depthwise=True)):
+        data = tflite_tools.serialize(model)
+        for seed in range(2):
+            xnnpack = runtime.make_interpreter(data, resolver="xnnpack")
+            inputs = runtime.random_inputs(xnnpack, seed)
+            expected = runtime.run(xnnpack, inputs)[0]
+            reference = runtime.run(runtime.make_interpreter(data, resolver="reference"), inputs)[0]
+            got = halide(model, inputs, x86_forms, rounding="xnnpack")[0]
+            assert np.array_equal(got, expected), int((got != expected).sum())
+            assert np.abs(got.astype(np.int32) - reference).max() <= 1
+            parted += int((expected != reference).sum())
+    assert parted > 0, "XNNPACK and the reference agreed everywhere: the test shows nothing"
+
+
 @pytest.mark.parametrize("features", ["avx-avx2-f16c-fma-sse41", "sse41"])
 def test_x86_forms_are_exact_without_vnni_or_avx512(features):
     # The host library's AVX2 and baseline sub-targets run the same uint8 x int8 sums with no VNNI
     # (Halide must widen them exactly: no saturating VPMADDUBSW) and the same 64-bit requantizing
-    # products with 4 or 2 lanes of them.
+    # products with 4 or 2 lanes of them, or the same float requantization.
     import halide as hl
 
     target = hl.Target(f"x86-64-linux-{features}-jit")
@@ -302,10 +339,12 @@ def test_x86_forms_are_exact_without_vnni_or_avx512(features):
     for model in (conv_model((1, 6, 7, 8), 20, 3, 1, "SAME", "RELU6"), conv_model((1, 8, 9, 3), 12, 5, 1, "SAME"),
                   conv_model((1, 6, 6, 16), None, 3, 2, "SAME", "RELU6", depthwise=True), b.build()):
         data = tflite_tools.serialize(model)
-        reference = runtime.make_interpreter(data, resolver="reference")
-        inputs = runtime.random_inputs(reference, 3)
-        for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, x86_forms=True, target=target)):
-            assert np.array_equal(ref, out), features
+        for rounding in ("reference", "xnnpack"):
+            expected = runtime.make_interpreter(data, resolver=exact_resolver(model, rounding))
+            inputs = runtime.random_inputs(expected, 3)
+            got = halide(model, inputs, x86_forms=True, target=target, rounding=rounding)
+            for ref, out in zip(runtime.run(expected, inputs), got):
+                assert np.array_equal(ref, out), (features, rounding)
 
 
 def test_int8_sums_use_vnni_on_the_hosts_avx512_vnni_subtarget(tmp_path):
@@ -444,8 +483,8 @@ def test_elu_int8_by_litert_table():
     data = tflite_tools.serialize(model)
     builtin = runtime.make_interpreter(data, resolver="builtin")
     inputs = [np.arange(-128, 896).astype(np.int8).reshape(1, 8, 8, 16)]  # every int8 value, 4 times
-    for x86_forms in X86_FORMS:
-        assert np.array_equal(runtime.run(builtin, inputs)[0], halide(model, inputs, x86_forms)[0])
+    for x86_forms, rounding in FORMS:
+        assert np.array_equal(runtime.run(builtin, inputs)[0], halide(model, inputs, x86_forms, rounding=rounding)[0])
 
 
 @pytest.mark.parametrize("shape, size, align, half", [

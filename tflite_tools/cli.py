@@ -19,8 +19,7 @@ from typing import Callable, Sequence
 from fusion.pipeline import plan_model
 from fusion.report import format_summary, to_dot
 from halide_gen.profile import HostProfiler
-from halide_gen.targets import TARGETS as ALL_TARGETS
-from halide_gen.targets import with_precision
+from halide_gen.targets import BASE_TARGETS, with_int8_rounding, with_precision
 
 from .aar import package_aar
 from .bench import benchmark, format_benchmark, measure_peak_memory, ratios
@@ -31,8 +30,9 @@ from .model.errors import ModelError
 from .model.reader import load
 from .run import REFERENCE_NAMES, run
 
-# The names --target takes (the fp16 variants are --gpu-precision's): halide_gen.targets, plain data.
-TARGETS = tuple(name for name, spec in ALL_TARGETS.items() if spec.precision == "fp32")
+# The names --target takes (the variants are --gpu-precision's and --int8-rounding's): halide_gen.targets,
+# plain data.
+TARGETS = BASE_TARGETS
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -55,7 +55,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         cost = HostProfiler()
     if not args.plan_only:
         try:
-            target = with_precision(args.target, args.gpu_precision)
+            target = with_int8_rounding(with_precision(args.target, args.gpu_precision), args.int8_rounding)
         except ValueError as exc:
             raise ModelError(str(exc)) from None
         result = fuse(args.model, args.out, target=target, fast_math=args.fast_math, measure=args.measure,
@@ -194,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--gpu-precision", choices=["fp32", "fp16"], default="fp32",
                       help="GPU targets: store the tensors a block computes in half precision (math and sums "
                            "stay fp32; outputs within 1e-2 of LiteRT's range instead of 1e-4)")
+    fuse.add_argument("--int8-rounding", choices=["reference", "xnnpack"],
+                      help="how int8 convolutions and matrix products requantize: as LiteRT's reference kernels, bit "
+                           "for bit (default on ARM), or in float32 as XNNPACK does, within 1 LSB of them (default on "
+                           "x86, where the fixed point costs 5x the instructions)")
     fuse.add_argument("--measure", action="store_true",
                       help="time every block against LiteRT+XNNPACK here; claim only faster ones by default")
     fuse.add_argument("--autoschedulers", action="store_true",

@@ -23,6 +23,15 @@ the zero point the same way ("tap_sums") and adds two taps' raw products in int1
 them into the int32 sum (`paired_taps_hold`; ARM: smull, smlal, saddw — half the widening adds).
 Integer sums are exact in any order, so this is bit for bit the same.
 
+Rounding (`int8_rounding_forms`): "reference" requantizes CONV_2D, DEPTHWISE_CONV_2D and
+FULLY_CONNECTED in fixed point as above, bit for bit LiteRT's reference kernels. "xnnpack" does what
+XNNPACK's QS8/QC8 kernels (LiteRT's default CPU path for int8) do instead: the int32 sum converted to
+float32, multiplied by the float32 scale in_scale * w_scale / out_scale, clamped to the activation's
+range less the zero point, rounded to nearest even, offset by the zero point. That is within 1 LSB of
+the reference (both round the same real number; they part only near a half) and the same integers
+as XNNPACK's (tests/test_lowering_int8.py). x86 has no 32-bit high multiply, so the fixed-point form
+costs ~20 instructions per 16 outputs there against 4 for this one.
+
 The multipliers are compile-time constants of the kernel (per output channel where the weights
 are per-channel), so a kernel is specific to its tensors' scales and zero points: both the block
 signature and the model fingerprint include them.
@@ -54,6 +63,10 @@ INT8_MIN, INT8_MAX = -128, 127
 ADD_LEFT_SHIFT = 20  # TFLite's headroom shift for int8 ADD (add.cc)
 
 _X86_FORMS: contextvars.ContextVar[bool] = contextvars.ContextVar("x86_forms", default=False)
+_ROUNDING: contextvars.ContextVar[str] = contextvars.ContextVar("int8_rounding", default="reference")
+
+# How an int8 convolution or matrix product turns its int32 sums into int8 (the module docstring).
+INT8_ROUNDINGS = ("reference", "xnnpack")
 
 
 @contextlib.contextmanager
@@ -71,6 +84,19 @@ def x86_integer_forms(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _X86_FORMS.reset(token)
+
+
+@contextlib.contextmanager
+def int8_rounding_forms(mode: str) -> Iterator[None]:
+    """Requantizes the int8 convolutions and matrix products lowered inside the `with` block as
+    `mode` says (one of INT8_ROUNDINGS; the module docstring)."""
+    if mode not in INT8_ROUNDINGS:
+        raise ValueError(f"int8 rounding {mode!r} is none of {INT8_ROUNDINGS}")
+    token = _ROUNDING.set(mode)
+    try:
+        yield
+    finally:
+        _ROUNDING.reset(token)
 
 
 def _as_unsigned(ctx: OpContext, x: Value) -> Value:
@@ -150,15 +176,17 @@ def multiply_shifted(x: hl.Expr, m, up, down, down_positive: bool = False) -> hl
 TABLE_ENTRIES = 16
 
 
-def _channel_table(ctx: OpContext, values: Sequence[int], suffix: str, bits: int = 32):
+def _channel_table(ctx: OpContext, values: Sequence[int | float], suffix: str, bits: int = 32,
+                   element: hl.Type | None = None):
     """A function of the output channel giving values[channel] (a constant when all agree), read
-    from a table of int32 (or `bits`-bit) entries compiled into the kernel. The channel is clamped:
-    schedules may round channel loops up past the last channel."""
-    values = [int(v) for v in values]
+    from a table of int32 (or `bits`-bit integer, or `element`) entries compiled into the kernel.
+    The channel is clamped: schedules may round channel loops up past the last channel."""
+    element = element or hl.Int(bits)
+    values = [float(v) if element.is_float() else int(v) for v in values]
     if len(set(values)) == 1:
-        return lambda oc: hl.cast(hl.Int(bits), values[0])
+        return lambda oc: hl.cast(element, values[0])
     size = -(-len(values) // TABLE_ENTRIES) * TABLE_ENTRIES
-    table = hl.Buffer(hl.Int(bits), [size], ctx.func_name(suffix))
+    table = hl.Buffer(element, [size], ctx.func_name(suffix))
     for k in range(size):
         table[k] = values[min(k, len(values) - 1)]
     ctx.constants.append(table)
@@ -226,6 +254,22 @@ def multiply_single_rounding(x: hl.Expr, m, shift) -> hl.Expr:
     return hl.rounding_mul_shift_right(x, hl.cast(hl.Int(32), m), hl.cast(hl.UInt(32), 31 - hl.cast(hl.Int(32), shift)))
 
 
+def xnnpack_float_scales(in_scale: float, w_scales: Sequence[float], out_scale: float) -> list[float]:
+    """XNNPACK's float32 requantization scales, one per weight scale: in_scale * w_scale / out_scale
+    in float32, multiplied first (the order sets the last bit)."""
+    f32 = np.float32
+    return [float(f32(f32(in_scale) * f32(w)) / f32(out_scale)) for w in w_scales]
+
+
+def float_requantize(acc: hl.Expr, scale: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
+    """An int32 sum as the int8 output the way XNNPACK's fp32 requantization computes it: float32
+    sum times float32 scale, clamped to [lo - zp, hi - zp], rounded to nearest even, plus zp. The
+    clamp comes first so the conversion never overflows (a float too large for int32 has no
+    defined conversion); after it the value fits int16, where zp is added."""
+    scaled = hl.clamp(hl.cast(hl.Float(32), acc) * scale, hl.f32(lo - zp), hl.f32(hi - zp))
+    return hl.cast(hl.Int(8), hl.cast(hl.Int(16), hl.round(scaled)) + hl.i16(zp))
+
+
 def to_int8(scaled: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
     """A rescaled int32 as the int8 output: offset by the zero point, clamped to [lo, hi].
 
@@ -246,9 +290,32 @@ def centred(ctx: OpContext, x: Value, zp: int) -> Value:
     return define(ctx.func_name("centred"), x.shape, lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
 
 
+def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[float], out_scale: float,
+                         per_tensor_float_product: bool):
+    """TFLite's reference requantization of an int32 sum in output channel `oc`, as a function
+    (acc, oc) -> the rescaled int32, in each target's cheapest exact form."""
+    if per_tensor_float_product and len(w_scales) == 1:
+        reals = [float(np.float32(in_scale) * np.float32(w_scales[0])) / out_scale]
+    else:
+        reals = [in_scale * s / out_scale for s in w_scales]
+    mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
+
+    # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
+    if per_tensor_float_product and len(w_scales) > 1:
+        m, shift = _channel_table(ctx, mults, "mult"), _channel_table(ctx, shifts, "shift")
+        return lambda acc, oc: multiply_single_rounding(acc, m(oc), shift(oc))
+    if _X86_FORMS.get() and all(s <= 0 for s in shifts):
+        return _rounded_twice_per_channel(ctx, mults, shifts)
+    m = _channel_table(ctx, mults, "mult")
+    up = _channel_table(ctx, [1 << max(s, 0) for s in shifts], "up")
+    down = _channel_table(ctx, [max(-s, 0) for s in shifts], "down")
+    down_positive = all(s < 0 for s in shifts)  # multipliers under 1/2: the usual case
+    return lambda acc, oc: multiply_shifted(acc, m(oc), up(oc), down(oc), down_positive)
+
+
 def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool = False,
                      paired: bool = False, operands: tuple[int, int, int] = (0, 1, 2)) -> Arithmetic:
-    """Integer terms, an int32 sum started at the int32 bias, TFLite's per-channel requantization.
+    """Integer terms, an int32 sum started at the int32 bias, requantized as `int8_rounding_forms` says.
 
     `per_tensor_float_product`: TFLite's FULLY_CONNECTED with one weight scale forms
     in_scale * w_scale in float32 before dividing in double (GetQuantizedConvolutionMultipler);
@@ -267,34 +334,21 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
     if wq.zero_point is not None and np.any(np.asarray(wq.zero_point) != 0):
         raise LoweringError(f"{ctx.op.name}: weights with a nonzero zero point")
     w_scales = [float(s) for s in wq.scale]
-    if per_tensor_float_product and len(w_scales) == 1:
-        reals = [float(np.float32(in_scale) * np.float32(w_scales[0])) / out_scale]
-    else:
-        reals = [in_scale * s / out_scale for s in w_scales]
-    mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, out_zp)
     if ctx.has_input(bias_index) and ctx.op.inputs[bias_index].type_name != "INT32":
         raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[bias_index].type_name} bias")
 
-    # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
-    if per_tensor_float_product and len(w_scales) > 1:
-        m, shift = _channel_table(ctx, mults, "mult"), _channel_table(ctx, shifts, "shift")
+    if _ROUNDING.get() == "xnnpack":
+        float_scale = _channel_table(ctx, xnnpack_float_scales(in_scale, w_scales, out_scale), "scale",
+                                     element=hl.Float(32))
 
-        def scaled(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
-            return multiply_single_rounding(acc, m(oc), shift(oc))
-    elif _X86_FORMS.get() and all(s <= 0 for s in shifts):
-        scaled = _rounded_twice_per_channel(ctx, mults, shifts)
+        def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
+            return float_requantize(acc, float_scale(oc), out_zp, lo, hi)
     else:
-        m = _channel_table(ctx, mults, "mult")
-        up = _channel_table(ctx, [1 << max(s, 0) for s in shifts], "up")
-        down = _channel_table(ctx, [max(-s, 0) for s in shifts], "down")
-        down_positive = all(s < 0 for s in shifts)  # multipliers under 1/2: the usual case
+        scaled = _fixed_point_scaling(ctx, in_scale, w_scales, out_scale, per_tensor_float_product)
 
-        def scaled(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
-            return multiply_shifted(acc, m(oc), up(oc), down(oc), down_positive)
-
-    def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
-        return to_int8(scaled(acc, oc), out_zp, lo, hi)
+        def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
+            return to_int8(scaled(acc, oc), out_zp, lo, hi)
 
     bias = channel_bias(ctx, bias_index, zero=hl.i32(0))
     if paired and paired_taps_hold(w_t):
