@@ -66,7 +66,8 @@ def logistic(x: hl.Expr) -> hl.Expr:
     went from 1.9x XNNPACK's instructions to 0.9-1.2x."""
     one = hl.f32(1)
     t = ieee.exp_nonpositive(-hl.abs(x))
-    return ieee.keep_nan(x, hl.select(x < hl.f32(-9), t, hl.select(x >= 0, one, t) / (one + t)))
+    # NaN: t is NaN (ieee.exp_nonpositive), both comparisons false, t / (1 + t) NaN.
+    return hl.select(x < hl.f32(-9), t, hl.select(x >= 0, one, t) / (one + t))
 
 
 # erf(x) = x P(x^2) / Q(x^2) on |x| <= 3.92 (erf is 1 in float beyond): coefficients constant term
@@ -77,18 +78,27 @@ _ERF_EDGE = 3.92
 
 
 def _polynomial(coefficients, s: hl.Expr) -> hl.Expr:
-    value = hl.f32(coefficients[-1])
-    for c in reversed(coefficients[:-1]):
+    """Horner's rule, constant term first; a leading coefficient of 1 costs no multiply (NEON's
+    multiply-add overwrites its addend, so every other step is a copy of the constant and an fmla)."""
+    *rest, lead = coefficients
+    value = s + hl.f32(rest[-1]) if lead == 1 else hl.f32(lead) * s + hl.f32(rest[-1])
+    for c in reversed(rest[:-1]):
         value = value * s + hl.f32(c)
     return value
 
 
-def erf(x: hl.Expr) -> hl.Expr:
-    """erf for finite x as a rational function: 11 multiply-adds and a division, where hl.erf
-    spent about twice that (bert_small's GELU blocks); NaN gives an unspecified value."""
-    z = hl.clamp(x, hl.f32(-_ERF_EDGE), hl.f32(_ERF_EDGE))
+def erf(x: hl.Expr, scale: float = 1.0) -> hl.Expr:
+    """erf(scale * x) as a rational function: 10 multiply-adds and a division, where hl.erf
+    spent about twice that (bert_small's GELU blocks). `scale` is folded into the coefficients
+    (no multiply), and both polynomials are divided by Q's leading one (its first step an add).
+    NaN stays NaN (ieee.clamp), so a caller needs no NaN test of its own."""
+    edge = _ERF_EDGE / scale
+    lead = _ERF_Q[-1] * scale ** (2 * len(_ERF_Q) - 2)
+    p = [c * scale ** (2 * k + 1) / lead for k, c in enumerate(_ERF_P)]
+    q = [c * scale ** (2 * k) / lead for k, c in enumerate(_ERF_Q)]
+    z = ieee.clamp(x, -edge, edge)
     s = z * z
-    return z * _polynomial(_ERF_P, s) / _polynomial(_ERF_Q, s)
+    return z * _polynomial(p, s) / _polynomial(q, s)
 
 
 def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
@@ -97,7 +107,8 @@ def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
     if approximate:
         inner = hl.f32(math.sqrt(2.0 / math.pi)) * (x + hl.f32(0.044715) * x * x * x)
         return ieee.keep_nan(x, half * x * (hl.f32(1) + hl.tanh(inner)))
-    return ieee.keep_nan(x, half * x * (hl.f32(1) + erf(x * hl.f32(SQRT1_2))))
+    # NaN carries through erf and the products: no test of x (3 instructions a vector on NEON).
+    return half * x * (hl.f32(1) + erf(x, SQRT1_2))
 
 
 def round_half_away(x: hl.Expr) -> hl.Expr:

@@ -129,7 +129,7 @@ def _shifted_exp(beta: float):
     """exp(beta * (v - max)): at most 1 for beta >= 0 (the converter's softmax), so the cheaper
     non-positive exponential serves; any other beta takes the full one. NaN stays NaN."""
     if beta >= 0:
-        return lambda v: ieee.keep_nan(v, ieee.exp_nonpositive(v))
+        return ieee.exp_nonpositive
     return ieee.exp
 
 

@@ -541,7 +541,7 @@ def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuPara
         v.func.compute_root()
         fv = _vars(v.func)
         if not _tile_transpose(v.func, producer, v.shape, params.lanes):
-            _vectorize_inner(v.func, v.shape, params, vectorized)
+            _vectorize_inner(v.func, v.shape, params, vectorized, output=True)
         if len(fv) > 1 and _parallel_worthwhile(params, v.shape):
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
 
