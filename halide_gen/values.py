@@ -80,6 +80,10 @@ class Value:
     # the channels past its last as zeros. 0: just shape[-1]. A consumer whose tiles round up past
     # the last channel (a depthwise tile of 16 over 72) then reads those instead of clamping.
     readable_channels: int = 0
+    # Channels (innermost-axis indices) where the Func's definition passes from one source to the
+    # next: a CONCATENATION along its channels. A schedule that splits the channel loop there
+    # copies each part densely instead of selecting between gathers of both (schedule.cpu).
+    joins: tuple[int, ...] = ()
 
     @property
     def read_type(self) -> hl.Type:

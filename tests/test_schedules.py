@@ -442,6 +442,25 @@ def test_neon_exponentials_carry_nan_with_no_test_of_their_own(tmp_path, op, mne
     assert loop.count(mnemonic) and "cmhi" not in loop, loop
 
 
+def test_a_wide_concatenation_is_copied_zero_padded_part_by_part(tmp_path):
+    # U-Net's decoder concatenates 64 + 64 channels and pads them for a 3x3 conv. Past 64 channels the
+    # copy's channel loop is not unrolled, so each vector selected between a gather from either
+    # input (a lane at a time: 35 instructions a vector on NEON); split where the inputs meet
+    # (Value.joins), each part is a dense copy, several vectors a step.
+    from halide_gen.aot import compile_kernel
+
+    b = tflite_tools.ModelBuilder()
+    x, y = b.input("x", [1, 8, 8, 64]), b.input("y", [1, 8, 8, 64])
+    joined = b.op("CONCATENATION", [x, y], [1, 8, 8, 128], axis=3)
+    w = b.const("w", np.ones((16, 3, 3, 128), np.float32))
+    b.output(b.op("CONV_2D", [joined, w, None], [1, 8, 8, 16], padding="SAME"))
+    sg = b.build().main
+    art = compile_kernel(sg.operators, sg.outputs, "neon-concat-pad", "arm64-linux", cache_dir=tmp_path, emit_asm=True)
+    asm = "".join(p.read_text() for p in art.extra if p.suffix == ".s")
+    lanes = [line for line in asm.splitlines() if line.split()[:1] == ["ld1"] and "}[" in line]
+    assert not lanes, lanes[:4]
+
+
 def test_neon_batch_matmul_loads_four_steps_of_a_row_at_once(tmp_path):
     # BATCH_MATMUL's left operand, read at the output's own rows, is a reduction source as a fully
     # connected layer's input is: one vector load serves 4 `fmla` by element. Read one float per

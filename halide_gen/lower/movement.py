@@ -63,7 +63,10 @@ def lower_concatenation(ctx: OpContext) -> list[Value]:
             expr = p.at(idx) if expr is None else hl.select(i[axis] >= off, p.at(idx), expr)
         return activation(expr, ctx.op.fused_activation, clamps_none=False)
 
-    return [define(ctx.func_name(), out, body)]
+    joined = define(ctx.func_name(), out, body)
+    if axis == len(out) - 1:
+        joined.joins = tuple(int(np.cumsum([p.shape[axis] for p in parts])[k]) for k in range(len(parts) - 1))
+    return [joined]
 
 
 @register("SLICE")

@@ -84,7 +84,7 @@ def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
     f = hl.Func(name)
     b, y, xx, ch = (hl.Var(v) for v in ("n", "y", "x", "c"))
     f[ch, xx, y, b] = body(b, y, xx, ch)
-    return Value(f, (n, h, w, c), f.type(), x.readable_channels)
+    return Value(f, (n, h, w, c), f.type(), x.readable_channels, x.joins)
 
 
 def _conv_geometry(ctx: OpContext, x: Value, kh: int, kw: int):

@@ -25,6 +25,8 @@ that runs past the last channel reads zeros that exist instead of guarding every
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 import halide as hl
@@ -190,7 +192,8 @@ def _lanes_of(f: hl.Func, lanes: int, extent: int, registers: int = 1) -> int:
     return dividing if dividing >= lanes else min(wide, one_register)
 
 
-def _vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], output: bool = False) -> None:
+def _vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], output: bool = False,
+                     joins: tuple[int, ...] = ()) -> None:
     """Vectorizes `f` along TFLite's innermost axis when that axis holds at least one vector, else
     (a few channels, as a network's RGB input) along the pixels with the channels unrolled inside:
     Halide turns the channel-strided accesses into interleaved vector loads and stores (NEON's
@@ -199,7 +202,11 @@ def _vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], outpu
     vectors per step, as many as divide it (EfficientNet's squeeze-excite MUL over 144 channels
     took 9 instructions a vector in a loop of one: 2x XNNPACK's); intermediate stages keep one,
     as unrolled their sigmoids spilled (memory accesses +3 %). `done`: the names of the Funcs
-    vectorized so far, skipped (a second split of the same axis is an error), `f`'s added."""
+    vectorized so far, skipped (a second split of the same axis is an error), `f`'s added.
+    `joins` (Value.joins): where a concatenation's sources meet along that axis; past
+    UNROLLED_CHANNELS the loop runs in unrolled chunks that end there, so in each the select between
+    the sources folds (U-Net's zero-padded 64 + 64-channel concatenation: 35 instructions a vector,
+    a gather from each source, where a copy takes 3)."""
     if not shape or not f.args() or f.name() in done:
         return
     done.add(f.name())
@@ -208,22 +215,32 @@ def _vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], outpu
     # 6 instructions per 8 elements in a loop of one register).
     lanes = _lanes_of(f, params.lanes, shape[-1], registers=2)
     v = _vars(f)
-    if shape[-1] % lanes == 0 and shape[-1] <= UNROLLED_CHANNELS:
+    most = params.elementwise_vectors if output else 1
+    chunk = math.gcd(shape[-1], *joins) if joins else 0
+    if shape[-1] > UNROLLED_CHANNELS and chunk % lanes == 0 and chunk > 0:
+        co, ci = hl.Var(v[0].name() + "_parts"), hl.Var(v[0].name() + "_part")
+        f.split(v[0], co, ci, chunk, hl.TailStrategy.GuardWithIf).unroll(co)
+        _vector_steps(f, ci, chunk, lanes, most)
+    elif shape[-1] % lanes == 0 and shape[-1] <= UNROLLED_CHANNELS:
         co, ci = hl.Var(v[0].name() + "_vectors"), hl.Var(v[0].name() + "_lanes")
         f.split(v[0], co, ci, lanes, hl.TailStrategy.GuardWithIf).vectorize(ci).unroll(co)
     elif shape[-1] >= lanes:
-        most = params.elementwise_vectors if output else 1
-        step = max(k for k in range(1, most + 1) if k == 1 or shape[-1] % (k * lanes) == 0)
-        if step == 1:
-            f.vectorize(v[0], lanes, hl.TailStrategy.GuardWithIf)
-        else:
-            co, ci = hl.Var(v[0].name() + "_steps"), hl.Var(v[0].name() + "_step")
-            f.split(v[0], co, ci, step * lanes, hl.TailStrategy.GuardWithIf).vectorize(ci, lanes).unroll(ci)
+        _vector_steps(f, v[0], shape[-1], lanes, most)
     elif len(v) >= 2 and shape[-1] <= INTERLEAVED_CHANNELS and shape[-2] >= lanes:
         # Split, not bound: a consumer whose channel tile rounds up reads past the last channel.
         co, ci = hl.Var(v[0].name() + "_o"), hl.Var(v[0].name() + "_i")
         f.split(v[0], co, ci, shape[-1], hl.TailStrategy.GuardWithIf).reorder(ci, v[1], co).unroll(ci)
         f.vectorize(v[1], lanes, hl.TailStrategy.GuardWithIf)
+
+
+def _vector_steps(f: hl.Func, axis: hl.Var, extent: int, lanes: int, most: int) -> None:
+    """Vectorizes `axis` (`extent` long) with up to `most` vectors per loop step, as many as divide it."""
+    step = max(k for k in range(1, most + 1) if k == 1 or extent % (k * lanes) == 0)
+    if step == 1:
+        f.vectorize(axis, lanes, hl.TailStrategy.GuardWithIf)
+    else:
+        co, ci = hl.Var(axis.name() + "_steps"), hl.Var(axis.name() + "_step")
+        f.split(axis, co, ci, step * lanes, hl.TailStrategy.GuardWithIf).vectorize(ci, lanes).unroll(ci)
 
 
 def _home(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
@@ -685,7 +702,7 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
                 continue  # the taps read the rows of the convolution before (_padding_inlined)
             g = helper.func
             g.store_at(home, yo).compute_at(home, yi)
-            _vectorize_inner(g, helper.shape, params, vectorized)
+            _vectorize_inner(g, helper.shape, params, vectorized, joins=helper.joins)
             done.add(id(g))
     return done
 
@@ -723,6 +740,8 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     streamed = _schedule_conv_chain(kernel, chain, params, in_place, vectorized) if chain else set()
     terms = {id(r.partial.func): r.terms for r in kernel.row_reductions}
     light = not kernel.accumulators
+    # Zero-padded copies move data only: several vectors a step, as block outputs take.
+    copies = {id(p.func) for p, _ in kernel.padded}
     for v in kernel.materialize:
         if id(v.func) in streamed or id(v.func) in in_place:
             continue
@@ -735,7 +754,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             f.vectorize(_vars(f)[0], v.shape[-1])
             vectorized.add(f.name())
         else:
-            _vectorize_inner(f, v.shape, params, vectorized)
+            _vectorize_inner(f, v.shape, params, vectorized, output=id(f) in copies, joins=v.joins)
         axis = _row_axis(f, v.shape)
         if axis is not None and _parallel_worthwhile(params, v.shape, terms.get(id(f), 1), light):
             f.parallel(axis)
