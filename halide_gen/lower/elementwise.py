@@ -165,8 +165,9 @@ def lower_leaky_relu(ctx: OpContext) -> list[Value]:
     """x if x > 0 else alpha * x."""
     x = ctx.value(0)
     alpha = hl.f32(float(ctx.option("alpha", 0.2)))
+    # NaN fails x > 0 and alpha * NaN is NaN (strict: never folded), so no NaN test is needed.
     return [define(ctx.func_name(), ctx.out_shape(),
-                   lambda *i: ieee.keep_nan(x(*i), hl.select(x(*i) > 0, x(*i), hl.strict_float(alpha * x(*i)))))]
+                   lambda *i: hl.select(x(*i) > 0, x(*i), hl.strict_float(alpha * x(*i))))]
 
 
 @register("PRELU")
@@ -177,8 +178,9 @@ def lower_prelu(ctx: OpContext) -> list[Value]:
 
     def body(*i):
         v = read_broadcast(x, shape, i)
-        # strict: a zero alpha times -inf is NaN in TFLite, not the 0 Halide's simplifier folds it to.
-        return ieee.keep_nan(v, hl.select(v >= 0, v, hl.strict_float(read_broadcast(alpha, shape, i) * v)))
+        # strict: a zero alpha times -inf is NaN in TFLite, not the 0 Halide's simplifier folds it to;
+        # and NaN fails v >= 0, then alpha * NaN is NaN: no NaN test of v is needed.
+        return hl.select(v >= 0, v, hl.strict_float(read_broadcast(alpha, shape, i) * v))
 
     return [define(ctx.func_name(), shape, body)]
 
