@@ -85,6 +85,10 @@ ANDROID_MIN_SDK = 26
 PACKAGINGS = ("library", "android-cmake")
 
 
+# How an int8 convolution or matrix product turns its int32 sums into int8 (halide_gen.lower.quantized).
+INT8_ROUNDINGS = ("reference", "xnnpack")
+
+
 @dataclass(frozen=True)
 class TargetSpec:
     """A named compilation target: Halide target strings (several = multitarget, baseline last)."""
@@ -94,7 +98,7 @@ class TargetSpec:
     family: str  # "x86", "arm" or "gpu": which schedule family applies
     precision: str = "fp32"  # how float tensors inside a block are stored (halide_gen.block.PRECISIONS)
     packaging: str = "library"  # one of PACKAGINGS
-    int8_rounding: str = "reference"  # how int8 sums are requantized (lower.quantized.INT8_ROUNDINGS)
+    int8_rounding: str = "reference"  # how int8 sums are requantized: one of INT8_ROUNDINGS
 
     def __post_init__(self):
         if self.packaging not in PACKAGINGS:
@@ -195,7 +199,7 @@ def _with_fp16(spec: TargetSpec) -> TargetSpec:
 
 def _with_other_rounding(spec: TargetSpec) -> TargetSpec:
     """A CPU target with the int8 rounding it does not take by default."""
-    rounding = "reference" if spec.int8_rounding == "xnnpack" else "xnnpack"
+    rounding = next(r for r in INT8_ROUNDINGS if r != spec.int8_rounding)
     return replace(spec, name=f"{spec.name}-int8-{rounding}", int8_rounding=rounding)
 
 
@@ -253,5 +257,5 @@ def with_int8_rounding(name: str, rounding: str | None) -> str:
         raise ValueError(f"--int8-rounding {rounding} needs a CPU target, not {name}")
     variant = f"{name}-int8-{rounding}"
     if variant not in TARGETS:
-        raise ValueError(f"no int8 rounding {rounding!r} (reference or xnnpack)")
+        raise ValueError(f"no int8 rounding {rounding!r} ({' or '.join(INT8_ROUNDINGS)})")
     return variant

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 from fusion.pipeline import plan_model
 from fusion.report import format_summary, to_dot
 from halide_gen.profile import HostProfiler
-from halide_gen.targets import BASE_TARGETS, with_int8_rounding, with_precision
+from halide_gen.targets import BASE_TARGETS, INT8_ROUNDINGS, with_int8_rounding, with_precision
 
 from .aar import package_aar
 from .bench import benchmark, format_benchmark, measure_peak_memory, ratios
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--gpu-precision", choices=["fp32", "fp16"], default="fp32",
                       help="GPU targets: store the tensors a block computes in half precision (math and sums "
                            "stay fp32; outputs within 1e-2 of LiteRT's range instead of 1e-4)")
-    fuse.add_argument("--int8-rounding", choices=["reference", "xnnpack"],
+    fuse.add_argument("--int8-rounding", choices=INT8_ROUNDINGS,
                       help="how int8 convolutions and matrix products requantize: as LiteRT's reference kernels, bit "
                            "for bit (default on ARM), or in float32 as XNNPACK does, within 1 LSB of them (default on "
                            "x86, where the fixed point costs 5x the instructions)")

@@ -8,6 +8,8 @@ reads out of bounds).
 
 from __future__ import annotations
 
+import itertools
+
 import halide as hl
 import numpy as np
 
@@ -50,12 +52,9 @@ def _joined(ctx: OpContext) -> tuple[tuple[int, ...], int, list[Value]]:
 def lower_concatenation(ctx: OpContext) -> list[Value]:
     """A select chain over the inputs' ranges along the axis."""
     out, axis, parts = _joined(ctx)
+    offsets = [0, *itertools.accumulate(p.shape[axis] for p in parts[:-1])]
 
     def body(*i):
-        offsets, start = [], 0
-        for p in parts:
-            offsets.append(start)
-            start += p.shape[axis]
         expr = None
         for p, off in zip(parts, offsets):
             idx = list(i)
@@ -65,7 +64,7 @@ def lower_concatenation(ctx: OpContext) -> list[Value]:
 
     joined = define(ctx.func_name(), out, body)
     if axis == len(out) - 1:
-        joined.joins = tuple(int(np.cumsum([p.shape[axis] for p in parts])[k]) for k in range(len(parts) - 1))
+        joined.joins = tuple(offsets[1:])
     return [joined]
 
 

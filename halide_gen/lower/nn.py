@@ -113,8 +113,7 @@ def channel_bias(ctx: OpContext, index: int, zero: hl.Expr | None = None):
 # 8.11 -> 7.67 ms. Timed alone, with its weights in cache, a conv measured the same either way.
 
 
-# The smallest register tile of output channels any CPU template takes (NEON: 4 vectors of 4).
-# The smallest register tile a schedule takes in channels: 2 NEON vectors.
+# The smallest register tile of output channels any CPU template takes (NEON: 2 vectors of 4).
 _SMALLEST_TILE = 8
 
 
@@ -124,7 +123,7 @@ def _within_tile(o):
     channels. A NEON tile starts at 16 * t (or 8 * t), and `(16 * t + 4) % 32` does not simplify,
     so each of its weight vectors got an address of its own (one `ldr` each, where contiguous vectors
     take an `ldp` per pair); here the tile's vectors share one base: gpt2_small's FC inner loop 102
-    -> 97 instructions per 80 `fmla`, unet_small's 8-channel 3x3 conv tiles 85 -> 81 per 64."""
+    -> 97 instructions per 80 `fmla`, unet_small's 8-channel 3x3 conv tiles 85 -> 80 per 64."""
     within, size = o % _SMALLEST_TILE, _SMALLEST_TILE
     while size < CHANNEL_TILE:
         within += size * ((o / size) % 2)

@@ -50,6 +50,7 @@ import numpy as np
 from tflite_tools.model.ir import Tensor
 
 from ..pack import DOT_DEPTH
+from ..targets import INT8_ROUNDINGS
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
 from .litert_tables import litert_int8_table
@@ -64,9 +65,6 @@ ADD_LEFT_SHIFT = 20  # TFLite's headroom shift for int8 ADD (add.cc)
 
 _X86_FORMS: contextvars.ContextVar[bool] = contextvars.ContextVar("x86_forms", default=False)
 _ROUNDING: contextvars.ContextVar[str] = contextvars.ContextVar("int8_rounding", default="reference")
-
-# How an int8 convolution or matrix product turns its int32 sums into int8 (the module docstring).
-INT8_ROUNDINGS = ("reference", "xnnpack")
 
 
 @contextlib.contextmanager
