@@ -120,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if result.reference:
             print(f"reference: {REFERENCE_NAMES[result.reference]}")
         print(f"tolerance: max|out - ref| <= {result.rtol:g} * max|ref| (float), 1 step or no more than LiteRT + XNNPACK "
-              "alone (int8), exact (other integers)")
+              "alone (int8, and float dequantized from int8), exact (other integers)")
     return 1 if args.compare and not result.ok else 0
 
 

@@ -16,7 +16,9 @@ optimized kernels, the reference here, round a few requantizations the other way
 model those steps add up, so with a delegate a quantized output further off than that still passes
 when LiteRT + XNNPACK alone is at least as far off on the same inputs, and a float output outside
 the tolerance passes when stock LiteRT is outside it too and this output matches stock's
-(`never_worse`: the delegate must not be worse than what its user had). Other integer and bool outputs must match exactly. NaN and +-inf must be exactly where the reference has them (a
+(`never_worse`: the delegate must not be worse than what its user had). A float output that a
+DEQUANTIZE makes of an int8 tensor (an int8 model with float outputs) is held to either bound: the
+float one, or 1 LSB of that tensor's scale (then no more steps off than stock, as an int8 output). Other integer and bool outputs must match exactly. NaN and +-inf must be exactly where the reference has them (a
 NaN there is a match: the kernels follow TFLite's float semantics, halide_gen/lower/ieee.py); the
 tolerance applies to the finite rest.
 
@@ -27,9 +29,9 @@ on the benchmark set (bench/zoo.py: bert_small), so 1e-2 leaves a margin and sti
 error is O(1). The delegate's report names its bundle's target, which says the precision.
 
 The reference is LiteRT's BUILTIN_REF resolver (its reference kernels), with two exceptions
-(`reference_resolver`): an int8 model with an op whose reference kernel aborts the process (LiteRT
-2.3's int8 SOFTMAX on a quantized MobileNetV2) is compared with the optimized builtin kernels (no
-XNNPACK), and a model with custom ops, which neither kernel set can run, with LiteRT + XNNPACK.
+(`reference_resolver`): an int8 model with an op whose reference kernel aborts the process (an int8
+SOFTMAX of logits quantized finer than 2^-26, as the random-weight MobileNetV2s' are) is compared
+with the optimized builtin kernels (no XNNPACK), and a model with custom ops, which neither kernel set can run, with LiteRT + XNNPACK.
 The result names the reference it used (`RunResult.reference`; the CLI prints it).
 """
 
@@ -105,11 +107,12 @@ def load_inputs(paths: Sequence[str | os.PathLike], interp) -> list[np.ndarray]:
 
 
 def compare(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], names: Sequence[str],
-            rtol: float = RTOL, quantized: Sequence[bool] = ()) -> list[OutputError]:
+            rtol: float = RTOL, quantized: Sequence[bool | float] = ()) -> list[OutputError]:
     """Per-output error against the reference: float outputs within `rtol` of the reference's
     largest finite magnitude, with NaN and +-inf exactly where the reference has them (a NaN
     matches a NaN); quantized outputs (where `quantized` says so) within 1 LSB, other integer
-    outputs exact."""
+    outputs exact. A float output whose `quantized` entry is a step (`quantized_outputs`: an int8
+    tensor dequantized) may instead be within 1 LSB of that step."""
     errors = []
     quantized = list(quantized) + [False] * (len(names) - len(quantized))
     for name, out, ref, is_quantized in zip(names, outputs, reference, quantized):
@@ -120,7 +123,8 @@ def compare(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], name
             finite = np.isfinite(ref) & np.isfinite(out)
             diff = float(np.max(np.abs(out[finite].astype(np.float64) - ref[finite]), initial=0.0))
             scale = float(np.max(np.abs(ref[finite].astype(np.float64)), initial=0.0))
-            ok = specials_match and diff <= rtol * scale
+            step = 0.0 if isinstance(is_quantized, bool) else float(is_quantized)
+            ok = specials_match and (diff <= rtol * scale or diff <= QUANTIZED_LSB * step)
         else:
             diff = float(np.max(np.abs(out.astype(np.int64) - ref.astype(np.int64)), initial=0))
             scale = float(np.max(np.abs(ref.astype(np.int64)), initial=0))
@@ -147,17 +151,39 @@ def tolerance(claims: dict | None) -> float:
     return RTOL
 
 
-def quantized_outputs(interp) -> list[bool]:
-    """Per output of an interpreter: whether it holds quantized integers (compared to 1 LSB)."""
-    return [np.dtype(d["dtype"]) in (np.int8, np.uint8, np.int16) and d["quantization"][0] != 0
-            for d in interp.get_output_details()]
+def quantized_outputs(interp, model: str | os.PathLike | bytes | Model | None = None) -> list[bool | float]:
+    """Per output of an interpreter: True where it holds quantized integers (compared to 1 LSB);
+    with the `model` it runs, a float output that a DEQUANTIZE makes of an int8 tensor gets that
+    tensor's step (its largest scale) instead — an int8 model's answer in float units, as precise
+    as its last int8 tensor (compared to 1 LSB of it) — and False otherwise."""
+    flags: list[bool | float] = [np.dtype(d["dtype"]) in (np.int8, np.uint8, np.int16) and d["quantization"][0] != 0
+                                 for d in interp.get_output_details()]
+    if model is None:
+        return flags
+    if not isinstance(model, Model):
+        model = parse(bytes(model)) if isinstance(model, (bytes, bytearray)) else load(model)
+    producers = model.main.producers()
+    for k, tensor in enumerate(model.main.outputs[:len(flags)]):
+        op = producers.get(id(tensor))
+        if not flags[k] and op is not None and op.name == "DEQUANTIZE" and _has_quantized(op):
+            flags[k] = float(np.max(op.inputs[0].quantization.scale))
+    return flags
 
 
-# Ops whose LiteRT reference kernel is taken to abort the process (not an error status) on int8
-# tensors: LiteRT 2.3's reference kernels abort on the quantized MobileNetV2s, SOFTMAX is the suspect
-# (a lone int8 SOFTMAX of 12 to 1000 classes runs), so any int8 SOFTMAX sends a model to the builtin
-# kernels until the trigger is pinned down.
-REFERENCE_ABORTS = frozenset({"SOFTMAX"})
+# LiteRT's int8 reference SOFTMAX forms beta * input_scale * 2^26 as a multiplier "greater than
+# one" and aborts the process (TFLITE_CHECK in QuantizeMultiplierGreaterThanOne, not an error status)
+# when it is not: logits quantized finer than 2^-26 (the random-weight MobileNetV2s' 7.8e-9).
+SOFTMAX_SCALED_DIFF_BITS = 26  # 31 - softmax.cc's kScaledDiffIntegerBits (5)
+
+
+def reference_aborts(op) -> bool:
+    """Whether LiteRT's reference kernel for `op` would abort the process (see above)."""
+    if op.name != "SOFTMAX" or not _has_quantized(op) or op.inputs[0].quantization is None:
+        return False
+    beta = float(getattr(op.options, "beta", 1.0)) if op.options is not None else 1.0
+    scale = float(np.max(op.inputs[0].quantization.scale))
+    return beta * scale * (1 << SOFTMAX_SCALED_DIFF_BITS) <= 1.0
+
 
 # What each resolver name means in a report.
 REFERENCE_NAMES = {
@@ -171,7 +197,7 @@ def reference_resolver(model: str | os.PathLike | bytes | Model) -> str:
     """The LiteRT kernels a model's outputs are checked against: its reference kernels (the ground
     truth), except
     - "builtin" (the optimized kernels, no XNNPACK) when an int8 op's reference kernel would abort
-      the process (REFERENCE_ABORTS);
+      the process (`reference_aborts`);
     - "xnnpack" when the model has custom ops: neither kernel set registers any, while XNNPACK
       claims MediaPipe's (Convolution2DTransposeBias, MaxPoolingWithArgmax2D, MaxUnpooling2D), so
       LiteRT + XNNPACK is what runs such a model in stock LiteRT."""
@@ -180,7 +206,7 @@ def reference_resolver(model: str | os.PathLike | bytes | Model) -> str:
     ops = [op for sg in model.subgraphs for op in sg.operators]
     if any(op.opcode.is_custom for op in ops):
         return "xnnpack"
-    if any(op.name in REFERENCE_ABORTS and _has_quantized(op) for op in ops):
+    if any(reference_aborts(op) for op in ops):
         return "builtin"
     return "reference"
 
@@ -229,7 +255,7 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
                              f"{' '.join(str(exc).split())}") from None
         names = [d["name"] for d in interp.get_output_details()]
         result.rtol = tolerance(result.claims)
-        quantized = quantized_outputs(interp)
+        quantized = quantized_outputs(interp, parsed)
         result.errors = compare(result.outputs, expected, names, result.rtol, quantized)
         if delegate is not None and not result.ok:
             never_worse(result.errors, result.outputs, quantized, model, arrays, expected, threads, result.rtol)
@@ -242,8 +268,8 @@ def never_worse(errors: list[OutputError], outputs: Sequence[np.ndarray], quanti
     """Accepts an output outside the tolerance when stock LiteRT + XNNPACK, on the same inputs, is
     no closer to the reference: stock LiteRT is what a user of the delegate had before.
 
-    - quantized: no more steps off than stock (a deep int8 model's requantizations round
-      differently in each kernel set);
+    - quantized (or dequantized from int8): no more steps off than stock (a deep int8 model's
+      requantizations round differently in each kernel set);
     - float: only when stock itself is outside the tolerance (XNNPACK's NaN and inf differ from the
       reference kernels', as where a NaN weight meets padding) and this output matches stock's.
     """
