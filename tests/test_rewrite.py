@@ -73,6 +73,15 @@ def m_noop_cast(b, x):
     return b.op("TANH", [b.op("CAST", [x], S, in_data_type="FLOAT32", out_data_type="FLOAT32")], S)
 
 
+def m_quantize_of_dequantize(b, x):
+    # A float op the converter could not quantize leaves such a pair once rewriting removes it.
+    from tflite_tools.model.builder import quantization
+
+    q = b.op("QUANTIZE", [x], S, dtype="int8", quant=quantization(0.02, -3))
+    back = b.op("QUANTIZE", [b.op("DEQUANTIZE", [q], S, dtype="float32")], S, dtype="int8", quant=quantization(0.02, -3))
+    return b.op("DEQUANTIZE", [back], S, dtype="float32")
+
+
 def m_negation_into_add_sub(b, x):
     y = b.op("TANH", [x], S)
     a = b.op("ADD", [b.op("NEG", [x], S), y], S, fused_activation_function="RELU")
@@ -297,3 +306,23 @@ def test_very_sparse_fp16_weights_fold_through_densify_and_dequantize():
     inputs = runtime.random_inputs(a)
     folded = runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference")
     assert runtime.run(a, inputs)[0].tobytes() == runtime.run(folded, inputs)[0].tobytes()
+
+
+@pytest.mark.parametrize("scale", [7.8e-9, 0.02, 7.3, 1e5])
+@pytest.mark.parametrize("zp", [-128, 5, 127])
+def test_quantize_of_dequantize_gives_back_every_int8(scale, zp):
+    from tflite_tools.model.builder import quantization
+
+    b = ModelBuilder()
+    q = b.input("q", [1, 256], "int8", quant=quantization(scale, zp))
+    deq = b.op("DEQUANTIZE", [q], [1, 256], dtype="float32")
+    b.output(b.op("RELU", [b.op("QUANTIZE", [deq], [1, 256], dtype="int8", quant=quantization(scale, zp))], [1, 256],
+                  quant=quantization(scale, zp)))
+    original = tflite_tools.serialize(b.build())
+    model = tflite_tools.parse(original)
+    assert rewrite(model).counts["quantize_of_dequantize"] == 1
+    assert [op.name for op in model.main.operators] == ["RELU"]
+    every = [np.arange(-128, 128, dtype=np.int8).reshape(1, 256)]
+    before = runtime.run(runtime.make_interpreter(original, resolver="reference"), every)
+    after = runtime.run(runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference"), every)
+    assert before[0].tobytes() == after[0].tobytes()

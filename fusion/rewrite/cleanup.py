@@ -180,6 +180,38 @@ def double_negation(g: GraphView, op: Operator) -> Rewrite | None:
     return _identity(g, op, inner.inputs[0])
 
 
+# Scales for which dequantizing and quantizing again is exact: (q - zp) * scale stays a normal
+# float32 (|q - zp| <= 65535 for int16) with room to spare.
+_EXACT_SCALES = (2.0 ** -100, 2.0 ** 100)
+
+
+@rule("quantize_of_dequantize", exact=True, family="cleanup")
+def quantize_of_dequantize(g: GraphView, op: Operator) -> Rewrite | None:
+    """QUANTIZE(DEQUANTIZE(q)) -> q, where the QUANTIZE gives back q's own type and quantization.
+
+    Exact: (q - zp) * scale rounded to float32, divided by the same scale and rounded again, is
+    within 2^-22 relative of the integer q - zp (|q - zp| < 2^16), far inside rounding's 1/2.
+    """
+    inner = g.produced_by(op.inputs[0], "DEQUANTIZE") if op.name == "QUANTIZE" and op.inputs else None
+    if inner is None or inner.inputs[0] is None:
+        return None
+    q, y = inner.inputs[0], op.outputs[0]
+    quant = q.quantization
+    if (not _same_type(q, y) or quant is None or quant.scale is None or len(quant.scale) == 0
+            or not all(_EXACT_SCALES[0] <= abs(float(sc)) <= _EXACT_SCALES[1] for sc in quant.scale)):
+        return None
+    single = g.single_use(op.inputs[0])
+
+    def apply() -> bool:
+        if not g.bypass(op, q, y):
+            return False
+        if single and inner in g.sg.operators:
+            g.remove_op(inner)
+        return True
+
+    return Rewrite(2 * y.num_elements, apply)
+
+
 # -- affine folding into convolutions and fully-connected layers ---------------------------
 
 _WEIGHT_AXIS = {"CONV_2D": 0, "DEPTHWISE_CONV_2D": 3, "FULLY_CONNECTED": 0}
