@@ -273,8 +273,8 @@ def test_int8_op_without_a_lowering_is_refused():
     b = ModelBuilder()
     x = b.input("x", (1, 8), "int8", quant=quantization(0.1, 0))
     y = b.input("y", (1, 8), "int8", quant=quantization(0.1, 0))
-    b.output(b.op("SQUARED_DIFFERENCE", [x, y], (1, 8), quant=quantization(0.2, 0)))
-    with pytest.raises(LoweringError, match="no int8 Halide lowering for SQUARED_DIFFERENCE"):
+    b.output(b.op("MAXIMUM", [x, y], (1, 8), quant=quantization(0.1, 0)))
+    with pytest.raises(LoweringError, match="no int8 Halide lowering for MAXIMUM"):
         build_block("b", b.build().main.operators, b.build().main.outputs)
 
 
@@ -570,3 +570,62 @@ def test_depthwise_weights_changed_to_minus_128_after_fuse_are_declined(tmp_path
     assert outcome.ok, outcome.errors
     assert outcome.claims["claimed_nodes"] == []
     assert "-128" in outcome.claims["declined"][0]["reason"]
+
+
+@pytest.mark.parametrize("a_shape, b_shape, adj_x, adj_y", [
+    ((1, 2, 32, 16), (1, 2, 16, 32), False, False),   # attention scores: one matrix per head
+    ((1, 2, 32, 32), (1, 2, 32, 16), False, False),   # probabilities times values
+    ((2, 5, 7), (7, 3), False, False),                # a shared right operand (broadcast batch)
+    ((1, 7, 5), (1, 6, 7), True, True),
+])
+def test_batch_matmul_int8(a_shape, b_shape, adj_x, adj_y):
+    # Both operands are activations with their own zero points (the converter's attention core).
+    b = ModelBuilder()
+    x = b.input("x", a_shape, "int8", quant=quantization(0.03, -10))
+    y = b.input("y", b_shape, "int8", quant=quantization(0.035, 4))
+    rows, depth = (a_shape[-1], a_shape[-2]) if adj_x else a_shape[-2:]
+    cols = b_shape[-2] if adj_y else b_shape[-1]
+    lead = np.broadcast_shapes(a_shape[:-2], b_shape[:-2])
+    out_q = quantization(0.03 * 0.035 * (127 / math.sqrt(3)) ** 2 * math.sqrt(depth) / 40, 7)
+    b.output(b.op("BATCH_MATMUL", [x, y], [*lead, rows, cols], quant=out_q, adj_x=adj_x, adj_y=adj_y))
+    check(b.build(), exact=True)
+
+
+@pytest.mark.parametrize("a_shape, b_shape, scales", [
+    ((1, 6, 16), (1, 6, 1), (0.0008, 0.00013)),   # LayerNorm's (x - mean)^2: the mean broadcast
+    ((1, 5, 7), (1, 5, 7), (0.02, 0.05)),
+    ((2, 9), (9,), (0.04, 0.04)),
+])
+def test_squared_difference_int8(a_shape, b_shape, scales):
+    b = ModelBuilder()
+    x = b.input("x", a_shape, "int8", quant=quantization(scales[0], 0))
+    y = b.input("y", b_shape, "int8", quant=quantization(scales[1], -17))
+    out = tuple(np.broadcast_shapes(a_shape, b_shape))
+    out_scale = (127 * max(scales)) ** 2 / 500
+    b.output(b.op("SQUARED_DIFFERENCE", [x, y], out, quant=quantization(out_scale, -128)))
+    check(b.build(), exact=True)
+
+
+@pytest.mark.parametrize("op", ["RSQRT", "SQRT"])
+@pytest.mark.parametrize("in_q, out_q", [((1e-5, -128), (0.12, -128)), ((0.005, -128), (0.004, -128))])
+def test_roots_int8_by_litert_table(op, in_q, out_q):
+    # LayerNorm's 1 / sqrt(variance): the variance's zero point at -128, every input allowed.
+    if op == "SQRT":
+        out_q = (math.sqrt(in_q[0] * 255) / 200, -128)
+    b = ModelBuilder()
+    x = b.input("x", (1, 8, 32), "int8", quant=quantization(*in_q))
+    b.output(b.op(op, [x], [1, 8, 32], quant=quantization(*out_q)))
+    check(b.build(), exact=True)
+
+
+def test_roots_int8_answer_a_negative_input_as_zero():
+    # LiteRT fails the invoke on a negative input; the table gives such an input what it gives 0.
+    b = ModelBuilder()
+    x = b.input("x", (1, 256), "int8", quant=quantization(0.05, -3))
+    b.output(b.op("RSQRT", [x], [1, 256], quant=quantization(0.03, -100)))
+    model = b.build()
+    every = np.arange(-128, 128).astype(np.int8).reshape(1, -1)
+    nonnegative = np.maximum(every, np.int8(-3))
+    (want,) = runtime.run(runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference"), [nonnegative])
+    assert np.array_equal(halide(model, [every])[0], want)
+    assert np.all(want[0, :125] == want[0, 125])

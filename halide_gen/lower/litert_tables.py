@@ -1,7 +1,7 @@
 """Int8 lookup tables filled by LiteRT's own kernels.
 
 An int8 op with one input and one output whose answer depends on nothing else (HARD_SWISH, GELU,
-EXP, LOG, ABS, NEG, the RELUs, ELU) is a function of 256 values. Rather than restate TFLite's
+EXP, LOG, ABS, NEG, the RELUs, ELU, SQRT, RSQRT) is a function of 256 values. Rather than restate TFLite's
 fixed-point algorithm for each (HARD_SWISH alone chains two int16 rescales and a "reluish"
 multiplier), the compiler asks LiteRT: the op is cut out with a [1, 256] input of the same
 quantization, run once on every int8 value by the reference kernels (the builtin ones where the
@@ -32,17 +32,19 @@ def _single_op_model(op: Operator) -> Model:
                  description="dnnfusion int8 table")
 
 
-def litert_int8_table(op: Operator) -> np.ndarray:
-    """LiteRT's int8 output of `op` for each int8 input value, -128 first. Raises LoweringError
-    when LiteRT has no kernel for it (or refuses its quantization)."""
+def litert_int8_table(op: Operator, lowest: int = -128) -> np.ndarray:
+    """LiteRT's int8 output of `op` for each int8 input value, -128 first; inputs under `lowest`
+    take the entry of `lowest` (for ops LiteRT refuses to run below it). Raises LoweringError when
+    LiteRT has no kernel for it (or refuses its quantization)."""
     from tflite_tools import runtime, serialize
 
     data = serialize(_single_op_model(op))
+    inputs = np.maximum(INT8_VALUES, np.int8(lowest)).reshape(1, -1)
     problems = []
     for resolver in ("reference", "builtin"):
         try:
             interp = runtime.make_interpreter(data, resolver=resolver)
-            (out,) = runtime.run(interp, [INT8_VALUES.reshape(1, -1)])
+            (out,) = runtime.run(interp, [inputs])
             return np.asarray(out, np.int8).reshape(-1)
         except (RuntimeError, ValueError) as exc:
             problems.append(f"{resolver}: {str(exc).splitlines()[0]}")

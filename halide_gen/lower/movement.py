@@ -231,7 +231,9 @@ def lower_broadcast_to(ctx: OpContext) -> list[Value]:
 def checked_index(index: hl.Expr, size: int, op: str) -> hl.Expr:
     """An index read from data, as TFLite treats it: one outside [0, size) fails the invoke
     ("<op> index out of bounds", as LiteRT's kernels say) instead of reading a made-up row. The
-    clamp after the check tells bounds inference the range; it never changes a valid index."""
+    clamp after the check tells bounds inference the range; it never changes a valid index.
+    GPU device code cannot fail an invoke: Halide refuses such a block for OpenCL and Vulkan
+    ("halide_error_requirement_failed"), which leaves it to TFLite."""
     index = hl.cast(hl.Int(32), index)
     valid = hl.require((index >= 0) & (index < size), index, hl.Expr(f"{op} index out of bounds: got"), index,
                        hl.Expr(f"for a dimension of {size}"))

@@ -360,7 +360,14 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 @register("BATCH_MATMUL")
 def lower_batch_matmul(ctx: OpContext) -> list[Value]:
     """out[..., m, n] = sum_k A[..., m, k] * B[..., k, n], with adj_x / adj_y and batch broadcasting."""
-    a, b = ctx.value(0), ctx.value(1)
+    return batch_matmul(ctx, ctx.value(0), ctx.value(1), lambda lhs, rhs: lhs * rhs, hl.f32(0), lambda acc: acc)
+
+
+def batch_matmul(ctx: OpContext, a: Value, b: Value, term: Callable[[hl.Expr, hl.Expr], hl.Expr], init: hl.Expr,
+                 finish: Callable[[hl.Expr], hl.Expr]) -> list[Value]:
+    """BATCH_MATMUL's loops over operands `a` and `b` as the terms read them: the sum of
+    term(a element, b element) from `init`, each output `finish`(sum) (float32 here, int8 in
+    quantized.py)."""
     adj_x, adj_y = bool(ctx.option("adjX", False)), bool(ctx.option("adjY", False))
     out = ctx.out_shape()
     depth = a.shape[-2] if adj_x else a.shape[-1]
@@ -375,14 +382,14 @@ def lower_batch_matmul(ctx: OpContext) -> list[Value]:
         batch, m, n = i[:-2], i[-2], i[-1]
         lhs = operand(a, batch, r[0], m) if adj_x else operand(a, batch, m, r[0])
         rhs = operand(b, batch, n, r[0]) if adj_y else operand(b, batch, r[0], n)
-        return lhs * rhs
+        return term(lhs, rhs)
 
     # A's rows at the output's own leading indices, consecutive along the reduction (as a fully
     # connected layer's input): a schedule may load 4 steps of a row in one vector.
     direct = not adj_x and tuple(a.shape[:-1]) == tuple(out[:-1])
-    acc = accumulate(ctx, out, lambda *i: hl.f32(0), update, AccumulatorKind.MATMUL, r,
+    acc = accumulate(ctx, out, lambda *i: init, update, AccumulatorKind.MATMUL, r,
                      source=a.func if direct else None)
-    return [define(ctx.func_name(), out, lambda *i: read(acc, i))]
+    return [define(ctx.func_name(), out, lambda *i: finish(read(acc, i)))]
 
 
 # Windows of at most this many taps are unrolled into one expression per output (a U-Net's 2x2

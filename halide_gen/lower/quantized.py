@@ -55,7 +55,7 @@ from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
 from .litert_tables import litert_int8_table
 from .movement import resize_inputs
-from .nn import (Arithmetic, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window,
+from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window,
                  transpose_conv, transpose_conv_geometry)
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
@@ -415,6 +415,20 @@ def lower_fully_connected_int8(ctx: OpContext) -> list[Value]:
     return fully_connected(ctx, _int8_arithmetic(ctx, per_tensor_float_product=True, dot=dot))
 
 
+@register("BATCH_MATMUL", quantized=True)
+def lower_batch_matmul_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's int8 BATCH_MATMUL (reference_ops::BatchMatMul): int32 sums of (a - zp_a) * (b - zp_b),
+    each operand centred in int16, rescaled by s_a * s_b / s_out (the product of scales in float32,
+    as GetQuantizedConvolutionMultipler forms it; rounded twice), plus zp_out, clamped. Exact."""
+    if any(t.type_name != "INT8" for t in (*ctx.op.inputs, *ctx.op.outputs)):
+        raise LoweringError("BATCH_MATMUL mixing int8 with other types (hybrid)")
+    (s_a, zp_a), (s_b, zp_b) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    m, shift = quantize_multiplier(float(np.float32(s_a) * np.float32(s_b)) / s_out)
+    return batch_matmul(ctx, centred(ctx, ctx.value(0), zp_a), centred(ctx, ctx.value(1), zp_b), hl.widening_mul,
+                        hl.i32(0), lambda acc: requantize(acc, m, shift, zp_out, INT8_MIN, INT8_MAX))
+
+
 def shifted_left(v: hl.Expr, zp: int, bits: int) -> hl.Expr:
     """(v - zp) * 2^bits in int32 for int8 v, 16 <= bits <= 22: centred and shifted in int16, then
     widened by a shift of 16 (ARM: ssubl, shl, shll — 4 instructions per 8 values, not 7)."""
@@ -529,6 +543,36 @@ def lower_mul_int8(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, body)]
 
 
+SQUARED_DIFFERENCE_LEFT_SHIFT = 7  # squared_difference.cc's headroom shift for int8
+
+
+@register("SQUARED_DIFFERENCE", quantized=True)
+def lower_squared_difference_int8(ctx: OpContext) -> list[Value]:
+    """TFLite's int8 SQUARED_DIFFERENCE (squared_difference.cc): both inputs centred, shifted left by
+    7, rescaled to twice the larger input scale (multipliers under one), subtracted; the difference
+    squared in int32 (at most 255^2 * 2^14) and rescaled to the output. With broadcasting. Exact."""
+    (s1, zp1), (s2, zp2) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    twice_max = 2 * max(s1, s2)
+    m1, sh1 = quantize_multiplier(s1 / twice_max)
+    m2, sh2 = quantize_multiplier(s2 / twice_max)
+    m_out, sh_out = quantize_multiplier(twice_max * twice_max / ((1 << 2 * SQUARED_DIFFERENCE_LEFT_SHIFT) * s_out))
+    if max(sh1, sh2, sh_out) > 0:
+        # TFLite forms all three with QuantizeMultiplierSmallerThanOneExp, which has no left shift.
+        raise LoweringError("int8 SQUARED_DIFFERENCE with an output multiplier of one or more")
+    a, b = ctx.value(0), ctx.value(1)
+    out = ctx.out_shape()
+
+    def scaled(v: hl.Expr, zp: int, m: int, sh: int) -> hl.Expr:
+        return multiply_by_quantized_multiplier((hl.cast(hl.Int(32), v) - zp) << SQUARED_DIFFERENCE_LEFT_SHIFT, m, sh)
+
+    def body(*i):
+        diff = scaled(read_broadcast(a, out, i), zp1, m1, sh1) - scaled(read_broadcast(b, out, i), zp2, m2, sh2)
+        return requantize(diff * diff, m_out, sh_out, zp_out, INT8_MIN, INT8_MAX)
+
+    return [define(ctx.func_name(), out, body)]
+
+
 def _same_scale(ctx: OpContext) -> tuple[float, int]:
     """The scale and zero point an op's int8 input and output share (TFLite requires it of pools)."""
     q_in, q_out = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
@@ -597,14 +641,24 @@ def indexed_by_input(ctx: OpContext, table_values: Sequence[int]) -> list[Value]
     return [define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - INT8_MIN])]
 
 
-@register("HARD_SWISH", "GELU", "ELU", "EXP", "LOG", "ABS", "NEG", "RELU", "RELU6", "RELU_N1_TO_1", quantized=True)
+# LiteRT's int8 SQRT and RSQRT fail the invoke on a negative input ("only defined for positive
+# values"); their tables answer one as they answer zero (SQRT 0, RSQRT int8's largest step), as
+# the converter's LayerNorm (a variance, zero point -128) never gives them one.
+NONNEGATIVE_DOMAIN = {"SQRT", "RSQRT"}
+
+
+@register("HARD_SWISH", "GELU", "ELU", "EXP", "LOG", "ABS", "NEG", "RELU", "RELU6", "RELU_N1_TO_1", "SQRT", "RSQRT",
+          quantized=True)
 def lower_unary_by_litert_table(ctx: OpContext) -> list[Value]:
     """An int8 function of one int8 input, through the table LiteRT's own kernel fills for this
-    op, quantization and options (litert_tables): exact to LiteRT by construction."""
+    op, quantization and options (litert_tables): exact to LiteRT by construction (on the inputs
+    LiteRT accepts: NONNEGATIVE_DOMAIN)."""
     if len(ctx.op.inputs) != 1 or ctx.op.inputs[0].type_name != "INT8" or ctx.op.outputs[0].type_name != "INT8":
         raise LoweringError(f"int8 {ctx.op.name} with other than one int8 input and output")
-    _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])  # per-tensor quantization, or refused
-    return indexed_by_input(ctx, litert_int8_table(ctx.op))
+    _, in_zp = _scale_zp(ctx.op.inputs[0])
+    _scale_zp(ctx.op.outputs[0])  # per-tensor quantization, or refused
+    lowest = in_zp if ctx.op.name in NONNEGATIVE_DOMAIN else INT8_MIN
+    return indexed_by_input(ctx, litert_int8_table(ctx.op, lowest))
 
 
 @register("LOGISTIC", quantized=True)

@@ -190,16 +190,17 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     write("mobilenet_v2_035_96_fp16", from_keras(mobilenet, optimizations=[tf.lite.Optimize.DEFAULT],
                                                  target_spec=_fp16_spec(tf)))
 
-    def full_integer(model, sample: Callable[[np.random.Generator], list[np.ndarray]]) -> bytes:
-        """`model` with int8 activations and weights throughout (int8 input and output too),
-        calibrated on 16 drawn samples."""
+    def full_integer(model, sample: Callable[[np.random.Generator], list[np.ndarray]], float_io: bool = False) -> bytes:
+        """`model` with int8 activations and weights throughout, calibrated on 16 drawn samples;
+        int8 input and output too, or with `float_io` float ones (QUANTIZE / DEQUANTIZE at the edges)."""
         def representative():
             rng = np.random.default_rng(0)
             for _ in range(16):
                 yield sample(rng)
 
+        io = {} if float_io else {"inference_input_type": tf.int8, "inference_output_type": tf.int8}
         return from_keras(model, optimizations=[tf.lite.Optimize.DEFAULT], representative_dataset=representative,
-                          target_spec=_int8_spec(tf), inference_input_type=tf.int8, inference_output_type=tf.int8)
+                          target_spec=_int8_spec(tf), **io)
 
     write("mobilenet_v2_035_96_int8",
           full_integer(mobilenet, lambda rng: [rng.uniform(-1, 1, (1, 96, 96, 3)).astype(np.float32)]))
@@ -219,6 +220,11 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     write("transformer_encoder", from_keras(encoder))
     write("transformer_encoder_fp16", from_keras(encoder, optimizations=[tf.lite.Optimize.DEFAULT],
                                                  target_spec=_fp16_spec(tf)))
+    # The same full-integer, float output: int8 FULLY_CONNECTED, BATCH_MATMUL of two activations,
+    # SOFTMAX, MEAN, SQUARED_DIFFERENCE, RSQRT, MUL; a float NEG between DEQUANTIZE and QUANTIZE; a
+    # DEQUANTIZE at the output.
+    write("transformer_encoder_int8",
+          full_integer(encoder, lambda rng: [rng.integers(0, 1000, (1, 32)).astype(np.int32)], float_io=True))
 
     # Tiny U-Net on 32x32: MAX_POOL_2D, TRANSPOSE_CONV, CONCATENATION skips, LOGISTIC head.
     image = keras.Input((32, 32, 3), batch_size=1, name="image")
