@@ -339,9 +339,11 @@ def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
 def _quantized(ops) -> bool:
     """True for a block computing on int8 activations (int8 weights dequantized into a float model
     do not count). Unmeasured, such a block is claimed by default only on targets whose int8
-    kernels beat XNNPACK's (TargetSpec.int8_claimed_unmeasured: ARM with dot product); elsewhere
-    they are exact but slower (MobileNetV2 int8 on x86: 1.36x XNNPACK's time, bench/RESULTS.md), so claim:all or
-    `fuse --measure` has to ask for them."""
+    kernels beat XNNPACK's (TargetSpec.int8_claimed_unmeasured); elsewhere they are exact but slower
+    (MobileNetV2 int8 on x86 with the reference rounding: 1.04x XNNPACK's time, bench/RESULTS.md),
+    so claim:all or `fuse --measure` has to ask for them. 16x8 blocks (int16 activations) are not
+    counted: XNNPACK has no int16 kernels, and LiteRT's own run tests/models/cnn_16x8 in 4.6x the
+    time of ours (`tflite_tools bench`, x86)."""
     return any(t is not None and t.type_name == "INT8" and not t.is_constant
                for op in ops for t in (*op.inputs, *op.outputs))
 

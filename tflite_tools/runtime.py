@@ -76,8 +76,9 @@ def make_interpreter(
 def random_inputs(interp: Any, seed: int = 0) -> list[np.ndarray]:
     """One random array per model input, in the input's dtype and shape.
 
-    Floats are standard normal; int8/uint8 span their whole range; other integers are small and
-    non-negative (they are usually indices: token ids, gather positions), bools are coin flips.
+    Floats are standard normal; int8/uint8, and quantized int16 (16x8 activations), span their
+    whole range; other integers are small and non-negative (they are usually indices: token ids,
+    gather positions), bools are coin flips.
     """
     rng = np.random.default_rng(seed)
     arrays = []
@@ -85,7 +86,7 @@ def random_inputs(interp: Any, seed: int = 0) -> list[np.ndarray]:
         shape, dtype = tuple(detail["shape"]), np.dtype(detail["dtype"])
         if dtype.kind == "f":
             arrays.append(rng.standard_normal(shape).astype(dtype))
-        elif dtype in (np.int8, np.uint8):
+        elif dtype in (np.int8, np.uint8) or (dtype == np.int16 and detail["quantization"][0] != 0):
             info = np.iinfo(dtype)
             arrays.append(rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype))
         elif dtype.kind in "iu":

@@ -229,20 +229,21 @@ def _scale_zp(t: Tensor) -> tuple[float, int]:
     return float(q.scale[0]), int(q.zero_point[0]) if q.zero_point is not None else 0
 
 
-def activation_range(act: str | None, scale: float, zp: int) -> tuple[int, int]:
-    """TFLite's CalculateActivationRangeQuantized for an int8 output."""
+def activation_range(act: str | None, scale: float, zp: int, qmin: int = INT8_MIN, qmax: int = INT8_MAX
+                     ) -> tuple[int, int]:
+    """TFLite's CalculateActivationRangeQuantized for an output of range [qmin, qmax] (int8's unless given)."""
     def q(v: float) -> int:
         return zp + _round_half_away(float(np.float32(v) / np.float32(scale)))
 
     if act is None:
-        return INT8_MIN, INT8_MAX
+        return qmin, qmax
     if act == "RELU":
-        return max(INT8_MIN, q(0)), INT8_MAX
+        return max(qmin, q(0)), qmax
     if act == "RELU6":
-        return max(INT8_MIN, q(0)), min(INT8_MAX, q(6))
+        return max(qmin, q(0)), min(qmax, q(6))
     if act == "RELU_N1_TO_1":
-        return max(INT8_MIN, q(-1)), min(INT8_MAX, q(1))
-    raise LoweringError(f"int8 fused activation {act}")
+        return max(qmin, q(-1)), min(qmax, q(1))
+    raise LoweringError(f"quantized fused activation {act}")
 
 
 def multiply_single_rounding(x: hl.Expr, m, shift) -> hl.Expr:

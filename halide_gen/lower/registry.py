@@ -134,8 +134,10 @@ def read(acc: hl.Func, idx) -> hl.Expr:
 Lowering = Callable[[OpContext], list[Value]]
 LOWERINGS: dict[str, Lowering] = {}
 # Ops on quantized int8 tensors have lowerings of their own (quantized.py): TFLite's integer
-# arithmetic is not its float arithmetic.
+# arithmetic is not its float arithmetic. So do ops on int16 activations with int8 weights
+# ("16x8", quantized16.py), whose kernels sum and rescale in 64 bits.
 QUANTIZED_LOWERINGS: dict[str, Lowering] = {}
+QUANTIZED16_LOWERINGS: dict[str, Lowering] = {}
 
 # Ops that only move elements: on quantized tensors they are the float lowering unchanged, as long
 # as input and output share one scale and zero point (TFLite requires it of these ops).
@@ -146,9 +148,10 @@ MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_
             "PAD", "PADV2", "RESIZE_NEAREST_NEIGHBOR"}
 
 
-def register(*names: str, quantized: bool = False) -> Callable[[Lowering], Lowering]:
-    """Registers a lowering for one or more TFLite builtins (on int8 tensors if `quantized`)."""
-    table = QUANTIZED_LOWERINGS if quantized else LOWERINGS
+def register(*names: str, quantized: bool = False, int16: bool = False) -> Callable[[Lowering], Lowering]:
+    """Registers a lowering for one or more TFLite builtins (on int8 tensors if `quantized`, on
+    int16 activations if `int16`)."""
+    table = QUANTIZED16_LOWERINGS if int16 else QUANTIZED_LOWERINGS if quantized else LOWERINGS
 
     def add(fn: Lowering) -> Lowering:
         for name in names:
@@ -180,13 +183,19 @@ def lower(ctx: OpContext) -> list[Value]:
     edge = ctx.op.name == "DEQUANTIZE" or (ctx.op.name == "QUANTIZE" and ctx.op.inputs[0].type_name != "INT8")
     quantized = [] if edge else quantized_tensors(ctx)
     if quantized:
-        if any(t.type_name != "INT8" for t in quantized):
-            raise LoweringError(f"{ctx.op.name}: only int8 quantized kernels are generated")
-        fn = QUANTIZED_LOWERINGS.get(ctx.op.name)
+        types = {t.type_name for t in quantized}
+        if types == {"INT16"} or types == {"INT16", "INT8"} and ctx.op.inputs[0].type_name == "INT16":
+            table, kind = QUANTIZED16_LOWERINGS, "int16"
+        elif types == {"INT8"}:
+            table, kind = QUANTIZED_LOWERINGS, "int8"
+        else:
+            raise LoweringError(f"{ctx.op.name}: only int8 and 16x8 (int16 activations, int8 weights) quantized "
+                                "kernels are generated")
+        fn = table.get(ctx.op.name)
         if fn is None and ctx.op.name in MOVEMENT and _same_quantization(quantized) and not ctx.op.fused_activation:
             fn = LOWERINGS[ctx.op.name]
         if fn is None:
-            raise LoweringError(f"no int8 Halide lowering for {ctx.op.name}")
+            raise LoweringError(f"no {kind} Halide lowering for {ctx.op.name}")
         return fn(ctx)
     fn = LOWERINGS.get(ctx.op.name)
     if fn is None:

@@ -190,17 +190,20 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     write("mobilenet_v2_035_96_fp16", from_keras(mobilenet, optimizations=[tf.lite.Optimize.DEFAULT],
                                                  target_spec=_fp16_spec(tf)))
 
-    def full_integer(model, sample: Callable[[np.random.Generator], list[np.ndarray]], float_io: bool = False) -> bytes:
-        """`model` with int8 activations and weights throughout, calibrated on 16 drawn samples;
-        int8 input and output too, or with `float_io` float ones (QUANTIZE / DEQUANTIZE at the edges)."""
+    def full_integer(model, sample: Callable[[np.random.Generator], list[np.ndarray]], float_io: bool = False,
+                     int16: bool = False) -> bytes:
+        """`model` with int8 activations and weights throughout (with `int16`, int16 activations:
+        16x8), calibrated on 16 drawn samples; integer input and output too, or with `float_io`
+        float ones (QUANTIZE / DEQUANTIZE at the edges)."""
         def representative():
             rng = np.random.default_rng(0)
             for _ in range(16):
                 yield sample(rng)
 
-        io = {} if float_io else {"inference_input_type": tf.int8, "inference_output_type": tf.int8}
+        io_type = tf.int16 if int16 else tf.int8
+        io = {} if float_io else {"inference_input_type": io_type, "inference_output_type": io_type}
         return from_keras(model, optimizations=[tf.lite.Optimize.DEFAULT], representative_dataset=representative,
-                          target_spec=_int8_spec(tf), **io)
+                          target_spec=_int8_spec(tf, int16), **io)
 
     write("mobilenet_v2_035_96_int8",
           full_integer(mobilenet, lambda rng: [rng.uniform(-1, 1, (1, 96, 96, 3)).astype(np.float32)]))
@@ -220,11 +223,6 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     write("transformer_encoder", from_keras(encoder))
     write("transformer_encoder_fp16", from_keras(encoder, optimizations=[tf.lite.Optimize.DEFAULT],
                                                  target_spec=_fp16_spec(tf)))
-    # The same full-integer, float output: int8 FULLY_CONNECTED, BATCH_MATMUL of two activations,
-    # SOFTMAX, MEAN, SQUARED_DIFFERENCE, RSQRT, MUL; a float NEG between DEQUANTIZE and QUANTIZE; a
-    # DEQUANTIZE at the output.
-    write("transformer_encoder_int8",
-          full_integer(encoder, lambda rng: [rng.integers(0, 1000, (1, 32)).astype(np.int32)], float_io=True))
 
     # Tiny U-Net on 32x32: MAX_POOL_2D, TRANSPOSE_CONV, CONCATENATION skips, LOGISTIC head.
     image = keras.Input((32, 32, 3), batch_size=1, name="image")
@@ -300,12 +298,34 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     dyn = Dynamic()
     conv = tf.lite.TFLiteConverter.from_concrete_functions([dyn.__call__.get_concrete_function()], dyn)
     write("dynamic_batch_matmul", conv.convert())
+
+    # Models added later go last, so that the ones above are built from the same random state as before.
+    # The transformer encoder full-integer, float output: int8 FULLY_CONNECTED, BATCH_MATMUL of two
+    # activations, SOFTMAX, MEAN, SQUARED_DIFFERENCE, RSQRT, MUL; a float NEG between DEQUANTIZE and
+    # QUANTIZE; a DEQUANTIZE at the output.
+    write("transformer_encoder_int8",
+          full_integer(encoder, lambda rng: [rng.integers(0, 1000, (1, 32)).astype(np.int32)], float_io=True))
+
+    # 16x8 (int16 activations, int8 weights, int64 biases), as audio and super-resolution models are
+    # converted: CONV_2D, DEPTHWISE_CONV_2D, ADD (general scales), MAX_POOL_2D, FULLY_CONNECTED, and
+    # LOGISTIC, MEAN and SOFTMAX, which stay with TFLite.
+    image16 = keras.Input((32, 32, 3), batch_size=1)
+    c = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(image16)
+    c = keras.layers.DepthwiseConv2D(3, padding="same")(c)
+    c = keras.layers.Add()([c, keras.layers.Conv2D(8, 1)(c)])
+    c = keras.layers.MaxPooling2D()(c)
+    c = keras.layers.Conv2D(16, 3, padding="same", activation="sigmoid")(c)
+    c = keras.layers.Dense(10)(keras.layers.GlobalAveragePooling2D()(c))
+    cnn16 = keras.Model(image16, keras.layers.Softmax()(c))
+    write("cnn_16x8", full_integer(cnn16, lambda rng: [rng.uniform(-1, 1, (1, 32, 32, 3)).astype(np.float32)],
+                                   int16=True))
     return paths
 
 
-def _int8_spec(tf):
+def _int8_spec(tf, int16_activations: bool = False):
     spec = tf.lite.TargetSpec()
-    spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    spec.supported_ops = [tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8
+                          if int16_activations else tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     return spec
 
 

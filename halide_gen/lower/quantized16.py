@@ -1,0 +1,154 @@
+"""16x8 lowerings: int16 activations with int8 weights, as TFLite's int16 kernels compute them.
+
+The converter emits these for `EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8` (audio,
+super-resolution: where int8 activations lose too much). Activations are symmetric (zero point 0,
+which TFLite requires), weights int8 per channel, biases int64. A convolution or matrix product sums
+int16 x int8 products in 64 bits from the int64 bias and rescales with TFLite's 64-bit
+MultiplyByQuantizedMultiplier: the Q31 multiplier reduced to 16 bits (rounded), one product, one
+rounding shift (`multiply_rounded_once`; FULLY_CONNECTED's reference keeps the whole multiplier).
+An int32 bias is refused (LiteRT's 16x8 kernels saturate every output with one). ADD and SUB take the
+general-scale path (left shift 15, pot_scale_int16 false, as the converter writes them). MAX_POOL_2D
+and data movement keep the bytes. All exact: bit for bit LiteRT's reference kernels
+(tests/test_lowering_int8.py). Other int16 ops (LOGISTIC, SOFTMAX, MEAN: lookup tables and
+fixed-point series of their own) stay with TFLite.
+"""
+
+from __future__ import annotations
+
+import halide as hl
+import numpy as np
+
+from ..values import Value, define, read_broadcast
+from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, pool_window
+from .quantized import _channel_table, _scale_zp, activation_range, multiply_by_quantized_multiplier, quantize_multiplier
+from .registry import LoweringError, OpContext, register
+
+INT16_MIN, INT16_MAX = -32768, 32767
+INT16_ADD_LEFT_SHIFT = 15  # add.cc's headroom shift for int16 with general scales
+
+
+def reduced_multiplier(m: int) -> int:
+    """TFLite's 16-bit rounding of a Q31 multiplier for 64-bit sums (common.cc)."""
+    return (m + (1 << 15)) >> 16 if m < 0x7FFF0000 else 0x7FFF
+
+
+def multiply_rounded_once(acc: hl.Expr, m: hl.Expr, total_shift: hl.Expr) -> hl.Expr:
+    """(acc * m + 2^(total - 1)) >> total in 64 bits, as int32: TFLite's MultiplyByQuantizedMultiplier
+    for an int64 sum, with m the reduced multiplier and total 15 - shift (common.cc), or with the
+    whole Q31 multiplier and total 31 - shift."""
+    rounding = hl.cast(hl.Int(64), 1) << (total_shift - 1)
+    return hl.cast(hl.Int(32), (acc * hl.cast(hl.Int(64), m) + rounding) >> total_shift)
+
+
+def _symmetric(ctx: OpContext, index: int) -> float:
+    """The scale of an int16 activation, which TFLite requires to be symmetric."""
+    scale, zp = _scale_zp(ctx.op.inputs[index] if index >= 0 else ctx.op.outputs[0])
+    if zp != 0:
+        raise LoweringError(f"{ctx.op.name}: an int16 tensor with zero point {zp}")
+    return scale
+
+
+def _arithmetic_16x8(ctx: OpContext, per_tensor_float_product: bool, reduced: bool,
+                     operands: tuple[int, int, int] = (0, 1, 2)) -> Arithmetic:
+    """int16 x int8 terms summed in 64 bits from the int64 bias, rescaled per output channel —
+    with the 16-bit reduced multiplier where `reduced` (convolutions), else with the whole Q31
+    multiplier and one rounding (FULLY_CONNECTED, as LiteRT's reference computes it: the reduced
+    form differed on 14 of 480 outputs) — and clamped to the fused activation's int16 range."""
+    data, weights, bias_index = operands
+    in_scale, out_scale = _symmetric(ctx, data), _symmetric(ctx, -1)
+    w_t = ctx.op.inputs[weights]
+    wq = w_t.quantization
+    if w_t.type_name != "INT8" or wq is None or wq.scale is None:
+        raise LoweringError(f"{ctx.op.name}: int16 data needs int8 weights")
+    if wq.zero_point is not None and np.any(np.asarray(wq.zero_point) != 0):
+        raise LoweringError(f"{ctx.op.name}: weights with a nonzero zero point")
+    if ctx.has_input(bias_index) and ctx.op.inputs[bias_index].type_name != "INT64":
+        # The converter writes int64; LiteRT 2.3's 16x8 kernels saturate every output with int32.
+        raise LoweringError(f"{ctx.op.name}: 16x8 with a {ctx.op.inputs[bias_index].type_name} bias")
+    w_scales = [float(s) for s in wq.scale]
+    lo, hi = activation_range(ctx.op.fused_activation, out_scale, 0, INT16_MIN, INT16_MAX)
+    if per_tensor_float_product and len(w_scales) == 1:
+        reals = [float(np.float32(in_scale) * np.float32(w_scales[0])) / out_scale]
+    else:
+        reals = [in_scale * s / out_scale for s in w_scales]
+    mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
+    if reduced:
+        m = _channel_table(ctx, [reduced_multiplier(m) for m in mults], "reduced")
+        total = _channel_table(ctx, [15 - s for s in shifts], "total", 64)
+    else:
+        m = _channel_table(ctx, mults, "mult")
+        total = _channel_table(ctx, [31 - s for s in shifts], "total", 64)
+
+    def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
+        return hl.cast(hl.Int(16), hl.clamp(multiply_rounded_once(acc, m(oc), total(oc)), lo, hi))
+
+    return Arithmetic(
+        source=lambda x: x,
+        # int16 x int16 -> int32 (one widening multiply), then into the 64-bit sum.
+        term=lambda v, w: hl.cast(hl.Int(64), hl.widening_mul(v, hl.cast(hl.Int(16), w))),
+        init=channel_bias(ctx, bias_index, zero=hl.i64(0)),
+        finish=finish,
+    )
+
+
+@register("CONV_2D", int16=True)
+def lower_conv2d_16x8(ctx: OpContext) -> list[Value]:
+    """CONV_2D on int16 activations (TFLite's 16x8 ConvPerChannel)."""
+    return conv2d(ctx, _arithmetic_16x8(ctx, per_tensor_float_product=False, reduced=True))
+
+
+@register("DEPTHWISE_CONV_2D", int16=True)
+def lower_depthwise_16x8(ctx: OpContext) -> list[Value]:
+    """DEPTHWISE_CONV_2D on int16 activations (TFLite's 16x8 DepthwiseConvPerChannel)."""
+    return depthwise(ctx, _arithmetic_16x8(ctx, per_tensor_float_product=False, reduced=True))
+
+
+@register("FULLY_CONNECTED", int16=True)
+def lower_fully_connected_16x8(ctx: OpContext) -> list[Value]:
+    """FULLY_CONNECTED on int16 activations (TFLite's 16x8 FullyConnected, per tensor or channel)."""
+    return fully_connected(ctx, _arithmetic_16x8(ctx, per_tensor_float_product=True, reduced=False))
+
+
+@register("ADD", "SUB", int16=True)
+def lower_add_16x8(ctx: OpContext) -> list[Value]:
+    """TFLite's int16 ADD and SUB with general scales: both inputs shifted left by 15, rescaled to
+    twice the larger input scale, added or subtracted, rescaled to the output (add.cc's general
+    int16 path; the power-of-two path of old models is refused)."""
+    if bool(getattr(ctx.op.options, "potScaleInt16", True)) and ctx.op.name == "ADD":
+        raise LoweringError("int16 ADD with pot_scale_int16 (the power-of-two scale path)")
+    s1, s2, s_out = _symmetric(ctx, 0), _symmetric(ctx, 1), _symmetric(ctx, -1)
+    twice_max = 2 * max(s1, s2)
+    m1, sh1 = quantize_multiplier(s1 / twice_max)
+    m2, sh2 = quantize_multiplier(s2 / twice_max)
+    m_out, sh_out = quantize_multiplier(twice_max / ((1 << INT16_ADD_LEFT_SHIFT) * s_out))
+    lo, hi = activation_range(ctx.op.fused_activation, s_out, 0, INT16_MIN, INT16_MAX)
+    a, b = ctx.value(0), ctx.value(1)
+    out = ctx.out_shape()
+    sign = -1 if ctx.op.name == "SUB" else 1
+
+    def scaled(v: hl.Expr, m: int, sh: int) -> hl.Expr:
+        return multiply_by_quantized_multiplier(hl.cast(hl.Int(32), v) << INT16_ADD_LEFT_SHIFT, m, sh)
+
+    def body(*i):
+        first, second = scaled(read_broadcast(a, out, i), m1, sh1), scaled(read_broadcast(b, out, i), m2, sh2)
+        total = multiply_by_quantized_multiplier(first + second if sign > 0 else first - second, m_out, sh_out)
+        return hl.cast(hl.Int(16), hl.clamp(total, lo, hi))
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("MAX_POOL_2D", int16=True)
+def lower_max_pool_16x8(ctx: OpContext) -> list[Value]:
+    """TFLite's int16 MaxPool: the largest in-bounds value, clamped to the activation's range. Exact."""
+    scale = _symmetric(ctx, 0)
+    if _symmetric(ctx, -1) != scale:
+        raise LoweringError("MAX_POOL_2D: int16 input and output quantized differently")
+    window = pool_window(ctx)
+    lo, hi = activation_range(ctx.op.fused_activation, scale, 0, INT16_MIN, INT16_MAX)
+
+    def body(n, y, xx, c):
+        inside, v = window.taps(n, y, xx, c)
+        return hl.clamp(hl.maximum(hl.select(inside, v, hl.i16(INT16_MIN))), hl.i16(lo), hl.i16(hi))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
