@@ -723,3 +723,25 @@ def test_max_pool_16x8():
     b.output(b.op("MAX_POOL_2D", [x], (1, 5, 5, 8), quant=quantization(3e-5, 0), padding="SAME", stride_h=2,
                   stride_w=2, filter_height=3, filter_width=3))
     check_16x8(b.build())
+
+
+@pytest.mark.parametrize("op, out_scale", [("LOGISTIC", 1 / 32768), ("TANH", 1 / 32768)])
+def test_unary_16x8_by_litert_table(op, out_scale):
+    # 65536-entry tables LiteRT's kernels fill: equal to them on every int16 input.
+    b = ModelBuilder()
+    x = b.input("x", (1, 256, 256), "int16", quant=quantization(2e-4, 0))
+    b.output(b.op(op, [x], [1, 256, 256], quant=quantization(out_scale, 0)))
+    model = b.build()
+    every = [np.arange(-32768, 32768).astype(np.int16).reshape(1, 256, 256)]
+    (want,) = runtime.run(runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference"), every)
+    assert np.array_equal(halide(model, every)[0], want) and len(np.unique(want)) > 1000
+
+
+@pytest.mark.parametrize("shape, keep, out_scale", [((1, 16, 16, 12), False, 2e-5), ((1, 5, 7, 4), True, 3e-5)])
+def test_mean_16x8(shape, keep, out_scale):
+    b = ModelBuilder()
+    x = b.input("x", shape, "int16", quant=quantization(3e-5, 0))
+    out = (1, 1, 1, shape[3]) if keep else (1, shape[3])
+    b.output(b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], out, quant=quantization(out_scale, 0),
+                  keep_dims=keep))
+    check_16x8(b.build(), seeds=(0, 1, 2))

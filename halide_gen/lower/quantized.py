@@ -42,7 +42,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import halide as hl
 import numpy as np
@@ -53,7 +53,7 @@ from ..pack import DOT_DEPTH
 from ..targets import INT8_ROUNDINGS
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
-from .litert_tables import litert_int8_table
+from .litert_tables import litert_table
 from .movement import resize_inputs
 from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window,
                  transpose_conv, transpose_conv_geometry)
@@ -632,14 +632,14 @@ def lookup_table(ctx: OpContext, transform) -> list[Value]:
 
 
 def indexed_by_input(ctx: OpContext, table_values: Sequence[int]) -> list[Value]:
-    """The op's output as table_values[x + 128] for each int8 input x: a 256-entry table compiled
-    into the kernel."""
-    table = hl.Buffer(hl.Int(8), [len(table_values)], ctx.func_name("table"))
-    for k, q in enumerate(table_values):
-        table[k] = int(q)
+    """The op's output as table_values[x - lowest] for each input x of an integer type whose lowest
+    value is `lowest` (int8: a 256-entry table; int16: 65536), compiled into the kernel."""
+    out_type, in_type = ctx.out_type(), ctx.value(0).type
+    table = hl.Buffer(out_type, [len(table_values)], ctx.func_name("table"))
+    np.asarray(table)[:] = np.asarray(table_values)
     ctx.constants.append(table)
-    x = ctx.value(0)
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - INT8_MIN])]
+    x, lowest = ctx.value(0), -(1 << (in_type.bits() - 1))  # int8 or int16
+    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - lowest])]
 
 
 # LiteRT's int8 SQRT and RSQRT fail the invoke on a negative input ("only defined for positive
@@ -659,7 +659,7 @@ def lower_unary_by_litert_table(ctx: OpContext) -> list[Value]:
     _, in_zp = _scale_zp(ctx.op.inputs[0])
     _scale_zp(ctx.op.outputs[0])  # per-tensor quantization, or refused
     lowest = in_zp if ctx.op.name in NONNEGATIVE_DOMAIN else INT8_MIN
-    return indexed_by_input(ctx, litert_int8_table(ctx.op, lowest))
+    return indexed_by_input(ctx, litert_table(ctx.op, lowest))
 
 
 @register("LOGISTIC", quantized=True)
@@ -688,6 +688,12 @@ def lower_mean_int8(ctx: OpContext) -> list[Value]:
     Q31 multiplier (shifted up by floor(log2 N), then divided by N, truncating), plus out_zp,
     clamped. LiteRT's optimized kernel for 4-D means over H and W rounds in float instead and may
     differ by 1 LSB."""
+    return quantized_mean(ctx, lambda total, m, shift, zp: requantize(total, m, shift, zp, INT8_MIN, INT8_MAX))
+
+
+def quantized_mean(ctx: OpContext, finish: Callable[[hl.Expr, int, int, int], hl.Expr]) -> list[Value]:
+    """QuantizedMeanOrSum's loops for an int8 or int16 MEAN: `finish`(int32 sum less in_zp * N,
+    multiplier, shift, out_zp) rescales it and narrows to the output type."""
     x = ctx.value(0)
     (in_scale, in_zp), (out_scale, out_zp) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
     axes = reduction_axes(ctx, 1, x.rank)
@@ -699,7 +705,7 @@ def lower_mean_int8(ctx: OpContext) -> list[Value]:
 
     def body(*i):
         total = hl.sum(hl.cast(hl.Int(32), x.at(source(i)))) - hl.i32(in_zp * count)
-        return requantize(total, multiplier, shift, out_zp, INT8_MIN, INT8_MAX)
+        return finish(total, multiplier, shift, out_zp)
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 

@@ -8,9 +8,9 @@ MultiplyByQuantizedMultiplier: the Q31 multiplier reduced to 16 bits (rounded), 
 rounding shift (`multiply_rounded_once`; FULLY_CONNECTED's reference keeps the whole multiplier).
 An int32 bias is refused (LiteRT's 16x8 kernels saturate every output with one). ADD and SUB take the
 general-scale path (left shift 15, pot_scale_int16 false, as the converter writes them). MAX_POOL_2D
-and data movement keep the bytes. All exact: bit for bit LiteRT's reference kernels
-(tests/test_lowering_int8.py). Other int16 ops (LOGISTIC, SOFTMAX, MEAN: lookup tables and
-fixed-point series of their own) stay with TFLite.
+and data movement keep the bytes. LOGISTIC and TANH read a 65536-entry table LiteRT fills
+(litert_tables). All exact: bit for bit LiteRT's reference kernels (tests/test_lowering_int8.py).
+MEAN sums as the int8 one does. Other int16 ops (SOFTMAX among them) stay with TFLite.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import numpy as np
 
 from ..values import Value, define, read_broadcast
 from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, pool_window
-from .quantized import _channel_table, _scale_zp, activation_range, multiply_by_quantized_multiplier, quantize_multiplier
+from .litert_tables import litert_table
+from .quantized import (_channel_table, _scale_zp, activation_range, indexed_by_input, multiply_by_quantized_multiplier,
+                        quantize_multiplier, quantized_mean)
 from .registry import LoweringError, OpContext, register
 
 INT16_MIN, INT16_MAX = -32768, 32767
@@ -152,3 +154,23 @@ def lower_max_pool_16x8(ctx: OpContext) -> list[Value]:
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
+
+
+@register("LOGISTIC", "TANH", int16=True)
+def lower_unary_16x8_by_litert_table(ctx: OpContext) -> list[Value]:
+    """An int16 function of one int16 input, through the 65536-entry table LiteRT's own kernel
+    fills for this op and quantization (litert_tables): exact to LiteRT by construction."""
+    if len(ctx.op.inputs) != 1 or ctx.op.inputs[0].type_name != "INT16" or ctx.op.outputs[0].type_name != "INT16":
+        raise LoweringError(f"int16 {ctx.op.name} with other than one int16 input and output")
+    _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])  # per-tensor quantization, or refused
+    return indexed_by_input(ctx, litert_table(ctx.op))
+
+
+@register("MEAN", int16=True)
+def lower_mean_16x8(ctx: OpContext) -> list[Value]:
+    """TFLite's reference int16 MEAN (QuantizedMeanOrSum, as for int8: an int32 sum, 1/N folded into
+    the multiplier), narrowed to int16. Exact."""
+    def finish(total: hl.Expr, m: int, shift: int, zp: int) -> hl.Expr:
+        return hl.cast(hl.Int(16), hl.clamp(multiply_by_quantized_multiplier(total, m, shift) + zp, INT16_MIN, INT16_MAX))
+
+    return quantized_mean(ctx, finish)
