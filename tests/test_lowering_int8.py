@@ -413,6 +413,17 @@ def test_concatenation_int8():
     check(b.build(), exact=True)
 
 
+def test_concatenation_of_differing_scales_int8():
+    # Inputs of other scales reach an int8 CONCATENATION through a requantizing QUANTIZE (the
+    # converter's form: TFLite's int8 concatenation takes one scale): one block, exact.
+    b = ModelBuilder()
+    q = quantization(0.04, 5)
+    x, y = b.input("x", (1, 4, 5, 3), "int8", quant=quantization(0.013, -20)), b.input("y", (1, 4, 5, 6), "int8", quant=q)
+    rescaled = b.op("QUANTIZE", [x], [1, 4, 5, 3], dtype="int8", quant=q)
+    b.output(b.op("CONCATENATION", [rescaled, y], [1, 4, 5, 9], quant=q, axis=3))
+    check(b.build(), exact=True)
+
+
 @pytest.mark.parametrize("op", ["PAD", "PADV2"])
 def test_pad_int8(op):
     # PAD fills with a real zero, for int8 the zero point; PADV2 with its (int8) constant.
