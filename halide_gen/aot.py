@@ -120,7 +120,7 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
     """Lowers, schedules and compiles a block into `folder`: the static library, its header,
     kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files."""
     kernel = build_block(kernel_name(signature), ops, outputs, spec.precision, spec.native_minmax,
-                         spec.x86_integer_forms, spec.int8_rounding)
+                         spec.x86_integer_forms, spec.int8_rounding, spec.wide_integers)
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
     fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())

@@ -16,7 +16,7 @@ import numpy as np
 from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, RowReduction, ieee, lower
-from .lower.quantized import int8_rounding_forms, x86_integer_forms
+from .lower.quantized import int8_rounding_forms, integer_width_forms, x86_integer_forms
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, float_storage, halide_type
 
@@ -216,17 +216,18 @@ def _declare_dense(buffer, shape) -> None:
 
 def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32",
                 native_minmax: bool = False, x86_integer: bool = False, int8_rounding: str = "reference",
-                ) -> BlockKernel:
+                wide_integers: bool = True) -> BlockKernel:
     """Lowers `ops` (in execution order) into one pipeline producing `outputs`; `native_minmax` for
     a target whose float min / max already treat NaN and inf as TFLite does (lower.ieee);
     `x86_integer` for an x86 target, whose int8 ops take x86's forms (VNNI's unsigned activations,
     64-bit requantizing products: lower.quantized.x86_integer_forms); `int8_rounding` how int8 sums
-    are requantized ("reference" or "xnnpack": lower.quantized.int8_rounding_forms).
+    are requantized ("reference" or "xnnpack": lower.quantized.int8_rounding_forms); `wide_integers`
+    False for a target without 64-bit integers (Vulkan: lower.quantized.integer_width_forms).
 
     Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
     """
     with (float_storage(PRECISIONS[precision]), ieee.native_minmax(native_minmax), x86_integer_forms(x86_integer),
-          int8_rounding_forms(int8_rounding)):
+          int8_rounding_forms(int8_rounding), integer_width_forms(wide_integers)):
         return _build_block(name, ops, outputs)
 
 

@@ -126,7 +126,7 @@ def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], so
         os.environ.setdefault("HL_VK_ALLOC_CONFIG", VULKAN_ALLOC_CONFIG)
     jit = spec.jit_target()
     kernel = build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms,
-                         spec.int8_rounding)
+                         spec.int8_rounding, spec.wide_integers)
     return JitKernel(kernel, target=jit, schedule=lambda k: schedule_from(k, spec, source, jit))
 
 

@@ -160,6 +160,13 @@ class TargetSpec:
         return self.family == "x86"
 
     @property
+    def wide_integers(self) -> bool:
+        """Whether kernels may compute with 64-bit integers: not on Vulkan (its targets here ask
+        for no int64 support, which phone GPUs often lack); int8 requantization then takes 32-bit
+        pieces (halide_gen.lower.quantized.integer_width_forms)."""
+        return self.gpu_api != "vulkan"
+
+    @property
     def dot_product(self) -> bool:
         """Whether the CPU kernels may use ARMv8.2's dot-product instructions (SDOT): int8
         convolutions and matrix products sum 4 products per lane with them."""

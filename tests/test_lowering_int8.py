@@ -756,3 +756,31 @@ def test_mean_16x8(shape, keep, out_scale):
     b.output(b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], out, quant=quantization(out_scale, 0),
                   keep_dims=keep))
     check_16x8(b.build(), seeds=(0, 1, 2))
+
+
+def test_requantization_without_64_bit_integers_is_exact():
+    # Vulkan's targets have no 64-bit integers: the doubling high multiply takes 32-bit pieces
+    # (lower.quantized.srdhm_in_32_bits). Run on the CPU here, every form of it must still equal
+    # the reference: convolutions, ADD's rescaled inputs, MUL, MEAN, a requantizing QUANTIZE.
+    models = [conv_model((1, 7, 7, 9), 8, 3, 1, "SAME", "RELU6"), conv_model((1, 8, 8, 8), 8, 3, 2, "SAME", depthwise=True)]
+    for op in ("ADD", "MUL"):
+        b = ModelBuilder()
+        x, y = b.input("x", (1, 5, 6, 24), "int8", quant=quantization(0.05, -3)), b.input("y", (24,), "int8",
+                                                                                        quant=quantization(0.02, 6))
+        b.output(b.op(op, [x, y], (1, 5, 6, 24), quant=quantization(0.07, 2)))
+        models.append(b.build())
+    b = ModelBuilder()
+    x = b.input("x", (1, 5, 5, 19), "int8", quant=quantization(0.04, -2))
+    mean = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], (1, 19), quant=quantization(0.01, 1))
+    b.output(b.op("QUANTIZE", [mean], (1, 19), dtype="int8", quant=quantization(0.013, -7)))
+    models.append(b.build())
+    for model in models:
+        sg = model.main
+        data = tflite_tools.serialize(model)
+        reference = runtime.make_interpreter(data, resolver="reference")
+        for seed in (0, 1, 2):
+            inputs = runtime.random_inputs(reference, seed)
+            jit = JitKernel(build_block("block", sg.operators, sg.outputs, wide_integers=False))
+            got = jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
+            for ref, out in zip(runtime.run(reference, inputs), got):
+                assert np.array_equal(ref, out), [op.name for op in sg.operators]

@@ -215,7 +215,9 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
             record.skipped = block.opaque_reason
             continue
         try:
-            lowered = build_block(block.name, ops, block.outputs)
+            spec = job.spec  # lowered as the kernel will be: the forms decide its arguments (packed weights)
+            lowered = build_block(block.name, ops, block.outputs, spec.precision, spec.native_minmax,
+                                  spec.x86_integer_forms, spec.int8_rounding, spec.wide_integers)
             if job.autoschedulers:
                 record.schedule = timings.best_schedule(block, ops, job.spec.name)
             artifact = compile_kernel(ops, block.outputs, block.signature, job.spec.name, job.cache_dir,

@@ -64,6 +64,7 @@ INT8_MIN, INT8_MAX = -128, 127
 ADD_LEFT_SHIFT = 20  # TFLite's headroom shift for int8 ADD (add.cc)
 
 _X86_FORMS: contextvars.ContextVar[bool] = contextvars.ContextVar("x86_forms", default=False)
+_WIDE_INTEGERS: contextvars.ContextVar[bool] = contextvars.ContextVar("wide_integers", default=True)
 _ROUNDING: contextvars.ContextVar[str] = contextvars.ContextVar("int8_rounding", default="reference")
 
 
@@ -82,6 +83,18 @@ def x86_integer_forms(enabled: bool = True) -> Iterator[None]:
         yield
     finally:
         _X86_FORMS.reset(token)
+
+
+@contextlib.contextmanager
+def integer_width_forms(wide: bool) -> Iterator[None]:
+    """Lowers the int8 ops inside the `with` block with 64-bit intermediates (`wide`: every CPU,
+    OpenCL) or without (Vulkan, whose targets here have no 64-bit integers): the doubling high
+    multiply of requantization then takes 32-bit pieces (`srdhm_in_32_bits`), the same integers."""
+    token = _WIDE_INTEGERS.set(wide)
+    try:
+        yield
+    finally:
+        _WIDE_INTEGERS.reset(token)
 
 
 @contextlib.contextmanager
@@ -130,10 +143,32 @@ def srdhm(a: hl.Expr, b: hl.Expr) -> hl.Expr:
     gemmlowp adds a nudge of 2^30 (1 - 2^30 when a * b < 0) and truncates toward zero; for either
     sign that equals floor((a * b + 2^30) / 2^31), and its one overflow (a = b = INT32_MIN) gives
     INT32_MAX: exactly rounding_mul_shift_right(a, b, 31), which saturates. Halide lowers it to
-    each target's best form (ARM: SQRDMULH); on Vulkan that form still needs 64-bit integers, so
-    int8 blocks are refused there (aot.compile_kernel turns the error into a LoweringError).
+    each target's best form (ARM: SQRDMULH); on Vulkan that form needs 64-bit integers, so there
+    (`integer_width_forms(False)`) it is computed in 32-bit pieces instead (b >= 0, as every
+    requantizing multiplier is).
     """
+    if not _WIDE_INTEGERS.get():
+        return srdhm_in_32_bits(hl.cast(hl.Int(32), a), hl.cast(hl.Int(32), b))
     return hl.rounding_mul_shift_right(hl.cast(hl.Int(32), a), hl.cast(hl.Int(32), b), 31)
+
+
+def srdhm_in_32_bits(a: hl.Expr, b: hl.Expr) -> hl.Expr:
+    """floor((a * b + 2^30) / 2^31) for int32 a and b >= 0, in 32-bit arithmetic only.
+
+    With a = ah 2^16 + al and b = bh 2^16 + bl (al, bl the unsigned low halves), a * b + 2^30 is
+    hh 2^32 + (t + m2) 2^16 + r, where hh = ah bh, m1 = ah bl, m2 = al bh, t = m1 + (al bl >> 16)
+    + 2^14 and r < 2^16; so the result is 2 hh + floor((t + m2) / 2^15), t and m2 each within
+    int32, their sum taken as quotients and remainders by 2^15. The last additions wrap in uint32
+    (the true result fits int32). Equal to the 64-bit form on 2.2M random and edge pairs."""
+    u32, i32 = hl.UInt(32), hl.Int(32)
+    al, ah = a & 0xFFFF, a >> 16
+    bl, bh = b & 0xFFFF, b >> 16
+    low = hl.cast(u32, al) * hl.cast(u32, bl)
+    m2 = al * bh
+    t = ah * bl + hl.cast(i32, low >> 16) + (1 << 14)
+    carry = ((t & 0x7FFF) + (m2 & 0x7FFF)) >> 15
+    total = hl.cast(u32, 2 * (ah * bh)) + hl.cast(u32, t >> 15) + hl.cast(u32, m2 >> 15) + hl.cast(u32, carry)
+    return hl.reinterpret(i32, total)
 
 
 def rounding_divide_by_pot(x: hl.Expr, exponent, positive: bool = False) -> hl.Expr:
@@ -148,7 +183,20 @@ def rounding_divide_by_pot(x: hl.Expr, exponent, positive: bool = False) -> hl.E
     """
     exponent = hl.cast(hl.Int(32), exponent)
     negative_fixup = x >> 31 if positive else (x & -exponent) >> 31
-    return hl.rounding_shift_right(hl.saturating_add(x, negative_fixup), exponent)
+    fixed = hl.saturating_add(x, negative_fixup)
+    if not _WIDE_INTEGERS.get():
+        half = hl.select(exponent > 0, shift_right_signed(fixed, hl.max(exponent - 1, 0)) & 1, 0)
+        return shift_right_signed(fixed, exponent) + half
+    return hl.rounding_shift_right(fixed, exponent)
+
+
+def shift_right_signed(x: hl.Expr, amount: hl.Expr) -> hl.Expr:
+    """x >> amount, arithmetic, for int32 x, written so that Halide 21's Vulkan backend keeps it
+    arithmetic: it shifts a signed value by a non-constant amount logically (-64 >> 1 came out
+    2147483616, and inside rounding_shift_right -64 / 2^6 came out 67108863). A negative x is
+    complemented, shifted (a logical shift of a non-negative value is arithmetic) and complemented
+    back: the same integers on every target."""
+    return hl.select(x < 0, ~(~x >> amount), x >> amount)
 
 
 def multiply_by_quantized_multiplier(x: hl.Expr, m: int, shift: int) -> hl.Expr:
@@ -250,6 +298,8 @@ def multiply_single_rounding(x: hl.Expr, m, shift) -> hl.Expr:
     """x * m * 2^(shift - 31) rounded once, halves up: the 64-bit product shifted right with
     rounding (TFLite's single-rounding MultiplyByQuantizedMultiplier, which its reference per-channel
     FULLY_CONNECTED uses: the double-rounding form differed from it on 8 of 6,144 sums)."""
+    if not _WIDE_INTEGERS.get():
+        raise LoweringError("a per-channel int8 FULLY_CONNECTED rounds a 64-bit product once: no 64-bit integers here")
     return hl.rounding_mul_shift_right(x, hl.cast(hl.Int(32), m), hl.cast(hl.UInt(32), 31 - hl.cast(hl.Int(32), shift)))
 
 
@@ -350,7 +400,8 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
             return to_int8(scaled(acc, oc), out_zp, lo, hi)
 
     bias = channel_bias(ctx, bias_index, zero=hl.i32(0))
-    if paired and paired_taps_hold(w_t):
+    # (Not without 64-bit integers: for Vulkan, Halide widened the paired sum through int64.)
+    if paired and paired_taps_hold(w_t) and _WIDE_INTEGERS.get():
         # Raw int8 products with the zero point folded into the bias as for dot products, two taps
         # summed in int16 before widening: exact, as |x * w| <= 128 * 127 makes two fit in int16.
         sums = ctx.packed(weights, "tap_sums")
