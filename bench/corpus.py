@@ -5,6 +5,7 @@ what is declined and why.
     python bench/corpus.py build --out bench/corpus [--only NAME ...]    # needs TensorFlow
     python bench/corpus.py build-torch --out bench/corpus [--only NAME ...]  # needs litert-torch
     python bench/corpus.py check bench/corpus [--only NAME ...] [--write-results]
+    python bench/corpus.py speed bench/corpus [--only NAME ...] [--runs 30] [--threads 1 2]
 
 `build` needs only TensorFlow and numpy (`pip install -e '.[models]'`, or any venv with
 tensorflow-cpu: run this file with that venv's Python). `build-torch` converts PyTorch modules with
@@ -15,17 +16,22 @@ libraries, about 6 GB; the CPU-only build lives on PyTorch's own index). `check`
 model that stock LiteRT + XNNPACK runs it fuses for the host, runs the fused model with the delegate
 under claim:all and the default policy on seeded inputs, and compares with the kernels
 `tflite_tools.run.reference_resolver` names. `--write-results` replaces the corpus table in
-bench/RESULTS.md. Models are cached in the output folder (not committed: bench/corpus/ is ignored).
+bench/RESULTS.md. `speed` times each model fused for the host against LiteRT + XNNPACK
+(tflite_tools.bench: interleaved in one process at one thread, a process per contender at more),
+our delegate claiming every block and the default policy, and prints a table of ratios with the
+geometric mean over the float models. Models are cached in the output folder (not committed: bench/corpus/ is ignored).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -392,6 +398,46 @@ def check_model(path: Path, work: Path) -> dict:
     return row
 
 
+def speed_model(path: Path, work: Path, threads: Sequence[int], runs: int) -> dict:
+    """One speed row: per thread count, XNNPACK's median ms and our two policies' ratios to it."""
+    from tflite_tools.bench import benchmark, ratios
+    from tflite_tools.fuse import fuse
+    from tflite_tools.model.errors import ModelError
+
+    row = {"model": path.stem, "int8": "int8" in path.stem, "times": {}, "note": ""}
+    try:
+        result = fuse(path, work / path.stem, cache_dir=work / "cache")
+        for t in threads:
+            timings = benchmark(str(result.model), str(result.library), threads=t, runs=runs)
+            base = next(x for x in timings if x.name == "xnnpack").median / 1000
+            r = ratios(timings)
+            row["times"][t] = (base, r["dnnfusion-all"], r["dnnfusion-profitable"])
+    except ModelError as exc:
+        row["note"] = str(exc)
+    return row
+
+
+def speed_line(row: dict, threads: Sequence[int]) -> str:
+    """One model's row of the speed table."""
+    cells = [f"{row['times'][t][0]:.2f}, {row['times'][t][1]:.2f}x, {row['times'][t][2]:.2f}x" if t in row["times"]
+             else row["note"] or "-" for t in threads]
+    return f"| {row['model']} | {' | '.join(cells)} |"
+
+
+def speed_table(rows: list[dict], threads: Sequence[int]) -> str:
+    """The Markdown table of speed rows, with the float models' geometric means."""
+    head = " | ".join(f"{t} thread{'s' if t > 1 else ''}: XNNPACK ms, ours all, ours default" for t in threads)
+    lines = [f"| model | {head} |", "|---|" + "---|" * len(threads)] + [speed_line(r, threads) for r in rows]
+    floats = [r for r in rows if not r["int8"] and len(r["times"]) == len(threads)]
+    if floats:
+        means = []
+        for t in threads:
+            all_, default = (math.exp(statistics.fmean(math.log(r["times"][t][k]) for r in floats)) for k in (1, 2))
+            means.append(f"-, {all_:.2f}x, {default:.2f}x")
+        lines.append(f"| geo-mean of {len(floats)} float models | {' | '.join(means)} |")
+    return "\n".join(lines)
+
+
 def table(rows: list[dict]) -> str:
     """The Markdown table of check results."""
     lines = ["| model | fused | matches (claim:all / default) | nodes claimed (claim:all) / in blocks | "
@@ -406,7 +452,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """build or check."""
+    """build, check or speed."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build")
@@ -419,6 +465,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("folder", type=Path, nargs="?", default=REPO / "bench" / "corpus")
     c.add_argument("--only", nargs="*", default=[])
     c.add_argument("--write-results", action="store_true")
+    v = sub.add_parser("speed")
+    v.add_argument("folder", type=Path, nargs="?", default=REPO / "bench" / "corpus")
+    v.add_argument("--only", nargs="*", default=[])
+    v.add_argument("--runs", type=int, default=30)
+    v.add_argument("--threads", type=int, nargs="*", default=[1, 2])
     args = parser.parse_args(argv)
     if args.command == "build":
         build(args.out, args.only)
@@ -427,6 +478,14 @@ def main(argv: list[str] | None = None) -> int:
         build_torch(args.out, args.only)
         return 0
     paths = [p for p in sorted(args.folder.glob("*.tflite")) if not args.only or p.stem in args.only]
+    if args.command == "speed":
+        with tempfile.TemporaryDirectory(prefix="dnnfusion-corpus-") as tmp:
+            rows = []
+            for path in paths:
+                rows.append(speed_model(path, Path(tmp), args.threads, args.runs))
+                print(speed_line(rows[-1], args.threads), flush=True)
+        print(speed_table(rows, args.threads))
+        return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="dnnfusion-corpus-") as tmp:
         for path in paths:
