@@ -300,27 +300,54 @@ def test_conv_tiles_cover_rows_without_a_one_pixel_tail():
     assert all(4 <= _whole_rows(w, 7) <= 8 for w in range(8, 300))
 
 
+def _pointwise_then_3x3(hw: tuple[int, int], cin: int, mid: int, cout: int, seed: int):
+    """A 1x1 conv (RELU6) then a 3x3 conv, SAME, on an hw map: random weights scaled to keep the
+    activations near 1."""
+    rng = np.random.default_rng(seed)
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, *hw, cin])
+    y = b.op("CONV_2D", [x, b.const("w0", rng.standard_normal((mid, 1, 1, cin)).astype(np.float32) / np.sqrt(cin)),
+                         b.const("b0", rng.standard_normal(mid).astype(np.float32))], [1, *hw, mid],
+             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
+    b.output(b.op("CONV_2D", [y, b.const("w1", rng.standard_normal((cout, 3, 3, mid)).astype(np.float32)
+                                         / np.sqrt(9 * mid)),
+                              b.const("b1", rng.standard_normal(cout).astype(np.float32))], [1, *hw, cout],
+                  padding="SAME", stride_h=1, stride_w=1))
+    return b.build()
+
+
 def test_rows_of_a_multiple_of_14_pixels_get_14_pixel_conv_tiles_and_stay_exact():
     # x86: 32 x 14 tiles where 14 divides the row (MobileNets' 112 / 56 / 28 / 14), the whole-row
     # tiles of 7 or 8 elsewhere; a 1x1 and a 3x3 conv on a 28-pixel row checked against LiteRT.
     from blockcheck import check_model_blocks
     from halide_gen.schedule.cpu import X86, _tile_shape
 
-    rng = np.random.default_rng(14)
-    b = tflite_tools.ModelBuilder()
-    x = b.input("x", [1, 3, 28, 16])
-    y = b.op("CONV_2D", [x, b.const("w0", rng.standard_normal((40, 1, 1, 16)).astype(np.float32) / 4),
-                         b.const("b0", rng.standard_normal(40).astype(np.float32))], [1, 3, 28, 40],
-             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
-    b.output(b.op("CONV_2D", [y, b.const("w1", rng.standard_normal((24, 3, 3, 40)).astype(np.float32) / 19),
-                              b.const("b1", rng.standard_normal(24).astype(np.float32))], [1, 3, 28, 24],
-                  padding="SAME", stride_h=1, stride_w=1))
-    model = b.build()
+    model = _pointwise_then_3x3((3, 28), 16, 40, 24, seed=14)
     ops = model.main.operators
     kernel = build_block("rows", ops, [ops[1].outputs[0]])
     shapes = [_tile_shape(acc, X86, X86.conv_channels, X86.conv_pixels, True, 1, modelled=True)
               for acc in kernel.accumulators]
     assert shapes == [(32, 14), (32, 14)]
+    assert check_model_blocks(model)
+
+
+def test_a_conv_on_a_tiny_map_takes_the_whole_map_in_one_register_tile(tmp_path):
+    # x86: a map of at most 9 pixels (MobileNetV1 on 64x64 ends in 2x2) is one tile per channel
+    # tile, so each weight is read once, not once per row (its 1024 -> 1024 1x1 conv: 1.95x -> 1.0x
+    # XNNPACK); the accumulators stay within the budget. Exact against LiteRT.
+    import halide as hl
+
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule import schedule_cpu
+
+    model = _pointwise_then_3x3((2, 2), 96, 128, 40, seed=9)
+    ops = model.main.operators
+    kernel = build_block("tiny", ops, [ops[1].outputs[0]])
+    schedule_cpu(kernel)
+    stmt = tmp_path / "tiny.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    tiles = re.findall(r"allocate \w*conv_2d_acc(?:\$\d+)?\[float32 \* (\d+) \* 2 \* 2", stmt.read_text())
+    assert len(tiles) == 2 and all(int(c) * 4 // 16 <= 28 for c in tiles), tiles
     assert check_model_blocks(model)
 
 

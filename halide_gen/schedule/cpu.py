@@ -315,6 +315,9 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     # whose input loads then serve `groups` steps (as a float vector load serves 4 fmla by element).
     channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, groups if acc.dot else steps,
                                    modelled=not unroll_taps)
+    rows = _whole_map_rows(acc, params, len(v))
+    if rows:
+        channels, pixels = _whole_map_channels(acc, params, channels, round_up_channels), acc.value.shape[-2]
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
@@ -322,7 +325,13 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     # channels at once, so its int32 epilogue narrows whole registers (4 int32 vectors -> 16 bytes).
     home.vectorize(ci, _lanes_of(home, lanes, channels)).unroll(ci).unroll(xi)
     few_rows = len(v) > 2 and acc.kind == AccumulatorKind.CONV and acc.value.shape[-3] < ROW_TASKS
-    if acc.kind == AccumulatorKind.MATMUL or few_rows:
+    if rows:
+        # The whole map in one tile: each weight is read once per channel tile, not once per row.
+        home.reorder([hl.VarOrRVar(w) for w in (ci, xi, v[2], xo, co, *v[3:])]).unroll(v[2])
+        inner_tile = xo
+        if parallel:
+            home.parallel(co)
+    elif acc.kind == AccumulatorKind.MATMUL or few_rows:
         # Output-channel tiles outside the row (or pixel) tiles: for a matrix product, a slice of
         # the weights stays in cache while every row passes (schedules.md, FC 128x256->1024:
         # "output tiles outermost"); the tasks are channel tiles times the next axis (a batch
@@ -351,6 +360,10 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     f.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
     update = f.update()
     tile_loops = [hl.VarOrRVar(av[0]), hl.VarOrRVar(av[1])]
+    if rows:
+        f.bound_storage(av[2], rows).unroll(av[2])
+        tile_loops.append(hl.VarOrRVar(av[2]))
+        update.unroll(av[2])
     if steps > 1:
         # The innermost reduction axis in groups of `steps`, unrolled inside the tile: each pixel's
         # `steps` consecutive input values come in one vector load (the source read through a
@@ -366,7 +379,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
         # A dot-product group is the innermost loop, vectorized with the channels into one
         # VectorReduce (lanes x 4 int8 products summed into lanes int32: `sdot` on ARMv8.2).
         tile_loops.insert(0 if acc.dot else len(tile_loops), hl.VarOrRVar(inner))
-    update.reorder(tile_loops + [hl.VarOrRVar(r) for r in order] + [hl.VarOrRVar(a) for a in av[2:]])
+    update.reorder(tile_loops + [hl.VarOrRVar(r) for r in order] + [hl.VarOrRVar(a) for a in av[2 + bool(rows):]])
     if acc.dot:
         update.atomic().vectorize(inner)
     update.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
@@ -385,6 +398,31 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     if unroll_taps:
         for r in order:
             update.unroll(r)
+
+
+# Maps of at most this many pixels (over more than one row) are one register tile per channel tile
+# (x86). MobileNetV1 on a 64x64 input ends in 2x2 maps: its 1024 -> 1024 1x1 conv, tiled one row at a
+# time, read its 4 MB of weights once per row: 1.95x XNNPACK's time (bench/block_table.py).
+WHOLE_MAP_PIXELS = 9
+
+
+def _whole_map_rows(acc: Accumulator, params: CpuParams, rank: int) -> int:
+    """The row count of a float convolution's map that one register tile covers whole (x86
+    templates), or 0 where tiles take one row at a time."""
+    if params.registers or acc.kind != AccumulatorKind.CONV or acc.dot or acc.narrow or rank != 4:
+        return 0
+    height, width = acc.value.shape[-3], acc.value.shape[-2]
+    return height if 1 < height and height * width <= WHOLE_MAP_PIXELS else 0
+
+
+def _whole_map_channels(acc: Accumulator, params: CpuParams, channels: int, round_up: bool) -> int:
+    """A whole-map tile's channels: as many vectors as keep its accumulators to the templates'
+    budget (conv_channels x conv_row_pixels), halved from `channels` down to one vector."""
+    budget = params.conv_channels * params.conv_row_pixels // params.lanes
+    pixels = acc.value.shape[-3] * acc.value.shape[-2]
+    while channels > params.lanes and (channels // params.lanes) * pixels > budget:
+        channels //= 2
+    return channels
 
 
 def _unroll_float_groups(update: hl.Stage, acc: Accumulator, params: CpuParams, outer: hl.RVar,
