@@ -286,9 +286,10 @@ def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int,
 
 def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: int, pixels: int,
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
-                   parallel: bool = True) -> None:
+                   parallel: bool = True, whole_map: bool = False) -> None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
-    its reduction loops (in `rdom_order`, innermost first) outside the tile."""
+    its reduction loops (in `rdom_order`, innermost first) outside the tile; with `whole_map`, a
+    tiny map's rows all in one tile (_whole_map_rows)."""
     lanes = params.lanes
     v = _vars(home)
     c = v[0]
@@ -315,7 +316,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     # whose input loads then serve `groups` steps (as a float vector load serves 4 fmla by element).
     channels, pixels = _tile_shape(acc, params, channels, pixels, round_up_channels, groups if acc.dot else steps,
                                    modelled=not unroll_taps)
-    rows = _whole_map_rows(acc, params, len(v))
+    rows = _whole_map_rows(acc, params, len(v)) if whole_map else 0
     if rows:
         channels, pixels = _whole_map_channels(acc, params, channels, round_up_channels), acc.value.shape[-2]
     _align_to_packing(home, acc, c, channels, round_up_channels)
@@ -640,24 +641,28 @@ def _depthwise_tile(acc: Accumulator, params: CpuParams) -> tuple[int, int]:
     return params.dw_channels, params.dw_pixels
 
 
-def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
-    """Channels x pixels, the taps unrolled."""
+def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
+                    whole_map: bool = True) -> None:
+    """Channels x pixels, the taps unrolled (one row at a time, whatever `whole_map` says)."""
     channels, pixels = _depthwise_tile(acc, params)
     _register_tile(home, acc, params, channels, pixels, None, unroll_taps=True,
                    round_up_channels=True, parallel=parallel)
 
 
-def _tile_conv(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
+def _tile_conv(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
+               whole_map: bool = True) -> None:
     """Channels x pixels; RDom (ky, kx, ci) loops ci innermost, then kx, then ky (a filter row's
-    taps, (ky, row), for a narrow-input dot-product conv)."""
+    taps, (ky, row), for a narrow-input dot-product conv). `whole_map`: a tiny map in one tile
+    (not where a conv chain computes the map a row at a time)."""
     innermost_first = list(reversed(range(acc.rdom.dimensions())))
     _register_tile(home, acc, params, params.conv_channels, params.conv_pixels, innermost_first,
-                   unroll_taps=False, round_up_channels=True, parallel=parallel)
+                   unroll_taps=False, round_up_channels=True, parallel=parallel, whole_map=whole_map)
 
 
-def _tile_for(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True) -> None:
+def _tile_for(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
+              whole_map: bool = True) -> None:
     """A convolution's register tile, by its kind."""
-    CONV_TILES[acc.kind](acc, home, params, parallel)
+    CONV_TILES[acc.kind](acc, home, params, parallel, whole_map)
 
 
 # The register tile of each convolution kind (a conv chain streams only these).
@@ -722,7 +727,7 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
     """
     last = chain[-1]
     home = kernel.outputs[0][1].func  # the last conv and its epilogue inline into the output
-    _tile_for(last, home, params, parallel=False)
+    _tile_for(last, home, params, parallel=False, whole_map=False)  # rows are split into strips below
     y = _vars(home)[2]
     yo, yi = hl.Var("y_strip"), hl.Var("y_row")
     rows = last.value.shape[1]
@@ -732,7 +737,7 @@ def _schedule_conv_chain(kernel: BlockKernel, chain: list[Accumulator], params: 
     for acc in chain[:-1]:
         f = acc.value.func
         f.store_at(home, yo).compute_at(home, yi)
-        _tile_for(acc, f, params, parallel=False)
+        _tile_for(acc, f, params, parallel=False, whole_map=False)
         done.add(id(f))
     for acc in chain[1:]:
         for helper in kernel.op_helpers[acc.op_index]:
