@@ -25,7 +25,7 @@ import numpy as np
 
 from tflite_tools.model.ir import Operator, Tensor
 
-from .block import build_block
+from .block import build_block_for
 from .cache import cached_entry
 from .lower import LoweringError
 from .schedule import schedule_from
@@ -119,8 +119,7 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
                   spec: TargetSpec, emit_asm: bool, schedule: str) -> None:
     """Lowers, schedules and compiles a block into `folder`: the static library, its header,
     kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files."""
-    kernel = build_block(kernel_name(signature), ops, outputs, spec.precision, spec.native_minmax,
-                         spec.x86_integer_forms, spec.int8_rounding, spec.wide_integers)
+    kernel = build_block_for(spec, kernel_name(signature), ops, outputs)
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
     fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())

@@ -231,6 +231,15 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], p
         return _build_block(name, ops, outputs)
 
 
+def build_block_for(spec, name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
+    """build_block in the forms a target's kernels take (a halide_gen.targets.TargetSpec: its
+    precision, min / max, x86 integer forms, int8 rounding and integer width). Every lowering of a
+    block for a target goes through here, so the kernel compiled and the interface checked against
+    it are the same."""
+    return build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms,
+                       spec.int8_rounding, spec.wide_integers)
+
+
 def _check_addressable(ops: Sequence[Operator]) -> None:
     """Halide indexes a buffer with 32-bit integers and, without its large_buffers feature, refuses
     one over 2^31 - 1 bytes at run time: a block touching such a tensor would compile into a kernel

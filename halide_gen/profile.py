@@ -25,7 +25,7 @@ from tflite_tools import runtime
 from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor
 
 from .aot import generator_digest
-from .block import build_block
+from .block import build_block, build_block_for
 from .jit import JitKernel
 from .schedule import is_template, schedule_from, template_sources
 from .schedule.auto import CPU_AUTOSCHEDULERS, GPU_AUTOSCHEDULERS
@@ -125,8 +125,7 @@ def jit_kernel(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], so
     if spec.gpu_api == "vulkan":  # the allocator settings the delegate uses (aot.VULKAN_ALLOC_CONFIG)
         os.environ.setdefault("HL_VK_ALLOC_CONFIG", VULKAN_ALLOC_CONFIG)
     jit = spec.jit_target()
-    kernel = build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms,
-                         spec.int8_rounding, spec.wide_integers)
+    kernel = build_block_for(spec, name, ops, outputs)
     return JitKernel(kernel, target=jit, schedule=lambda k: schedule_from(k, spec, source, jit))
 
 

@@ -39,10 +39,11 @@ REFERENCE_FORMS = tuple(f for f in FORMS if f[1] == "reference")
 REQUANTIZED_SUMS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV"}
 
 
-def halide(model, inputs, x86_forms: bool = False, target=None, rounding: str = "reference"):
+def halide(model, inputs, x86_forms: bool = False, target=None, rounding: str = "reference",
+           wide_integers: bool = True):
     sg = model.main
-    jit = JitKernel(build_block("block", sg.operators, sg.outputs, x86_integer=x86_forms, int8_rounding=rounding),
-                    target=target)
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs, x86_integer=x86_forms, int8_rounding=rounding,
+                                wide_integers=wide_integers), target=target)
     return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
 
 
@@ -418,7 +419,8 @@ def test_concatenation_of_differing_scales_int8():
     # converter's form: TFLite's int8 concatenation takes one scale): one block, exact.
     b = ModelBuilder()
     q = quantization(0.04, 5)
-    x, y = b.input("x", (1, 4, 5, 3), "int8", quant=quantization(0.013, -20)), b.input("y", (1, 4, 5, 6), "int8", quant=q)
+    x = b.input("x", (1, 4, 5, 3), "int8", quant=quantization(0.013, -20))
+    y = b.input("y", (1, 4, 5, 6), "int8", quant=q)
     rescaled = b.op("QUANTIZE", [x], [1, 4, 5, 3], dtype="int8", quant=q)
     b.output(b.op("CONCATENATION", [rescaled, y], [1, 4, 5, 9], quant=q, axis=3))
     check(b.build(), exact=True)
@@ -762,7 +764,8 @@ def test_requantization_without_64_bit_integers_is_exact():
     # Vulkan's targets have no 64-bit integers: the doubling high multiply takes 32-bit pieces
     # (lower.quantized.srdhm_in_32_bits). Run on the CPU here, every form of it must still equal
     # the reference: convolutions, ADD's rescaled inputs, MUL, MEAN, a requantizing QUANTIZE.
-    models = [conv_model((1, 7, 7, 9), 8, 3, 1, "SAME", "RELU6"), conv_model((1, 8, 8, 8), 8, 3, 2, "SAME", depthwise=True)]
+    models = [conv_model((1, 7, 7, 9), 8, 3, 1, "SAME", "RELU6"),
+              conv_model((1, 8, 8, 8), 8, 3, 2, "SAME", depthwise=True)]
     for op in ("ADD", "MUL"):
         b = ModelBuilder()
         x, y = b.input("x", (1, 5, 6, 24), "int8", quant=quantization(0.05, -3)), b.input("y", (24,), "int8",
@@ -775,12 +778,8 @@ def test_requantization_without_64_bit_integers_is_exact():
     b.output(b.op("QUANTIZE", [mean], (1, 19), dtype="int8", quant=quantization(0.013, -7)))
     models.append(b.build())
     for model in models:
-        sg = model.main
-        data = tflite_tools.serialize(model)
-        reference = runtime.make_interpreter(data, resolver="reference")
+        reference = runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference")
         for seed in (0, 1, 2):
             inputs = runtime.random_inputs(reference, seed)
-            jit = JitKernel(build_block("block", sg.operators, sg.outputs, wide_integers=False))
-            got = jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
-            for ref, out in zip(runtime.run(reference, inputs), got):
-                assert np.array_equal(ref, out), [op.name for op in sg.operators]
+            for ref, out in zip(runtime.run(reference, inputs), halide(model, inputs, wide_integers=False)):
+                assert np.array_equal(ref, out), [op.name for op in model.main.operators]

@@ -78,7 +78,8 @@ def m_quantize_of_dequantize(b, x):
     from tflite_tools.model.builder import quantization
 
     q = b.op("QUANTIZE", [x], S, dtype="int8", quant=quantization(0.02, -3))
-    back = b.op("QUANTIZE", [b.op("DEQUANTIZE", [q], S, dtype="float32")], S, dtype="int8", quant=quantization(0.02, -3))
+    deq = b.op("DEQUANTIZE", [q], S, dtype="float32")
+    back = b.op("QUANTIZE", [deq], S, dtype="int8", quant=quantization(0.02, -3))
     return b.op("DEQUANTIZE", [back], S, dtype="float32")
 
 

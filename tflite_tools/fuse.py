@@ -38,7 +38,7 @@ from fusion.pipeline import plan_model
 from fusion.report import format_summary
 from fusion.rewrite.fold import restore_decoded
 from halide_gen.aot import compile_kernel, generator_digest
-from halide_gen.block import build_block
+from halide_gen.block import build_block_for
 from halide_gen.bundle import (BundleBlock, BundleInfo, build_cmake_project, bundle_source, claim_groups,
                                link_delegate, write_cmake_project)
 from halide_gen.lower import LoweringError
@@ -215,9 +215,8 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
             record.skipped = block.opaque_reason
             continue
         try:
-            spec = job.spec  # lowered as the kernel will be: the forms decide its arguments (packed weights)
-            lowered = build_block(block.name, ops, block.outputs, spec.precision, spec.native_minmax,
-                                  spec.x86_integer_forms, spec.int8_rounding, spec.wide_integers)
+            # Lowered as the kernel will be: the forms decide its arguments (packed weights).
+            lowered = build_block_for(job.spec, block.name, ops, block.outputs)
             if job.autoschedulers:
                 record.schedule = timings.best_schedule(block, ops, job.spec.name)
             artifact = compile_kernel(ops, block.outputs, block.signature, job.spec.name, job.cache_dir,

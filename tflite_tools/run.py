@@ -18,8 +18,9 @@ when LiteRT + XNNPACK alone is at least as far off on the same inputs, and a flo
 the tolerance passes when stock LiteRT is outside it too and this output matches stock's
 (`never_worse`: the delegate must not be worse than what its user had). A float output that a
 DEQUANTIZE makes of an int8 tensor (an int8 model with float outputs) is held to either bound: the
-float one, or 1 LSB of that tensor's scale (then no more steps off than stock, as an int8 output). Other integer and bool outputs must match exactly. NaN and +-inf must be exactly where the reference has them (a
-NaN there is a match: the kernels follow TFLite's float semantics, halide_gen/lower/ieee.py); the
+float one, or 1 LSB of that tensor's scale (then no more steps off than stock, as an int8 output).
+Other integer and bool outputs must match exactly. NaN and +-inf must be exactly where the reference
+has them (a NaN there is a match: the kernels follow TFLite's float semantics, halide_gen/lower/ieee.py); the
 tolerance applies to the finite rest.
 
 A bundle built with `--gpu-precision fp16` stores every tensor a block computes in half precision
@@ -31,7 +32,8 @@ error is O(1). The delegate's report names its bundle's target, which says the p
 The reference is LiteRT's BUILTIN_REF resolver (its reference kernels), with two exceptions
 (`reference_resolver`): an int8 model with an op whose reference kernel aborts the process (an int8
 SOFTMAX of logits quantized finer than 2^-26, as the random-weight MobileNetV2s' are) is compared
-with the optimized builtin kernels (no XNNPACK), and a model with custom ops, which neither kernel set can run, with LiteRT + XNNPACK.
+with the optimized builtin kernels (no XNNPACK), and a model with custom ops, which neither kernel set
+can run, with LiteRT + XNNPACK.
 The result names the reference it used (`RunResult.reference`; the CLI prints it).
 """
 
@@ -160,8 +162,7 @@ def quantized_outputs(interp, model: str | os.PathLike | bytes | Model | None = 
                                  for d in interp.get_output_details()]
     if model is None:
         return flags
-    if not isinstance(model, Model):
-        model = parse(bytes(model)) if isinstance(model, (bytes, bytearray)) else load(model)
+    model = _as_model(model)
     producers = model.main.producers()
     for k, tensor in enumerate(model.main.outputs[:len(flags)]):
         op = producers.get(id(tensor))
@@ -201,14 +202,20 @@ def reference_resolver(model: str | os.PathLike | bytes | Model) -> str:
     - "xnnpack" when the model has custom ops: neither kernel set registers any, while XNNPACK
       claims MediaPipe's (Convolution2DTransposeBias, MaxPoolingWithArgmax2D, MaxUnpooling2D), so
       LiteRT + XNNPACK is what runs such a model in stock LiteRT."""
-    if not isinstance(model, Model):
-        model = parse(bytes(model)) if isinstance(model, (bytes, bytearray)) else load(model)
+    model = _as_model(model)
     ops = [op for sg in model.subgraphs for op in sg.operators]
     if any(op.opcode.is_custom for op in ops):
         return "xnnpack"
     if any(reference_aborts(op) for op in ops):
         return "builtin"
     return "reference"
+
+
+def _as_model(model: str | os.PathLike | bytes | Model) -> Model:
+    """A model given as a path, its bytes, or already parsed."""
+    if isinstance(model, Model):
+        return model
+    return parse(bytes(model)) if isinstance(model, (bytes, bytearray)) else load(model)
 
 
 def _has_quantized(op) -> bool:

@@ -21,9 +21,6 @@ from tflite_tools.model.ir import Model, Operator, Subgraph, Tensor
 
 from .registry import LoweringError
 
-INT8_VALUES = np.arange(-128, 128, dtype=np.int8)
-
-
 def every_value(dtype: np.dtype) -> np.ndarray:
     """Every value of an integer type, the lowest first (256 for int8, 65536 for int16)."""
     info = np.iinfo(dtype)

@@ -55,8 +55,8 @@ from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
 from .litert_tables import litert_table
 from .movement import resize_inputs
-from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot, pool_window,
-                 transpose_conv, transpose_conv_geometry)
+from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot,
+                 pool_window, transpose_conv, transpose_conv_geometry)
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
 
@@ -339,15 +339,36 @@ def centred(ctx: OpContext, x: Value, zp: int) -> Value:
     return define(ctx.func_name("centred"), x.shape, lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
 
 
-def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[float], out_scale: float,
-                         per_tensor_float_product: bool):
-    """TFLite's reference requantization of an int32 sum in output channel `oc`, as a function
-    (acc, oc) -> the rescaled int32, in each target's cheapest exact form."""
+def requantization_multipliers(in_scale: float, w_scales: Sequence[float], out_scale: float,
+                               per_tensor_float_product: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """TFLite's Q31 multipliers and shifts (one per weight scale) for a sum of input x weight
+    products: in_scale * w_scale / out_scale in double, except that a FULLY_CONNECTED (or
+    BATCH_MATMUL) with one weight scale forms in_scale * w_scale in float32 first
+    (GetQuantizedConvolutionMultipler), where `per_tensor_float_product`. The last bit depends on it."""
     if per_tensor_float_product and len(w_scales) == 1:
         reals = [float(np.float32(in_scale) * np.float32(w_scales[0])) / out_scale]
     else:
         reals = [in_scale * s / out_scale for s in w_scales]
     mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
+    return mults, shifts
+
+
+def int8_weight_scales(ctx: OpContext, weights: Tensor) -> list[float]:
+    """The scales of an op's int8 weights, which TFLite's integer kernels require symmetric (zero
+    points 0); LoweringError for anything else."""
+    wq = weights.quantization
+    if wq is None or wq.scale is None or weights.type_name != "INT8":
+        raise LoweringError(f"{ctx.op.name}: quantized data needs int8 weights")
+    if wq.zero_point is not None and np.any(np.asarray(wq.zero_point) != 0):
+        raise LoweringError(f"{ctx.op.name}: weights with a nonzero zero point")
+    return [float(s) for s in wq.scale]
+
+
+def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[float], out_scale: float,
+                         per_tensor_float_product: bool):
+    """TFLite's reference requantization of an int32 sum in output channel `oc`, as a function
+    (acc, oc) -> the rescaled int32, in each target's cheapest exact form."""
+    mults, shifts = requantization_multipliers(in_scale, w_scales, out_scale, per_tensor_float_product)
 
     # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
     if per_tensor_float_product and len(w_scales) > 1:
@@ -366,9 +387,7 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
                      paired: bool = False, operands: tuple[int, int, int] = (0, 1, 2)) -> Arithmetic:
     """Integer terms, an int32 sum started at the int32 bias, requantized as `int8_rounding_forms` says.
 
-    `per_tensor_float_product`: TFLite's FULLY_CONNECTED with one weight scale forms
-    in_scale * w_scale in float32 before dividing in double (GetQuantizedConvolutionMultipler);
-    convolutions and per-channel weights multiply in double. The last bit depends on it.
+    `per_tensor_float_product`: see requantization_multipliers.
     `dot`: the loops can sum in dot-product groups (taken where the weights are constant).
     `paired`: a depthwise sum may add two taps' raw int8 products in int16 (`paired_taps`).
     `operands`: the indices of the data, the weights and the bias among the op's inputs.
@@ -377,12 +396,7 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
     x_t, w_t, out_t = ctx.op.inputs[data], ctx.op.inputs[weights], ctx.op.outputs[0]
     in_scale, in_zp = _scale_zp(x_t)
     out_scale, out_zp = _scale_zp(out_t)
-    wq = w_t.quantization
-    if wq is None or wq.scale is None or w_t.type_name != "INT8":
-        raise LoweringError(f"{ctx.op.name}: int8 data needs int8 weights")
-    if wq.zero_point is not None and np.any(np.asarray(wq.zero_point) != 0):
-        raise LoweringError(f"{ctx.op.name}: weights with a nonzero zero point")
-    w_scales = [float(s) for s in wq.scale]
+    w_scales = int8_weight_scales(ctx, w_t)
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, out_zp)
     if ctx.has_input(bias_index) and ctx.op.inputs[bias_index].type_name != "INT32":
         raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[bias_index].type_name} bias")
@@ -476,7 +490,7 @@ def lower_batch_matmul_int8(ctx: OpContext) -> list[Value]:
         raise LoweringError("BATCH_MATMUL mixing int8 with other types (hybrid)")
     (s_a, zp_a), (s_b, zp_b) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
     s_out, zp_out = _scale_zp(ctx.op.outputs[0])
-    m, shift = quantize_multiplier(float(np.float32(s_a) * np.float32(s_b)) / s_out)
+    (m,), (shift,) = requantization_multipliers(s_a, [s_b], s_out, per_tensor_float_product=True)
     return batch_matmul(ctx, centred(ctx, ctx.value(0), zp_a), centred(ctx, ctx.value(1), zp_b), hl.widening_mul,
                         hl.i32(0), lambda acc: requantize(acc, m, shift, zp_out, INT8_MIN, INT8_MAX))
 
@@ -636,12 +650,18 @@ def _same_scale(ctx: OpContext) -> tuple[float, int]:
 @register("MAX_POOL_2D", quantized=True)
 def lower_max_pool_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 MaxPool: the largest in-bounds value, clamped to the activation's range. Exact."""
+    return quantized_max_pool(ctx, *activation_range(ctx.op.fused_activation, *_same_scale(ctx)))
+
+
+def quantized_max_pool(ctx: OpContext, lo: int, hi: int) -> list[Value]:
+    """MaxPool on an integer tensor (int8 or int16): the largest in-bounds value, clamped to [lo, hi]."""
     window = pool_window(ctx)
-    lo, hi = activation_range(ctx.op.fused_activation, *_same_scale(ctx))
+    element = ctx.out_type()
 
     def body(n, y, xx, c):
         inside, v = window.taps(n, y, xx, c)
-        return hl.clamp(hl.maximum(hl.select(inside, v, hl.i8(INT8_MIN))), hl.i8(lo), hl.i8(hi))
+        low = hl.cast(element, -(1 << (element.bits() - 1)))
+        return hl.clamp(hl.maximum(hl.select(inside, v, low)), hl.cast(element, lo), hl.cast(element, hi))
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
@@ -705,12 +725,19 @@ def lower_unary_by_litert_table(ctx: OpContext) -> list[Value]:
     """An int8 function of one int8 input, through the table LiteRT's own kernel fills for this
     op, quantization and options (litert_tables): exact to LiteRT by construction (on the inputs
     LiteRT accepts: NONNEGATIVE_DOMAIN)."""
-    if len(ctx.op.inputs) != 1 or ctx.op.inputs[0].type_name != "INT8" or ctx.op.outputs[0].type_name != "INT8":
-        raise LoweringError(f"int8 {ctx.op.name} with other than one int8 input and output")
+    return unary_by_litert_table(ctx, "INT8")
+
+
+def unary_by_litert_table(ctx: OpContext, type_name: str) -> list[Value]:
+    """A function of one input of `type_name` (INT8 or INT16) into the same type, as the table
+    LiteRT fills for the op; inputs under the zero point of an op in NONNEGATIVE_DOMAIN are
+    answered as the zero point is."""
+    if len(ctx.op.inputs) != 1 or ctx.op.inputs[0].type_name != type_name or ctx.op.outputs[0].type_name != type_name:
+        kind = type_name.lower()
+        raise LoweringError(f"{kind} {ctx.op.name} with other than one {kind} input and output")
     _, in_zp = _scale_zp(ctx.op.inputs[0])
     _scale_zp(ctx.op.outputs[0])  # per-tensor quantization, or refused
-    lowest = in_zp if ctx.op.name in NONNEGATIVE_DOMAIN else INT8_MIN
-    return indexed_by_input(ctx, litert_table(ctx.op, lowest))
+    return indexed_by_input(ctx, litert_table(ctx.op, in_zp if ctx.op.name in NONNEGATIVE_DOMAIN else None))
 
 
 @register("LOGISTIC", quantized=True)

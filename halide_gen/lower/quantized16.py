@@ -16,13 +16,12 @@ MEAN sums as the int8 one does. Other int16 ops (SOFTMAX among them) stay with T
 from __future__ import annotations
 
 import halide as hl
-import numpy as np
 
 from ..values import Value, define, read_broadcast
-from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected, pool_window
-from .litert_tables import litert_table
-from .quantized import (_channel_table, _scale_zp, activation_range, indexed_by_input, multiply_by_quantized_multiplier,
-                        quantize_multiplier, quantized_mean)
+from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
+from .quantized import (_channel_table, _scale_zp, activation_range, int8_weight_scales,
+                        multiply_by_quantized_multiplier, quantize_multiplier, quantized_max_pool, quantized_mean,
+                        requantization_multipliers, unary_by_litert_table)
 from .registry import LoweringError, OpContext, register
 
 INT16_MIN, INT16_MAX = -32768, 32767
@@ -42,6 +41,11 @@ def multiply_rounded_once(acc: hl.Expr, m: hl.Expr, total_shift: hl.Expr) -> hl.
     return hl.cast(hl.Int(32), (acc * hl.cast(hl.Int(64), m) + rounding) >> total_shift)
 
 
+def to_int16(v: hl.Expr, lo: int = INT16_MIN, hi: int = INT16_MAX) -> hl.Expr:
+    """A rescaled int32 as the int16 output, clamped to [lo, hi] (the fused activation's range)."""
+    return hl.cast(hl.Int(16), hl.clamp(v, lo, hi))
+
+
 def _symmetric(ctx: OpContext, index: int) -> float:
     """The scale of an int16 activation, which TFLite requires to be symmetric."""
     scale, zp = _scale_zp(ctx.op.inputs[index] if index >= 0 else ctx.op.outputs[0])
@@ -58,22 +62,12 @@ def _arithmetic_16x8(ctx: OpContext, per_tensor_float_product: bool, reduced: bo
     form differed on 14 of 480 outputs) — and clamped to the fused activation's int16 range."""
     data, weights, bias_index = operands
     in_scale, out_scale = _symmetric(ctx, data), _symmetric(ctx, -1)
-    w_t = ctx.op.inputs[weights]
-    wq = w_t.quantization
-    if w_t.type_name != "INT8" or wq is None or wq.scale is None:
-        raise LoweringError(f"{ctx.op.name}: int16 data needs int8 weights")
-    if wq.zero_point is not None and np.any(np.asarray(wq.zero_point) != 0):
-        raise LoweringError(f"{ctx.op.name}: weights with a nonzero zero point")
+    w_scales = int8_weight_scales(ctx, ctx.op.inputs[weights])
     if ctx.has_input(bias_index) and ctx.op.inputs[bias_index].type_name != "INT64":
         # The converter writes int64; LiteRT 2.3's 16x8 kernels saturate every output with int32.
         raise LoweringError(f"{ctx.op.name}: 16x8 with a {ctx.op.inputs[bias_index].type_name} bias")
-    w_scales = [float(s) for s in wq.scale]
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, 0, INT16_MIN, INT16_MAX)
-    if per_tensor_float_product and len(w_scales) == 1:
-        reals = [float(np.float32(in_scale) * np.float32(w_scales[0])) / out_scale]
-    else:
-        reals = [in_scale * s / out_scale for s in w_scales]
-    mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
+    mults, shifts = requantization_multipliers(in_scale, w_scales, out_scale, per_tensor_float_product)
     if reduced:
         m = _channel_table(ctx, [reduced_multiplier(m) for m in mults], "reduced")
         total = _channel_table(ctx, [15 - s for s in shifts], "total", 64)
@@ -82,7 +76,7 @@ def _arithmetic_16x8(ctx: OpContext, per_tensor_float_product: bool, reduced: bo
         total = _channel_table(ctx, [31 - s for s in shifts], "total", 64)
 
     def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
-        return hl.cast(hl.Int(16), hl.clamp(multiply_rounded_once(acc, m(oc), total(oc)), lo, hi))
+        return to_int16(multiply_rounded_once(acc, m(oc), total(oc)), lo, hi)
 
     return Arithmetic(
         source=lambda x: x,
@@ -134,7 +128,7 @@ def lower_add_16x8(ctx: OpContext) -> list[Value]:
     def body(*i):
         first, second = scaled(read_broadcast(a, out, i), m1, sh1), scaled(read_broadcast(b, out, i), m2, sh2)
         total = multiply_by_quantized_multiplier(first + second if sign > 0 else first - second, m_out, sh_out)
-        return hl.cast(hl.Int(16), hl.clamp(total, lo, hi))
+        return to_int16(total, lo, hi)
 
     return [define(ctx.func_name(), out, body)]
 
@@ -145,25 +139,14 @@ def lower_max_pool_16x8(ctx: OpContext) -> list[Value]:
     scale = _symmetric(ctx, 0)
     if _symmetric(ctx, -1) != scale:
         raise LoweringError("MAX_POOL_2D: int16 input and output quantized differently")
-    window = pool_window(ctx)
-    lo, hi = activation_range(ctx.op.fused_activation, scale, 0, INT16_MIN, INT16_MAX)
-
-    def body(n, y, xx, c):
-        inside, v = window.taps(n, y, xx, c)
-        return hl.clamp(hl.maximum(hl.select(inside, v, hl.i16(INT16_MIN))), hl.i16(lo), hl.i16(hi))
-
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
-
+    return quantized_max_pool(ctx, *activation_range(ctx.op.fused_activation, scale, 0, INT16_MIN, INT16_MAX))
 
 
 @register("LOGISTIC", "TANH", int16=True)
 def lower_unary_16x8_by_litert_table(ctx: OpContext) -> list[Value]:
     """An int16 function of one int16 input, through the 65536-entry table LiteRT's own kernel
     fills for this op and quantization (litert_tables): exact to LiteRT by construction."""
-    if len(ctx.op.inputs) != 1 or ctx.op.inputs[0].type_name != "INT16" or ctx.op.outputs[0].type_name != "INT16":
-        raise LoweringError(f"int16 {ctx.op.name} with other than one int16 input and output")
-    _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])  # per-tensor quantization, or refused
-    return indexed_by_input(ctx, litert_table(ctx.op))
+    return unary_by_litert_table(ctx, "INT16")
 
 
 @register("MEAN", int16=True)
@@ -171,6 +154,6 @@ def lower_mean_16x8(ctx: OpContext) -> list[Value]:
     """TFLite's reference int16 MEAN (QuantizedMeanOrSum, as for int8: an int32 sum, 1/N folded into
     the multiplier), narrowed to int16. Exact."""
     def finish(total: hl.Expr, m: int, shift: int, zp: int) -> hl.Expr:
-        return hl.cast(hl.Int(16), hl.clamp(multiply_by_quantized_multiplier(total, m, shift) + zp, INT16_MIN, INT16_MAX))
+        return to_int16(multiply_by_quantized_multiplier(total, m, shift) + zp)
 
     return quantized_mean(ctx, finish)
