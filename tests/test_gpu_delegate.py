@@ -21,6 +21,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import MODELS, REPO
@@ -106,23 +107,36 @@ def test_quantized_models_match_litert_on_the_gpu(api, stem, tmp_path):
     assert report["outputs"][0]["max_abs"] == 0, report["outputs"]
 
 
+def _one_op_matches_litert(api: str, tmp_path: Path, op: str, inputs: dict, out_shape: list[int],
+                           consts: dict | None = None, **options) -> None:
+    """Fuses a model of one op for `api`'s GPU and runs it against LiteRT with every node claimed."""
+    from tflite_tools import serialize
+    from tflite_tools.model.builder import ModelBuilder
+
+    b = ModelBuilder()
+    args = [b.input(k, v) for k, v in inputs.items()] + [b.const(k, v) for k, v in (consts or {}).items()]
+    b.output(b.op(op, args, out_shape, **options))
+    (tmp_path / "op.tflite").write_bytes(serialize(b.build()))
+    result = fuse(tmp_path / "op.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path / "k")
+    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
+                    "--option", "claim=all"], gpu_env(api))
+    assert proc.returncode == 0, proc.stderr[-2000:]  # a buffer overrun shows as an abort at exit
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["claims"]["claimed_nodes"] == [0], report
+
+
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])
 def test_a_wide_softmax_matches_litert(api, tmp_path):
     # Classifier heads are 1000 wide: with its exps inlined into the shared-memory partial sums,
     # Vulkan's kernel summed them wrong (and overran its buffers on lavapipe) from some width up.
-    from tflite_tools import serialize
-    from tflite_tools.model.builder import ModelBuilder
+    _one_op_matches_litert(api, tmp_path, "SOFTMAX", {"logits": [2, 1000]}, [2, 1000], beta=1.0)
 
-    env = gpu_env(api)
-    b = ModelBuilder()
-    b.output(b.op("SOFTMAX", [b.input("logits", [2, 1000])], [2, 1000], beta=1.0))
-    (tmp_path / "softmax.tflite").write_bytes(serialize(b.build()))
-    result = fuse(tmp_path / "softmax.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path / "k")
-    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
-                    "--option", "claim=all"], env)
-    assert proc.returncode == 0, proc.stderr[-2000:]  # a buffer overrun shows as an abort at exit
-    report = json.loads(proc.stdout)
-    assert report["ok"] and report["claims"]["claimed_nodes"] == [0], report
+
+@pytest.mark.parametrize("api", ["opencl", "vulkan"])
+def test_resize_bilinear_reads_its_tables_on_the_gpu(api, tmp_path):
+    # Source pixels and weights are constant tables of the output's rows and columns.
+    _one_op_matches_litert(api, tmp_path, "RESIZE_BILINEAR", {"x": [1, 9, 16, 8]}, [1, 37, 64, 8],
+                           {"size": np.array([37, 64], np.int32)}, half_pixel_centers=True)
 
 
 @pytest.mark.parametrize("stem", GPU_MODELS)

@@ -409,6 +409,18 @@ def test_resize(op, align, half, size):
     compare(b.build())
 
 
+@pytest.mark.parametrize("align, half", [(False, False), (True, False), (False, True)])
+def test_resize_bilinear_tables_match_the_reference_exactly(align, half):
+    # Rows and columns past the 16 entries of a table's first block, 8 channels (half an AVX-512
+    # vector): the per-row and per-column tables give TFLite's own source pixels and weights.
+    b = ModelBuilder()
+    x = b.input("x", [1, 9, 16, 8])
+    b.output(b.op("RESIZE_BILINEAR", [x, b.const("size", i32((37, 64)))], [1, 37, 64, 8],
+                  align_corners=align, half_pixel_centers=half))
+    exact = opcheck.PRECISION == "fp32"
+    assert compare(b.build(), rtol=0.0 if exact else None, seeds=(0, 1)) == 0.0 or not exact
+
+
 def test_depth_to_space_and_back():
     b = ModelBuilder()
     x = b.input("x", [1, 3, 4, 8])

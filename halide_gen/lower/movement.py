@@ -283,27 +283,41 @@ def resize_inputs(ctx: OpContext) -> tuple[Value, tuple[int, ...], bool, bool]:
     return ctx.value(0), ctx.out_shape(), align, half
 
 
+def _bilinear_taps(in_size: int, out_size: int, align: bool, half: bool) -> tuple[np.ndarray, ...]:
+    """Per output row (or column): the lower and upper source pixel, the upper one's weight and
+    the lower one's, in float32 as TFLite's reference kernel computes them."""
+    scale = np.float32(_resize_scale(in_size, out_size, align))
+    i = np.arange(out_size, dtype=np.float32)
+    pos = (i + np.float32(0.5)) * scale - np.float32(0.5) if half else i * scale
+    lo = np.maximum(np.floor(pos).astype(np.int32), 0)
+    hi = np.minimum(np.ceil(pos).astype(np.int32), in_size - 1)
+    frac = (pos - lo.astype(np.float32)).astype(np.float32)
+    return lo, hi, frac, (np.float32(1) - frac).astype(np.float32)
+
+
 @register("RESIZE_BILINEAR")
 def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
-    """TFLite's reference interpolation, including its half-pixel and align-corners variants."""
+    """TFLite's reference interpolation, including its half-pixel and align-corners variants.
+    Source pixels and weights depend on the row or the column alone: they are tables of the
+    output's rows and columns, computed here, not per output pixel (deeplab_like's 16x16 -> 64x64
+    resize: 2.1x -> 0.9x XNNPACK's time)."""
     x, out, align, half = resize_inputs(ctx)
     _, h, w, _ = x.shape
-    scales = [hl.f32(np.float32(_resize_scale(i, o, align))) for i, o in ((h, out[1]), (w, out[2]))]
+    f32 = hl.Float(32)
+    def taps(axis: str, in_size: int, out_size: int):
+        lo, hi, frac, rest = _bilinear_taps(in_size, out_size, align, half)
+        # The clamps change no entry; they tell bounds inference which pixels are read.
+        pixel = [(lambda t: lambda i: hl.clamp(t(i), 0, in_size - 1))(ctx.table(p, axis + s))
+                 for p, s in ((lo, "0"), (hi, "1"))]
+        return (*pixel, ctx.table(frac, axis + "_frac", f32), ctx.table(rest, axis + "_rest", f32))
 
-    def source(i: hl.Expr, scale: hl.Expr, size: int):
-        pos = (hl.cast(hl.Float(32), i) + hl.f32(0.5)) * scale - hl.f32(0.5) if half else hl.cast(hl.Float(32), i) * scale
-        lo = hl.max(hl.cast(hl.Int(32), hl.floor(pos)), 0)
-        hi = hl.min(hl.cast(hl.Int(32), hl.ceil(pos)), size - 1)
-        return pos, lo, hi
+    y0, y1, dy, ry = taps("y", h, out[1])
+    x0, x1, dx, rx = taps("x", w, out[2])
 
     def body(n, y, xx, c):
-        py, y0, y1 = source(y, scales[0], h)
-        px, x0, x1 = source(xx, scales[1], w)
-        dy, dx = py - hl.cast(hl.Float(32), y0), px - hl.cast(hl.Float(32), x0)
-        one = hl.f32(1)
         # Strict: in TFLite's order, so that an inf meets a zero weight (NaN) exactly where it does there.
-        return hl.strict_float(x(n, y0, x0, c) * (one - dy) * (one - dx) + x(n, y1, x0, c) * dy * (one - dx)
-                               + x(n, y0, x1, c) * (one - dy) * dx + x(n, y1, x1, c) * dy * dx)
+        return hl.strict_float(x(n, y0(y), x0(xx), c) * ry(y) * rx(xx) + x(n, y1(y), x0(xx), c) * dy(y) * rx(xx)
+                               + x(n, y0(y), x1(xx), c) * ry(y) * dx(xx) + x(n, y1(y), x1(xx), c) * dy(y) * dx(xx))
 
     return [define(ctx.func_name(), out, body)]
 

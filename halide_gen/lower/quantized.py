@@ -216,30 +216,6 @@ def multiply_shifted(x: hl.Expr, m, up, down, down_positive: bool = False) -> hl
     return rounding_divide_by_pot(srdhm(x * up, m), down, down_positive)
 
 
-# Tables hold a multiple of this many int32 entries. Halide embeds a constant buffer in the kernel
-# aligned to its size up to 64 bytes, but AVX-512 code loads 16 entries at a time with aligned
-# instructions: an 8-entry (32-byte) table segfaulted. 64-byte multiples are 64-byte aligned.
-TABLE_ENTRIES = 16
-
-
-def _channel_table(ctx: OpContext, values: Sequence[int | float], suffix: str, bits: int = 32,
-                   element: hl.Type | None = None):
-    """A function of the output channel giving values[channel] (a constant when all agree), read
-    from a table of int32 (or `bits`-bit integer, or `element`) entries compiled into the kernel.
-    The channel is clamped: schedules may round channel loops up past the last channel."""
-    element = element or hl.Int(bits)
-    values = [float(v) if element.is_float() else int(v) for v in values]
-    if len(set(values)) == 1:
-        return lambda oc: hl.cast(element, values[0])
-    size = -(-len(values) // TABLE_ENTRIES) * TABLE_ENTRIES
-    table = hl.Buffer(element, [size], ctx.func_name(suffix))
-    for k in range(size):
-        table[k] = values[min(k, len(values) - 1)]
-    ctx.constants.append(table)
-    last = len(values) - 1
-    return lambda oc: table[hl.clamp(oc, 0, last)]
-
-
 def _wide_terms(shift: int) -> tuple[int, int, int]:
     """The constants of `rounded_twice_in_64_bits` for a shift <= 0: the half step of the second
     rounding (in units of the 64-bit product), its correction for negative values, the total shift."""
@@ -262,9 +238,9 @@ def rounded_twice_in_64_bits(a: hl.Expr, m: hl.Expr, half: hl.Expr, negative: hl
 
 def _rounded_twice_per_channel(ctx: OpContext, mults: Sequence[int], shifts: Sequence[int]):
     """rounded_twice_in_64_bits with per-channel multipliers and shifts (tables, or constants)."""
-    m = _channel_table(ctx, mults, "mult")
+    m = ctx.table(mults, "mult")
     terms = [_wide_terms(s) for s in shifts]
-    half, negative, total = (_channel_table(ctx, column, name, 64)
+    half, negative, total = (ctx.table(column, name, hl.Int(64))
                              for column, name in zip(zip(*terms), ("half", "negative", "total")))
     return lambda acc, oc: rounded_twice_in_64_bits(acc, m(oc), half(oc), negative(oc), total(oc))
 
@@ -372,13 +348,13 @@ def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[flo
 
     # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
     if per_tensor_float_product and len(w_scales) > 1:
-        m, shift = _channel_table(ctx, mults, "mult"), _channel_table(ctx, shifts, "shift")
+        m, shift = ctx.table(mults, "mult"), ctx.table(shifts, "shift")
         return lambda acc, oc: multiply_single_rounding(acc, m(oc), shift(oc))
     if _X86_FORMS.get() and all(s <= 0 for s in shifts):
         return _rounded_twice_per_channel(ctx, mults, shifts)
-    m = _channel_table(ctx, mults, "mult")
-    up = _channel_table(ctx, [1 << max(s, 0) for s in shifts], "up")
-    down = _channel_table(ctx, [max(-s, 0) for s in shifts], "down")
+    m = ctx.table(mults, "mult")
+    up = ctx.table([1 << max(s, 0) for s in shifts], "up")
+    down = ctx.table([max(-s, 0) for s in shifts], "down")
     down_positive = all(s < 0 for s in shifts)  # multipliers under 1/2: the usual case
     return lambda acc, oc: multiply_shifted(acc, m(oc), up(oc), down(oc), down_positive)
 
@@ -402,8 +378,8 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
         raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[bias_index].type_name} bias")
 
     if _ROUNDING.get() == "xnnpack":
-        float_scale = _channel_table(ctx, xnnpack_float_scales(in_scale, w_scales, out_scale), "scale",
-                                     element=hl.Float(32))
+        float_scale = ctx.table(xnnpack_float_scales(in_scale, w_scales, out_scale), "scale",
+                                hl.Float(32))
 
         def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
             return float_requantize(acc, float_scale(oc), out_zp, lo, hi)

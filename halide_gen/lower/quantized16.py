@@ -19,7 +19,7 @@ import halide as hl
 
 from ..values import Value, define, read_broadcast
 from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
-from .quantized import (_channel_table, _scale_zp, activation_range, int8_weight_scales,
+from .quantized import (_scale_zp, activation_range, int8_weight_scales,
                         multiply_by_quantized_multiplier, quantize_multiplier, quantized_max_pool, quantized_mean,
                         requantization_multipliers, unary_by_litert_table)
 from .registry import LoweringError, OpContext, register
@@ -69,11 +69,11 @@ def _arithmetic_16x8(ctx: OpContext, per_tensor_float_product: bool, reduced: bo
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, 0, INT16_MIN, INT16_MAX)
     mults, shifts = requantization_multipliers(in_scale, w_scales, out_scale, per_tensor_float_product)
     if reduced:
-        m = _channel_table(ctx, [reduced_multiplier(m) for m in mults], "reduced")
-        total = _channel_table(ctx, [15 - s for s in shifts], "total", 64)
+        m = ctx.table([reduced_multiplier(m) for m in mults], "reduced")
+        total = ctx.table([15 - s for s in shifts], "total", hl.Int(64))
     else:
-        m = _channel_table(ctx, mults, "mult")
-        total = _channel_table(ctx, [31 - s for s in shifts], "total", 64)
+        m = ctx.table(mults, "mult")
+        total = ctx.table([31 - s for s in shifts], "total", hl.Int(64))
 
     def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
         return to_int16(multiply_rounded_once(acc, m(oc), total(oc)), lo, hi)

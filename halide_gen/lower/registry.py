@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import halide as hl
 import numpy as np
@@ -30,6 +30,12 @@ class RowReduction(NamedTuple):
     partial: Value
     total: Value
     terms: int
+
+
+# Tables hold a multiple of this many int32 entries. Halide embeds a constant buffer in the kernel
+# aligned to its size up to 64 bytes, but AVX-512 code loads 16 entries at a time with aligned
+# instructions: an 8-entry (32-byte) table segfaulted. 64-byte multiples are 64-byte aligned.
+TABLE_ENTRIES = 16
 
 
 @dataclass
@@ -95,6 +101,22 @@ class OpContext:
     def func_name(self, suffix: str = "") -> str:
         """A Func name unique to this op."""
         return f"{self.name}_{suffix}" if suffix else self.name
+
+    def table(self, values: Sequence[int | float], suffix: str,
+              element: hl.Type = hl.Int(32)) -> Callable[[hl.Expr], hl.Expr]:
+        """A function of an index (an output channel, row or column) giving values[index] (a
+        constant when all agree), read from a table of `element` entries compiled into the kernel.
+        The index is clamped: schedules may round loops up past the last entry."""
+        values = [float(v) if element.is_float() else int(v) for v in values]
+        if len(set(values)) == 1:
+            return lambda i: hl.cast(element, values[0])
+        size = -(-len(values) // TABLE_ENTRIES) * TABLE_ENTRIES
+        table = hl.Buffer(element, [size], self.func_name(suffix))
+        for k in range(size):
+            table[k] = values[min(k, len(values) - 1)]
+        self.constants.append(table)
+        last = len(values) - 1
+        return lambda i: table[hl.clamp(i, 0, last)]
 
 
 class AccumulatorKind(enum.Enum):
