@@ -351,6 +351,36 @@ def test_a_conv_on_a_tiny_map_takes_the_whole_map_in_one_register_tile(tmp_path)
     assert check_model_blocks(model)
 
 
+def test_weights_beyond_the_cache_keep_channel_tiles_outside_the_rows_and_short_rows_are_one_tile(tmp_path):
+    # x86: a conv whose weights outgrow CpuParams.weight_cache_bytes walks its output-channel tiles
+    # outermost, each tile's weights reused by every row (Xception's 728 -> 728 1x1 convs: 1.49x ->
+    # 1.03x XNNPACK); a row of 9 pixels (at most conv_row_pixels) is one tile, not 5 + 4 (its 9x9
+    # maps: 1.39x -> 1.05x). Both blocks exact against LiteRT under those parameters.
+    import dataclasses
+
+    import halide as hl
+
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule import schedule_cpu
+    from halide_gen.schedule.cpu import X86
+
+    params = dataclasses.replace(X86, weight_cache_bytes=64 << 10)  # the 3x3 conv's 184 KB outgrow it
+    model = _pointwise_then_3x3((5, 9), 96, 128, 40, seed=5)
+    ops = model.main.operators
+    kernel = build_block("big", ops, [ops[1].outputs[0]])
+    schedule_cpu(kernel, params)
+    stmt = tmp_path / "big.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    text = stmt.read_text()
+    assert set(re.findall(r"allocate \w*conv_2d_acc(?:\$\d+)?\[float32 \* \d+ \* (\d+) ", text)) == {"9"}
+    # The output's channel tiles are its parallel tasks, each looping over the rows.
+    out = kernel.outputs[0][1].func.name()
+    assert re.search(rf"halide_do_par_for\(\(halide_task_t\)::\w+_par_for_{out}_s0_c_c_o,", text)
+    task = re.search(rf"internal func \w+_par_for_{out}_s0_c_c_o \((?:.*\n)*?\}}\n", text)
+    assert task and f"for ({out}.s0.y, 0, 5)" in task.group(0)
+    assert check_model_blocks(model, params=params)
+
+
 @pytest.mark.parametrize("params_name", ["X86", "NEON"])
 def test_concatenated_channels_are_copied_a_whole_vector_from_one_input(tmp_path, params_name):
     # The zero-padded copy of a CONCATENATION a 3x3 conv reads (U-Net's decoder): its few channel

@@ -94,6 +94,10 @@ class CpuParams:
     # 1 << 14, gpt2_small's LayerNorm blocks ([64, 256]) took 13 us at two threads against 7 at one,
     # its softmax ([4, 64, 64]) 6 against 4; bert's [4, 128, 128] softmax is split (2^16 terms per stage).
     parallel_light_work: int = 1 << 16
+    # Weight bytes of a float convolution above which its output-channel tiles go outside its rows
+    # (0: never): about the core's L2 (Sapphire Rapids: 2 MB; a phone's big core: 256-512 KB, not
+    # set for NEON, whose measure counts instructions and cannot see it).
+    weight_cache_bytes: int = 0
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
@@ -115,7 +119,7 @@ class CpuParams:
 # by one); on 7-pixel rows 64 x 7 lost to 32 x 7, and rows that 14 does not divide (a U-Net's 64 /
 # 32 / 16) keep their whole-row tiles of 8.
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
-                dot_tile=(32, 7), conv_row_pixels=14)
+                dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20)
 # NEON: 4 lanes, 32 registers. Counted on qemu's cortex-a76 (bench/arm_count.py, MobileNetV2, ours /
 # XNNPACK instructions, blocks cut out one by one): a fixed 4 vectors x 6 pixels tile with one
 # broadcast load per reduction step 1.21; 4 steps per vector load with `fmla` by element 1.05 with a
@@ -299,12 +303,21 @@ def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int,
         home.align_bounds(c, channels)
 
 
+def _weights_outgrow_cache(acc: Accumulator, params: CpuParams) -> bool:
+    """Whether a float convolution's weights exceed CpuParams.weight_cache_bytes: then a slice of
+    them per output-channel tile, not the rows of the map, is what should stay in cache."""
+    if acc.kind != AccumulatorKind.CONV or not params.weight_cache_bytes or not acc.acc.type().is_float():
+        return False
+    return 4 * int(np.prod(acc.extents)) * acc.value.shape[-1] > params.weight_cache_bytes
+
+
 def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: int, pixels: int,
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
                    parallel: bool = True, whole_map: bool = False) -> None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
-    its reduction loops (in `rdom_order`, innermost first) outside the tile; with `whole_map`, a
-    tiny map's rows all in one tile (_whole_map_rows)."""
+    its reduction loops (in `rdom_order`, innermost first) outside the tile. `whole_map`: the
+    template owns the loops (not a conv chain's strips), so a tiny map's rows may be one tile
+    (_whole_map_rows) and the channel tiles may go outside the rows (_weights_outgrow_cache)."""
     lanes = params.lanes
     v = _vars(home)
     c = v[0]
@@ -344,6 +357,14 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     if rows:
         # The whole map in one tile: each weight is read once per channel tile, not once per row.
         home.reorder([hl.VarOrRVar(w) for w in (ci, xi, v[2], xo, co, *v[3:])]).unroll(v[2])
+        inner_tile = xo
+        if parallel:
+            home.parallel(co)
+    elif whole_map and len(v) > 2 and _weights_outgrow_cache(acc, params):
+        # Each channel tile's slice of the weights stays in cache while every row passes; with the
+        # rows outside, all the weights came from beyond the cache once per row (Xception's 728 ->
+        # 728 1x1 convs, 2.1 MB of weights, on 5x5 maps: 1.49x -> 1.03x XNNPACK).
+        home.reorder([hl.VarOrRVar(w) for w in (ci, xi, xo, v[2], co, *v[3:])])
         inner_tile = xo
         if parallel:
             home.parallel(co)
@@ -541,6 +562,8 @@ def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int,
     rows_fit = params.conv_row_pixels and width % params.conv_row_pixels == 0
     if acc.kind == AccumulatorKind.CONV and not acc.dot and rows_fit:
         return channels, params.conv_row_pixels
+    if acc.kind == AccumulatorKind.CONV and not acc.dot and pixels < width <= params.conv_row_pixels:
+        return channels, width
     requested = pixels
     if acc.kind == AccumulatorKind.CONV and width > pixels:
         pixels = _whole_rows(width, pixels)
