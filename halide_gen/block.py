@@ -16,6 +16,7 @@ import numpy as np
 from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, RowReduction, ieee, lower
+from .lower.elementwise import ELEMENTWISE
 from .lower.quantized import int8_rounding_forms, integer_width_forms, x86_integer_forms
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, float_storage, halide_type
@@ -293,6 +294,8 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         for t, v in zip(op.outputs, results):
             if tuple(v.shape) != tuple(t.shape):
                 raise LoweringError(f"{op.name}: lowered shape {list(v.shape)} != {list(t.shape)}")
+            if not v.joins and op.name in ELEMENTWISE:
+                v.joins = _joins_through(op, t, kernel.values)
             kernel.values[id(t)] = v
             if id(t) in output_index and id(t) in read_by_ops:
                 # A block output that later ops read too (HARD_SWISH then the MEAN of a squeeze-
@@ -303,7 +306,7 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
                 # 64-byte-aligned outputs (delegate/src/memory_plan.h, kBufferAlignment).
                 index = output_index[id(t)]
                 wrappers[index] = _output_func(kernel, index, t, v)
-                kernel.values[id(t)] = Value(wrappers[index], v.shape, wrappers[index].type())
+                kernel.values[id(t)] = Value(wrappers[index], v.shape, wrappers[index].type(), joins=v.joins)
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
         kernel.padded.extend(ctx.padded)
@@ -318,8 +321,21 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
             raise LoweringError(f"block output {t.name!r} is not computed by the block")
         wrapper = wrappers.get(k) or _output_func(kernel, k, t, kernel.values[id(t)])
         v = kernel.values[id(t)]
-        kernel.outputs.append((t, Value(wrapper, v.shape, wrapper.type())))
+        # The joins too: the output's schedule cuts its channel loop where a concatenation's sources
+        # meet (DenseNet's block outputs are concatenations: a gather from each source per vector).
+        kernel.outputs.append((t, Value(wrapper, v.shape, wrapper.type(), joins=v.joins)))
     return kernel
+
+
+def _joins_through(op: Operator, t: Tensor, values: dict[int, Value]) -> tuple[int, ...]:
+    """Where the concatenations an elementwise op reads at its own shape join their sources: its
+    result, read along the same channels, is cut at the same places (DenseNet's BatchNorm MUL of
+    each concatenation, materialised for its 1x1 conv: a gather from each source per vector)."""
+    joins: set[int] = set()
+    for source in op.inputs:
+        if source is not None and tuple(source.shape) == tuple(t.shape) and id(source) in values:
+            joins.update(values[id(source)].joins)
+    return tuple(sorted(joins))
 
 
 def _output_func(kernel: BlockKernel, index: int, t: Tensor, v: Value) -> hl.Func:

@@ -635,7 +635,7 @@ def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuPara
         v.func.compute_root()
         fv = _vars(v.func)
         if not _tile_transpose(v.func, producer, v.shape, params.lanes):
-            _vectorize_inner(v.func, v.shape, params, vectorized, output=True)
+            _vectorize_inner(v.func, v.shape, params, vectorized, output=True, joins=v.joins)
         if len(fv) > 1 and _parallel_worthwhile(params, v.shape):
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
 
@@ -857,13 +857,13 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     for v in roots:
         if id(v.func) not in rooted:
             v.func.compute_root()
-            _vectorize_inner(v.func, v.shape, params, vectorized)
+            _vectorize_inner(v.func, v.shape, params, vectorized, joins=v.joins)
             rooted.add(id(v.func))
     for tensor, v in kernel.outputs:
         if id(v.func) in tiled or not tensor.shape:
             continue
         f = v.func
-        _vectorize_inner(f, tensor.shape, params, vectorized, output=True)
+        _vectorize_inner(f, tensor.shape, params, vectorized, output=True, joins=v.joins)
         axis = _row_axis(f, tensor.shape)
         if axis is not None and _parallel_worthwhile(params, tensor.shape, light=light):
             f.parallel(axis)
