@@ -563,6 +563,8 @@ def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int,
     if acc.kind == AccumulatorKind.CONV and not acc.dot and rows_fit:
         return channels, params.conv_row_pixels
     if acc.kind == AccumulatorKind.CONV and not acc.dot and pixels < width <= params.conv_row_pixels:
+        # A row no longer than the widest tile is one tile: Xception's 9-pixel rows were tiles of
+        # 5 + 4 (10 and 8 accumulators, each loading the weights), its 9x9 1x1 convs 1.39x -> 1.05x.
         return channels, width
     requested = pixels
     if acc.kind == AccumulatorKind.CONV and width > pixels:
