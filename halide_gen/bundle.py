@@ -49,6 +49,7 @@ class BundleInfo:
     tensors: Sequence[Tensor]  # the subgraph's tensors, in file order
     operators: Sequence[Operator]  # the subgraph's operators, in file order
     default_claim: str = "profitable"  # the delegate's claim policy when its options name none
+    default_claim_threaded: str = "profitable"  # the same at more than one thread
 
 
 @dataclass
@@ -193,6 +194,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
             n_tensor_specs=len(tensors), nodes="kNodes", node_tensors="kNodeTensors", args="kArgs",
             outputs="kOutputs", blocks="kBlocks", n_blocks=len(blocks),
             default_claim=CLAIM_POLICY.value(info.default_claim),
+            default_claim_threaded=CLAIM_POLICY.value(info.default_claim_threaded),
             has_custom_ops=int(any(op.opcode.is_custom for op in info.operators)),
             gpu_api=GPU_API.code(spec.gpu_api), half_precision=int(spec.precision == "fp16"),
             vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG), scratch="kScratch",

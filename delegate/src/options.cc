@@ -19,6 +19,15 @@ bool ParseInt(const char* text, int lo, int hi, int* out) {
 
 }  // namespace
 
+int KernelThreads(const Options& options, int recommended) {
+  return options.num_threads > 0 ? options.num_threads : recommended > 0 ? recommended : 1;
+}
+
+ClaimPolicy DefaultClaim(const Bundle& bundle, int threads, ClaimPolicy fallback) {
+  const int32_t policy = threads > 1 ? bundle.default_claim_threaded : bundle.default_claim;
+  return policy >= 0 && policy <= 2 ? static_cast<ClaimPolicy>(policy) : fallback;
+}
+
 const char* ClaimPolicyName(ClaimPolicy policy) {
   switch (policy) {
     case ClaimPolicy::kProfitable: return "profitable";

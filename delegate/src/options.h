@@ -28,4 +28,13 @@ bool ParseOptions(const char* const* keys, const char* const* values, size_t cou
 
 const char* ClaimPolicyName(ClaimPolicy policy);
 
+// Threads the kernels run on: the num_threads option, else the interpreter's `recommended` count
+// (TfLiteContext::recommended_num_threads), else one.
+int KernelThreads(const Options& options, int recommended);
+
+// The bundle's default claim policy at `threads` threads (`fuse --measure` times the policies at
+// one thread and at two: a block faster alone at one thread may split the partitions two threads
+// share), or `fallback` where the bundle holds no valid one.
+ClaimPolicy DefaultClaim(const Bundle& bundle, int threads, ClaimPolicy fallback);
+
 }  // namespace dnnfusion

@@ -291,10 +291,7 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
 
 TfLiteStatus Partition::Invoke(TfLiteContext* context) {
   const Bundle& bundle = *state_.bundle;
-  const int threads = state_.options.num_threads > 0 ? state_.options.num_threads
-                      : context->recommended_num_threads > 0 ? context->recommended_num_threads
-                                                             : 1;
-  SetThreadPoolSize(threads);
+  SetThreadPoolSize(KernelThreads(state_.options, context->recommended_num_threads));
   // Whichever way this returns, the pool's workers stop spinning once the partition is done.
   struct Park {
     ~Park() { ParkThreadPool(); }

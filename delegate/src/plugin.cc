@@ -63,6 +63,10 @@ TfLiteRegistration PartitionRegistration() {
 
 TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
   DelegateState& state = *StateOf(delegate);
+  if (!state.options.claim_given) {
+    state.options.claim = DefaultClaim(*state.bundle, KernelThreads(state.options, context->recommended_num_threads),
+                                       state.options.claim);
+  }
   Claim claim = ClaimBlocks(context, *state.bundle, state.options);
   KeepBlocksWhole(context, *state.bundle, &claim);
   LogClaim(*state.bundle, claim, state.options.claim);
@@ -128,8 +132,9 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   InstallThreadPool();
   AcquireThreadPool();
   state->bundle = &bundle();
-  if (!state->options.claim_given && state->bundle->default_claim >= 0 && state->bundle->default_claim <= 2) {
-    state->options.claim = static_cast<ClaimPolicy>(state->bundle->default_claim);
+  if (!state->options.claim_given) {
+    // One thread's default until Prepare knows the interpreter's thread count.
+    state->options.claim = DefaultClaim(*state->bundle, 1, state->options.claim);
   }
   const bool vulkan = state->bundle->gpu_api == kVulkan;
   if (vulkan) {
