@@ -306,10 +306,10 @@ def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
     f32 = hl.Float(32)
     def taps(axis: str, in_size: int, out_size: int):
         lo, hi, frac, rest = _bilinear_taps(in_size, out_size, align, half)
+        lower, upper = ctx.table(lo, axis + "0"), ctx.table(hi, axis + "1")
         # The clamps change no entry; they tell bounds inference which pixels are read.
-        pixel = [(lambda t: lambda i: hl.clamp(t(i), 0, in_size - 1))(ctx.table(p, axis + s))
-                 for p, s in ((lo, "0"), (hi, "1"))]
-        return (*pixel, ctx.table(frac, axis + "_frac", f32), ctx.table(rest, axis + "_rest", f32))
+        return (lambda i: hl.clamp(lower(i), 0, in_size - 1), lambda i: hl.clamp(upper(i), 0, in_size - 1),
+                ctx.table(frac, axis + "_frac", f32), ctx.table(rest, axis + "_rest", f32))
 
     y0, y1, dy, ry = taps("y", h, out[1])
     x0, x1, dx, rx = taps("x", w, out[2])

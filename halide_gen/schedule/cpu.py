@@ -230,11 +230,11 @@ def _vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], outpu
         f.split(v[0], co, ci, lanes, hl.TailStrategy.GuardWithIf).vectorize(ci).unroll(co)
     elif shape[-1] >= lanes:
         _vector_steps(f, v[0], shape[-1], lanes, most)
-    elif _short_axis_lanes(shape[-1]):
+    elif short_lanes := _short_axis_lanes(shape[-1]):
         # Fewer channels than a register holds, more than are worth interleaving: narrower vectors
         # that divide them (8 float32 channels in AVX2 halves of AVX-512's 16 lanes; they had no
         # vectors at all: deeplab_like's RESIZE_BILINEAR to 64x64x8 ran scalar, 7.9x XNNPACK's time).
-        f.vectorize(v[0], _short_axis_lanes(shape[-1]))
+        f.vectorize(v[0], short_lanes)
     elif len(v) >= 2 and shape[-1] <= INTERLEAVED_CHANNELS and shape[-2] >= lanes:
         # Split, not bound: a consumer whose channel tile rounds up reads past the last channel.
         co, ci = hl.Var(v[0].name() + "_o"), hl.Var(v[0].name() + "_i")
