@@ -331,23 +331,29 @@ def test_rows_of_a_multiple_of_14_pixels_get_14_pixel_conv_tiles_and_stay_exact(
     assert check_model_blocks(model)
 
 
-def test_a_conv_on_a_tiny_map_takes_the_whole_map_in_one_register_tile(tmp_path):
-    # x86: a map of at most 9 pixels (MobileNetV1 on 64x64 ends in 2x2) is one tile per channel
-    # tile, so each weight is read once, not once per row (its 1024 -> 1024 1x1 conv: 1.95x -> 1.0x
-    # XNNPACK); the accumulators stay within the budget. Exact against LiteRT.
+@pytest.mark.parametrize("hw, rows", [((2, 2), 2), ((4, 4), 2)])
+def test_a_conv_on_a_tiny_map_takes_bands_of_rows_in_one_register_tile(tmp_path, hw, rows):
+    # x86: a map of at most 16 pixels is tiled in bands of rows, so each weight is read once per
+    # band, not once per row: a 2x2 map (MobileNetV1 on 64x64 ends in one; its 1024 -> 1024 1x1
+    # conv: 1.95x -> 1.0x XNNPACK) is one band; a 4x4 map's 32-channel tiles take two rows (16
+    # accumulators, not 8: MobileNetV3-Large's 4x4 blocks 10-20% faster). The accumulators stay
+    # within the budget; exact against LiteRT.
     import halide as hl
 
     from blockcheck import check_model_blocks
     from halide_gen.schedule import schedule_cpu
 
-    model = _pointwise_then_3x3((2, 2), 96, 128, 40, seed=9)
+    model = _pointwise_then_3x3(hw, 96, 128, 40, seed=9)
     ops = model.main.operators
     kernel = build_block("tiny", ops, [ops[1].outputs[0]])
     schedule_cpu(kernel)
     stmt = tmp_path / "tiny.stmt"
     kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
-    tiles = re.findall(r"allocate \w*conv_2d_acc(?:\$\d+)?\[float32 \* (\d+) \* 2 \* 2", stmt.read_text())
-    assert len(tiles) == 2 and all(int(c) * 4 // 16 <= 28 for c in tiles), tiles
+    tiles = re.findall(rf"allocate \w*conv_2d_acc(?:\$\d+)?\[float32 \* (\d+) \* {hw[1]} \* {rows}\b", stmt.read_text())
+    # (Both convolutions' accumulators; a stmt may hold one more copy of each for a tail.)
+    assert len(tiles) >= 2 and all(int(c) * hw[1] * rows // 16 <= 28 for c in tiles), tiles
+    if hw == (4, 4):
+        assert set(tiles) == {"32"}, tiles  # whole packed slabs of channels, two rows each
     assert check_model_blocks(model)
 
 

@@ -346,7 +346,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
                                    modelled=not unroll_taps)
     rows = _whole_map_rows(acc, params, len(v)) if whole_map else 0
     if rows:
-        channels, pixels = _whole_map_channels(acc, params, channels, round_up_channels), acc.value.shape[-2]
+        channels, pixels = _whole_map_channels(acc, params, channels, round_up_channels, rows), acc.value.shape[-2]
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
@@ -355,8 +355,16 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     home.vectorize(ci, _lanes_of(home, lanes, channels)).unroll(ci).unroll(xi)
     few_rows = len(v) > 2 and acc.kind == AccumulatorKind.CONV and acc.value.shape[-3] < ROW_TASKS
     if rows:
-        # The whole map in one tile: each weight is read once per channel tile, not once per row.
-        home.reorder([hl.VarOrRVar(w) for w in (ci, xi, v[2], xo, co, *v[3:])]).unroll(v[2])
+        # A band of rows (the whole map, where it fits) in one tile: each weight is read once per
+        # band, not once per row, and the bands of a channel tile follow one another while its
+        # slice of the weights is in cache.
+        y = v[2]
+        if rows < acc.value.shape[-3]:
+            y, yi = hl.Var(v[2].name() + "_o"), hl.Var(v[2].name() + "_i")
+            home.split(v[2], y, yi, rows, hl.TailStrategy.RoundUp)
+            home.reorder([hl.VarOrRVar(w) for w in (ci, xi, yi, xo, y, co, *v[3:])]).unroll(yi)
+        else:
+            home.reorder([hl.VarOrRVar(w) for w in (ci, xi, y, xo, co, *v[3:])]).unroll(y)
         inner_tile = xo
         if parallel:
             home.parallel(co)
@@ -437,27 +445,41 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
             update.unroll(r)
 
 
-# Maps of at most this many pixels (over more than one row) are one register tile per channel tile
-# (x86). MobileNetV1 on a 64x64 input ends in 2x2 maps: its 1024 -> 1024 1x1 conv, tiled one row at a
-# time, read its 4 MB of weights once per row: 1.95x XNNPACK's time (bench/block_table.py).
-WHOLE_MAP_PIXELS = 9
+# Maps of at most this many pixels (over more than one row) are tiled in bands of rows, as many as
+# keep a tile's accumulators to the templates' budget (x86). MobileNetV1 on a 64x64 input ends in 2x2
+# maps: its 1024 -> 1024 1x1 conv, tiled one row at a time, read its 4 MB of weights once per row:
+# 1.95x XNNPACK's time (bench/block_table.py). On 4x4 maps a row is 4 pixels: 32-channel tiles of one
+# row (8 accumulators) loaded two weight vectors per 8 multiply-adds and streamed the weights from
+# L2 once per row; bands of two rows (16 accumulators) halve both.
+WHOLE_MAP_PIXELS = 16
 
 
 def _whole_map_rows(acc: Accumulator, params: CpuParams, rank: int) -> int:
-    """The row count of a float convolution's map that one register tile covers whole (x86
-    templates), or 0 where tiles take one row at a time."""
+    """The rows of a float convolution's small map that one register tile covers (a band of them
+    that divides the map, the whole map where its channel tile fits), or 0 where tiles take one
+    row at a time (x86 templates)."""
     if params.registers or acc.kind != AccumulatorKind.CONV or acc.dot or acc.narrow or rank != 4:
         return 0
     height, width = acc.value.shape[-3], acc.value.shape[-2]
-    return height if 1 < height and height * width <= WHOLE_MAP_PIXELS else 0
+    if height <= 1 or height * width > WHOLE_MAP_PIXELS:
+        return 0
+    budget = _accumulator_budget(params)
+    row = width * params.conv_channels // params.lanes  # accumulators of one row at a full channel tile
+    bands = [r for r in range(2, height + 1) if height % r == 0 and r * row <= budget]
+    return max(bands) if bands else height
 
 
-def _whole_map_channels(acc: Accumulator, params: CpuParams, channels: int, round_up: bool) -> int:
-    """A whole-map tile's channels: as many vectors as keep its accumulators to the templates'
-    budget (conv_channels x conv_row_pixels), halved from `channels` down to one vector."""
-    budget = params.conv_channels * params.conv_row_pixels // params.lanes
-    pixels = acc.value.shape[-3] * acc.value.shape[-2]
-    while channels > params.lanes and (channels // params.lanes) * pixels > budget:
+def _accumulator_budget(params: CpuParams) -> int:
+    """Accumulator vectors a float convolution's register tile may hold (conv_channels x
+    conv_row_pixels: 28 of AVX-512's 32 registers)."""
+    return params.conv_channels * params.conv_row_pixels // params.lanes
+
+
+def _whole_map_channels(acc: Accumulator, params: CpuParams, channels: int, round_up: bool, rows: int) -> int:
+    """A band's channels: as many vectors as keep its accumulators (`rows` rows) to the templates'
+    budget, halved from `channels` down to one vector."""
+    pixels = rows * acc.value.shape[-2]
+    while channels > params.lanes and (channels // params.lanes) * pixels > _accumulator_budget(params):
         channels //= 2
     return channels
 
