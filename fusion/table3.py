@@ -169,3 +169,55 @@ def row_reductions_allowed(ecg, block: frozenset[int] | set[int], candidate: int
         return False
     ((shape, _),) = kinds
     return all(_elementwise_on(ecg.nodes[i].op, shape) for i in members if ecg.nodes[i].mapping is OtM)
+
+
+# -- the attention core -------------------------------------------------------------------------
+#
+# Past the red cell a third time, where one Halide kernel holds the whole chain: scaled dot-product
+# attention as converters emit it — a BATCH_MATMUL of queries by keys, elementwise scale and mask, a
+# SOFTMAX over the keys, a BATCH_MATMUL of those weights by the values. Apart it took three kernels
+# (scores | scale + softmax | weights x values), and the [heads, queries, keys] matrix went to memory
+# three times over (scores, exponentials, weights). In one kernel the CPU schedule computes the
+# scores and their softmax for a tile of query rows right where the second product reads them
+# (halide_gen.schedule.cpu._schedule_attention): the matrix never exists whole, a few KB per tile
+# stay in L1 whatever the sequence length. Yellow, not green: the cost source decides.
+
+ATTENTION_OPS = frozenset({"BATCH_MATMUL", "SOFTMAX"})
+
+
+def _through_elementwise(ecg, block: set[int], start: int, goal: int) -> bool:
+    """True when node `goal` reads node `start`'s result directly or through One-to-One ops of
+    `block` (a scale, a mask)."""
+    frontier, seen = [start], {start}
+    while frontier:
+        for n in ecg.successors(frontier.pop()):
+            if n == goal:
+                return True
+            if n in block and n not in seen and ecg.nodes[n].mapping is OtO:
+                seen.add(n)
+                frontier.append(n)
+    return False
+
+
+def attention_allowed(ecg, block: frozenset[int] | set[int], candidate: int) -> bool:
+    """True when, with `candidate` added, the block's Many-to-Many ops are (part of) one float32
+    attention core: a SOFTMAX (over the keys: TFLite's is always over the last axis), at most one
+    BATCH_MATMUL reaching it through One-to-One ops of the block (the scores), at most one
+    BATCH_MATMUL reading its weights as its left operand, untransposed (weights x values: its rows
+    are the softmax's rows)."""
+    members = set(block) | {candidate}
+    mtm = [i for i in members if ecg.nodes[i].mapping is MtM]
+    ops = {i: ecg.nodes[i].op for i in mtm}
+    if any(op.name not in ATTENTION_OPS for op in ops.values()):
+        return False
+    softmax = [i for i, op in ops.items() if op.name == "SOFTMAX"]
+    products = [i for i, op in ops.items() if op.name == "BATCH_MATMUL"]
+    if len(softmax) != 1 or not products or len(products) > 2:
+        return False
+    (s,) = softmax
+    if any(t.type_name != "FLOAT32" for i in mtm for t in (*ops[i].inputs, *ops[i].outputs) if t is not None):
+        return False
+    scores = [p for p in products if _through_elementwise(ecg, members, p, s)]
+    weights = [p for p in products if ops[p].inputs[0] is ops[s].outputs[0]
+               and not getattr(ops[p].options, "adjX", False)]
+    return len(scores) <= 1 and len(weights) <= 1 and len(scores) + len(weights) == len(products)

@@ -37,6 +37,8 @@ def block_kind(names: list[str]) -> str:
     s = set(names)
     if {"CONV_2D", "DEPTHWISE_CONV_2D"} <= s:
         return "inverted residual"
+    if {"BATCH_MATMUL", "SOFTMAX"} <= s:
+        return "attention core"
     for heavy in ("CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV", "FULLY_CONNECTED", "BATCH_MATMUL"):
         if heavy in s:
             return heavy.lower() + " + epilogue"

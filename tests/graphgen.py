@@ -397,6 +397,19 @@ def layer_norm_ops(b: ModelBuilder, x: Tensor, gamma: np.ndarray, beta: np.ndarr
     return b.op("ADD", [b.op("MUL", [x, scale], shape), shift], shape)
 
 
+def attention_ops(b: ModelBuilder, q: Tensor, k: Tensor, v: Tensor, mask: np.ndarray | None = None) -> Tensor:
+    """Scaled dot-product attention as converters emit it, on [batch, heads, rows, depth] queries,
+    keys and values: softmax(Q K^T * depth^-0.5 (+ mask)) V."""
+    *lead, rows, depth = q.shape
+    keys = k.shape[-2]
+    scores = b.op("BATCH_MATMUL", [q, k], [*lead, rows, keys], adj_y=True)
+    scaled = b.op("MUL", [scores, b.const("scale", np.float32([depth ** -0.5]))], scores.shape)
+    if mask is not None:
+        scaled = b.op("ADD", [scaled, b.const("mask", mask.astype(np.float32))], scores.shape)
+    weights = b.op("SOFTMAX", [scaled], scores.shape, beta=1.0)
+    return b.op("BATCH_MATMUL", [weights, v], [*lead, rows, v.shape[-1]])
+
+
 def layer_norm(draw, g: Graph, x: Tensor):
     """A LayerNorm over the channels of each pixel (layer_norm_ops)."""
     c = x.shape[-1]

@@ -33,7 +33,7 @@ def test_every_block_kind_is_covered(model_path):
     kinds = Counter()
     for stem in ("transformer_encoder", "swish_chain", "reshape_transpose", "depthwise_residual"):
         kinds += check_model_blocks(model_path(stem))
-    expected = {"fully_connected + epilogue", "batch_matmul + epilogue", "reduction / normalisation",
+    expected = {"fully_connected + epilogue", "attention core", "reduction / normalisation",
                 "elementwise chain", "data movement", "depthwise_conv_2d + epilogue"}
     assert expected <= set(kinds), kinds
 

@@ -13,7 +13,7 @@ from fusion.ecg import build_ecg
 from fusion.mapping import REORG, SHUFFLE, MappingType, MtM, OtM, OtO
 from fusion.plan import PlanConfig, plan_fusion
 from fusion.table3 import Color, cell
-from graphgen import layer_norm_ops
+from graphgen import attention_ops, layer_norm_ops
 from tflite_tools.model.builder import ModelBuilder
 
 
@@ -250,3 +250,61 @@ def test_reductions_of_other_axes_or_rows_stay_apart():
     assert not row_reductions_allowed(ecg, {mean_rows, sub}, mean_columns)  # another axis
     assert not row_reductions_allowed(ecg, {mean_rows, sub}, tile)  # not a broadcast onto the rows
     assert not row_reductions_allowed(ecg, {mean_rows, sub, tile}, total)  # rows of 64 beside rows of 32
+
+
+def _attention_model(rows: int = 16):
+    """Two heads of causal attention on [1, 2, rows, 8] queries, keys and values."""
+    b = ModelBuilder()
+    q, k, v = (b.input(n, [1, 2, rows, 8]) for n in "qkv")
+    b.output(attention_ops(b, q, k, v, np.triu(np.full((rows, rows), -1e9, np.float32), 1)[None, None]))
+    return b.build()
+
+
+def test_the_attention_core_fuses_into_one_block(model_path):
+    # Past Table 3's red Many-to-Many cell: scores, scale, mask, softmax and weights x values are one
+    # block, asked of the cost source.
+    cost = FixedCost(True)
+    ecg = build_ecg(_attention_model().main)
+    plan = plan_fusion(ecg, cost)
+    assert len(plan.blocks) == 1 and len(plan.blocks[0].ops) == len(ecg.nodes)
+    assert cost.asked > 0
+    # The converter's transformer: its attention core, with the heads' reshapes and transposes, is one block.
+    ecg = build_ecg(tflite_tools.load(model_path("transformer_encoder")).main)
+    plan = plan_fusion(ecg, RooflineCost())
+    cores = [blk for blk in plan.blocks if any(ecg.nodes[i].name == "SOFTMAX" for i in blk.ops)]
+    assert cores and all(sum(ecg.nodes[i].name == "BATCH_MATMUL" for i in blk.ops) == 2 for blk in cores)
+
+
+@pytest.mark.parametrize("cost, config", [(FixedCost(False), PlanConfig()),
+                                          (FixedCost(True), PlanConfig(attention_core=False))])
+def test_the_cost_source_or_a_gpu_target_keeps_the_attention_core_apart(cost, config):
+    # A GPU target plans with attention_core off (tflite_tools.fuse): each stage is a launch there
+    # either way.
+    ecg = build_ecg(_attention_model().main)
+    plan = plan_fusion(ecg, cost, config)
+    for blk in plan.blocks:
+        names = [ecg.nodes[i].name for i in blk.ops]
+        assert names.count("BATCH_MATMUL") + names.count("SOFTMAX") <= 1, names
+
+
+def test_only_an_attention_core_passes_the_red_cell():
+    from fusion.table3 import attention_allowed
+
+    b = ModelBuilder()
+    q, k, v = (b.input(n, [1, 2, 16, 8]) for n in "qkv")
+    scores = b.op("BATCH_MATMUL", [q, k], [1, 2, 16, 16], adj_y=True)
+    weights = b.op("SOFTMAX", [scores], scores.shape, beta=1.0)
+    out = b.op("BATCH_MATMUL", [weights, v], [1, 2, 16, 8])
+    turned = b.op("BATCH_MATMUL", [weights, q], [1, 2, 16, 8], adj_x=True)  # the weights transposed
+    again = b.op("SOFTMAX", [out], out.shape, beta=1.0)  # a second softmax
+    fc = b.op("FULLY_CONNECTED", [out, b.const("w", np.ones((4, 8), np.float32))], [1, 2, 16, 4])
+    for t in (turned, again, fc):
+        b.output(t)
+    ecg = build_ecg(b.build().main)
+    product, softmax, weighted, transposed, second, dense = range(6)
+    assert attention_allowed(ecg, {softmax}, product)  # the scores
+    assert attention_allowed(ecg, {product, softmax}, weighted)  # weights x values
+    assert not attention_allowed(ecg, {product, softmax}, transposed)  # left operand transposed
+    assert not attention_allowed(ecg, {product, softmax, weighted}, second)
+    assert not attention_allowed(ecg, {product, softmax, weighted}, dense)
+    assert not attention_allowed(ecg, {weighted}, product)  # no softmax between: not attention

@@ -579,3 +579,38 @@ def test_a_row_reductions_partial_sums_run_in_one_loop_on_neon(tmp_path):
     art = compile_kernel(sg.operators, sg.outputs, "neon-mean", "arm64-linux", cache_dir=tmp_path, emit_asm=True)
     stmt = "".join(p.read_text() for p in art.extra if p.suffix == ".stmt")
     assert sum("for (sum" in line and "_ro$x" in line for line in stmt.splitlines()) == 1
+
+
+@pytest.mark.parametrize("params_name", ["X86", "NEON"])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_when_its_scores_are_large(
+        tmp_path, monkeypatch, tiled, params_name):
+    # Scores, scale, causal mask, softmax and weights x values in one kernel (fusion.table3's
+    # attention exception). Scores under cpu.ATTENTION_TILED_BYTES are computed whole, a stage at a
+    # time; above it (set to 0 here) a tile of query rows at a time, where the second product reads
+    # them: the scores' buffer holds one tile's rows (a tail tile among the 40), never the whole
+    # matrix. Exact against LiteRT's reference kernels either way.
+    import halide as hl
+
+    from blockcheck import check_model_blocks
+    from graphgen import attention_ops
+    from halide_gen.schedule import cpu, schedule_cpu
+
+    params = getattr(cpu, params_name)
+    if tiled:
+        monkeypatch.setattr(cpu, "ATTENTION_TILED_BYTES", 0)
+    rows = 40
+    b = tflite_tools.ModelBuilder()
+    q, k, v = (b.input(n, [1, 2, rows, 8]) for n in "qkv")
+    b.output(attention_ops(b, q, k, v, np.triu(np.full((rows, rows), -1e9, np.float32), 1)[None, None]))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("attn", ops, [ops[-1].outputs[0]])
+    schedule_cpu(kernel, params)
+    stmt = tmp_path / "attn.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    scores = set(re.findall(r"allocate \w*op0_batch_matmul(?:\$\d+)?\[float32 \* (\d+) \* (\d+)", stmt.read_text()))
+    # (Its rows: the second product's register tile, 12 on x86, modelled on NEON.)
+    assert len(scores) == 1 and all(int(keys) == rows and (int(r) < rows if tiled else int(r) == rows)
+                                    for keys, r in scores), scores
+    assert check_model_blocks(model, params=params) == {"attention core": 1}  # the roofline plan fuses it whole

@@ -35,6 +35,7 @@ from typing import Callable
 
 from fusion.cost import default_cache_dir
 from fusion.pipeline import plan_model
+from fusion.plan import PlanConfig
 from fusion.report import format_summary
 from fusion.rewrite.fold import restore_decoded
 from halide_gen.aot import compile_kernel, generator_digest
@@ -136,7 +137,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     staging = OutputFolder.prepare(out_dir)
     job = _Job(Path(model_path), spec, cache_dir, progress, measure, autoschedulers, emit_asm, debug_runtime)
     try:
-        summary = plan_model(model, fast_math=fast_math, cost=cost)
+        summary = plan_model(model, fast_math=fast_math, cost=cost,
+                             config=PlanConfig(attention_core=spec.family != "gpu"))
         records, blocks = _compile_blocks(job, model.main, summary.plan.blocks)
         decoders = _restore_stored_weights(model, records, blocks)
         fingerprint = subgraph_fingerprint(model.main)

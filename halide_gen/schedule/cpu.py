@@ -38,6 +38,7 @@ from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..lower.elementwise import ELEMENTWISE
 from ..pack import CHANNEL_TILE, padded
+from ..values import Value
 
 
 @dataclass(frozen=True)
@@ -313,17 +314,22 @@ def _weights_outgrow_cache(acc: Accumulator, params: CpuParams) -> bool:
 
 def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: int, pixels: int,
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
-                   parallel: bool = True, whole_map: bool = False) -> None:
+                   parallel: bool = True, whole_map: bool = False,
+                   rows_outer: bool = False) -> tuple[hl.Var, int] | None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
     its reduction loops (in `rdom_order`, innermost first) outside the tile. `whole_map`: the
     template owns the loops (not a conv chain's strips), so a tiny map's rows may be one tile
-    (_whole_map_rows) and the channel tiles may go outside the rows (_weights_outgrow_cache)."""
+    (_whole_map_rows) and the channel tiles may go outside the rows (_weights_outgrow_cache).
+    `rows_outer` (a matrix product): the channel tiles go inside the row tiles instead, and the
+    row-tile loop and the rows of a tile are returned, for stages computed once per row tile
+    (_schedule_attention)."""
     lanes = params.lanes
     v = _vars(home)
     c = v[0]
     co, ci = hl.Var(c.name() + "_o"), hl.Var(c.name() + "_i")
     guard = hl.TailStrategy.GuardWithIf
     parallel = parallel and _parallel_worthwhile(params, acc.value.shape, int(np.prod(acc.extents)))
+    row_loop = None
     if len(v) == 1:
         # A rank-1 result (a matrix-vector product): its tiles of output channels are the only
         # work to share.
@@ -376,6 +382,19 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
         inner_tile = xo
         if parallel:
             home.parallel(co)
+    elif rows_outer:
+        # Channel tiles inside the row tiles, so that what the row-tile loop computes (an attention
+        # core's scores and softmax) serves every channel tile of its rows; the tasks are row tiles
+        # times the outer axis (heads).
+        home.reorder([hl.VarOrRVar(w) for w in (ci, xi, co, xo, *v[2:])])
+        inner_tile = co
+        row_loop = xo
+        if len(v) > 2:
+            fused = hl.Var(xo.name() + "_h")
+            home.fuse(row_loop, v[2], fused)
+            row_loop = fused
+        if parallel:
+            home.parallel(row_loop)
     elif acc.kind == AccumulatorKind.MATMUL or few_rows:
         # Output-channel tiles outside the row (or pixel) tiles: for a matrix product, a slice of
         # the weights stays in cache while every row passes (schedules.md, FC 128x256->1024:
@@ -443,6 +462,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     if unroll_taps:
         for r in order:
             update.unroll(r)
+    return (row_loop, pixels) if row_loop is not None else None
 
 
 # Maps of at most this many pixels (over more than one row) are tiled in bands of rows, as many as
@@ -836,6 +856,85 @@ def _schedule_outer_reduction(acc: Accumulator, lanes: int) -> None:
     update.vectorize(inner, lanes).unroll(inner)
 
 
+# Score matrices ([heads, queries, keys] float32) of at most this many bytes are computed whole, a
+# stage at a time, in an attention core's kernel; larger ones a tile of query rows at a time
+# (_schedule_attention). Measured on the x86 host, one thread, the core cut out: 4 heads x 512 x
+# 512 x 64 (4 MB of scores) 6.5 ms a stage at a time, 3.6 ms in row tiles; bert_small's 4 x 128 x
+# 128 (256 KB, in L2 either way) 178 us a stage at a time, 188-235 us in tiles of 8-12 rows (each
+# tile reads all the keys and values again; XNNPACK 197 us, three kernels of ours apart 193 us).
+ATTENTION_TILED_BYTES = 1 << 20
+
+
+def _attention_core(kernel: BlockKernel) -> tuple[Accumulator, Accumulator, int] | None:
+    """(scores, weights x values, the SOFTMAX's op index) of a block that is an attention core
+    (fusion.table3.attention_allowed) whose scores outgrow ATTENTION_TILED_BYTES: two float matrix
+    products, the second reading the softmax of the first's result (through elementwise ops) as
+    its left operand, with none of the scores, their softmax or its helpers a block output. Else
+    None."""
+    softmax = [k for k, op in enumerate(kernel.ops) if op.name == "SOFTMAX"]
+    products = [a for a in kernel.accumulators if a.kind == AccumulatorKind.MATMUL and not a.dot and not a.narrow]
+    if len(softmax) != 1 or len(products) != 2 or len(kernel.accumulators) != 2:
+        return None
+    (s,), (scores, weights) = softmax, products
+    if not scores.op_index < s < weights.op_index or kernel.ops[weights.op_index].inputs[0] is not kernel.ops[s].outputs[0]:
+        return None
+    if len(weights.value.shape) < 3 or tuple(kernel.ops[s].outputs[0].shape)[:-1] != tuple(weights.value.shape)[:-1]:
+        return None
+    if 4 * int(np.prod(scores.value.shape)) <= ATTENTION_TILED_BYTES:
+        return None
+    stages = _attention_stages(kernel, scores, s)
+    if any(kernel.is_output(v.func) for v in stages):
+        return None
+    return scores, weights, s
+
+
+def _attention_stages(kernel: BlockKernel, scores: Accumulator, softmax: int) -> list[Value]:
+    """The Funcs an attention core computes per row tile of its second product: the scores, the
+    softmax's helpers (row maxima, exponentials, sums: their partials too) and the softmax itself.
+    The elementwise ops between (scale, mask) stay inlined into them."""
+    helpers = [h for k in range(scores.op_index, softmax + 1) for h in kernel.op_helpers[k]]
+    return [scores.value, *helpers, kernel.op_values[softmax][0]]
+
+
+def _schedule_attention(kernel: BlockKernel, core: tuple[Accumulator, Accumulator, int], params: CpuParams,
+                        vectorized: set[str]) -> set[int]:
+    """The attention core in one pass over tiles of query rows: the second product (weights x
+    values) tiled rows outside channels, and at each row tile the scores of those rows (their own
+    register tiles), the softmax's statistics and the weights computed once, serially, in a few KB
+    (rows x keys) that stay in L1: the [heads, queries, keys] matrix is never stored whole. Returns
+    id() of the Funcs it scheduled."""
+    scores, weights, softmax = core
+    for acc in (scores, weights):
+        _materialize_prologue(kernel, acc, params, vectorized)  # transposed queries, keys, values
+    home = _home(kernel, weights)
+    row_loop, rows = _register_tile(home, weights, params, params.mm_channels, params.mm_rows, None,
+                                    unroll_taps=False, round_up_channels=False, rows_outer=True)
+    stages = _attention_stages(kernel, scores, softmax)
+    _register_tile(scores.value.func, scores, params, params.mm_channels, params.mm_rows, None,
+                   unroll_taps=False, round_up_channels=False, parallel=False)
+    terms = {id(r.partial.func) for r in kernel.row_reductions}
+    for v in stages:
+        # A constant size (the last row tile is shorter): on the stack, not a heap allocation per tile.
+        v.func.compute_at(home, row_loop).bound_storage(_vars(v.func)[1], rows)
+        if v is not scores.value:
+            _vectorize_helper(v, params, vectorized, id(v.func) in terms)
+    return {id(home), *(id(v.func) for v in stages)}
+
+
+def _vectorize_helper(v: Value, params: CpuParams, vectorized: set[str], partial: bool, copy: bool = False) -> None:
+    """Vectorizes a materialised helper along its innermost axis; a row reduction's partial results
+    (`partial`) as one vector of them."""
+    f = v.func
+    if partial and f.name() not in vectorized:
+        # A row reduction's partial results are one vector (4 NEON registers), so the inline
+        # reduction behind them runs one loop with 4 accumulators, not 4 loops of one: bert's
+        # LayerNorm and softmax blocks, ARM64 bert_small 0.913 -> 0.907, gpt2_small 0.904 -> 0.898.
+        f.vectorize(_vars(f)[0], v.shape[-1])
+        vectorized.add(f.name())
+    else:
+        _vectorize_inner(f, v.shape, params, vectorized, output=copy, joins=v.joins)
+
+
 def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     """Applies the CPU templates in place; what no template covers is computed at the root
     (Many-to-Many results) or inlined, and vectorized along the innermost axis."""
@@ -843,6 +942,9 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     in_place = _padding_inlined(kernel, params)
     vectorized: set[str] = set()  # (_vectorize_inner)
     streamed = _schedule_conv_chain(kernel, chain, params, in_place, vectorized) if chain else set()
+    core = None if chain else _attention_core(kernel)
+    if core:
+        streamed = _schedule_attention(kernel, core, params, vectorized)
     terms = {id(r.partial.func): r.terms for r in kernel.row_reductions}
     light = not kernel.accumulators
     # Zero-padded copies move data only: several vectors a step, as block outputs take.
@@ -852,20 +954,13 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             continue
         f = v.func
         f.compute_root()
-        if id(f) in terms and f.name() not in vectorized:
-            # A row reduction's partial results are one vector (4 NEON registers), so the inline
-            # reduction behind them runs one loop with 4 accumulators, not 4 loops of one: bert's
-            # LayerNorm and softmax blocks, ARM64 bert_small 0.913 -> 0.907, gpt2_small 0.904 -> 0.898.
-            f.vectorize(_vars(f)[0], v.shape[-1])
-            vectorized.add(f.name())
-        else:
-            _vectorize_inner(f, v.shape, params, vectorized, output=id(f) in copies, joins=v.joins)
+        _vectorize_helper(v, params, vectorized, id(f) in terms, copy=id(f) in copies)
         axis = _row_axis(f, v.shape)
         if axis is not None and _parallel_worthwhile(params, v.shape, terms.get(id(f), 1), light):
             f.parallel(axis)
     tiled = set(streamed)
     for acc in kernel.accumulators:
-        if chain:
+        if chain or core:
             break
         _materialize_prologue(kernel, acc, params, vectorized)
         if acc.kind not in TEMPLATES:
@@ -883,6 +978,11 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             v.func.compute_root()
             _vectorize_inner(v.func, v.shape, params, vectorized, joins=v.joins)
             rooted.add(id(v.func))
+            # Split across threads like the helpers above (an attention core's softmax, read by
+            # its second product: serial, bert_small's cores took 160 us at two threads, not 140).
+            axis = _row_axis(v.func, v.shape)
+            if axis is not None and _parallel_worthwhile(params, v.shape, light=light):
+                v.func.parallel(axis)
     for tensor, v in kernel.outputs:
         if id(v.func) in tiled or not tensor.shape:
             continue
