@@ -408,21 +408,21 @@ def test_cli_run_bad_delegate_is_exit_2(tmp_path, capsys, model_path):
 
 def test_blocks_tflite_would_split_are_declined_not_failed(fused, tmp_path):
     # TFLite partitions the claimed nodes itself. Claiming these blocks of the encoder leaves
-    # block_007 (the attention's PV product) waiting on a node TFLite runs in between (its
-    # softmax): it would land in two partitions, so the delegate declines it up front instead of
-    # failing Prepare.
+    # block_005 (the attention core) waiting on nodes TFLite runs in between (the key and value
+    # projections, which read block_001's LayerNorm) while its query reshape could run at once: it
+    # would land in two partitions, so the delegate declines it up front instead of failing Prepare.
     result = fused("transformer_encoder")
-    chosen = ["block_000", "block_004", "block_007", "block_012"]
+    chosen = ["block_000", "block_001", "block_002", "block_005"]
     d, report = delegate(result, tmp_path, claim="all", blocks=",".join(chosen))
     interp = runtime.make_interpreter(result.model, delegates=[d])
     claims = read_claims(report)
-    assert claims["claimed_blocks"] == ["block_000", "block_004", "block_012"]
+    assert claims["claimed_blocks"] == ["block_000", "block_001", "block_002"]
     (declined,) = claims["declined"]
-    assert declined["block"] == "block_007"
+    assert declined["block"] == "block_005"
     # The reason names the unclaimed nodes the block waits on.
     assert declined["reason"].startswith("TFLite would split it across delegate partitions: it waits on node ")
     named = [int(n) for n in re.findall(r"node (\d+) \(", declined["reason"])]
-    block = next(k for k in result.kernels if k.block == "block_007")
+    block = next(k for k in result.kernels if k.block == "block_005")
     assert named and all(n not in claims["claimed_nodes"] and n not in block.nodes for n in named)
     inputs = runtime.random_inputs(interp)
     assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
