@@ -614,3 +614,32 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_when_its_scor
     assert len(scores) == 1 and all(int(keys) == rows and (int(r) < rows if tiled else int(r) == rows)
                                     for keys, r in scores), scores
     assert check_model_blocks(model, params=params) == {"attention core": 1}  # the roofline plan fuses it whole
+
+
+def test_a_conv_with_few_output_channels_runs_its_epilogue_on_vectors_of_pixels(tmp_path):
+    # x86: a 1x1 conv to 2 channels + LOGISTIC (U-Net's segmentation head) took its register tile
+    # over channels, so the sigmoid ran on 2 of 16 lanes (157 us against XNNPACK's 97 on 128x128);
+    # over vectors of pixels, the 2 channels unrolled, each store writes 16 pixels' channels
+    # interleaved (91 us). Exact against LiteRT.
+    import halide as hl
+
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule import schedule_cpu
+
+    rng = np.random.default_rng(2)
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 16, 16, 8])
+    y = b.op("CONV_2D", [x, b.const("w", rng.standard_normal((2, 1, 1, 8)).astype(np.float32)),
+                         b.const("b", rng.standard_normal(2).astype(np.float32))], [1, 16, 16, 2],
+             padding="SAME", stride_h=1, stride_w=1)
+    b.output(b.op("LOGISTIC", [y], [1, 16, 16, 2]))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("few", ops, [ops[-1].outputs[0]])
+    schedule_cpu(kernel)
+    stmt = tmp_path / "few.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    out = kernel.outputs[0][1].func.name()
+    stores = [line for line in stmt.read_text().splitlines() if line.strip().startswith(f"{out}[")]
+    assert stores and all("interleave_vectors" in line for line in stores), stores
+    assert check_model_blocks(model)

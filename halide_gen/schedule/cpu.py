@@ -353,12 +353,20 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     rows = _whole_map_rows(acc, params, len(v)) if whole_map else 0
     if rows:
         channels, pixels = _whole_map_channels(acc, params, channels, round_up_channels, rows), acc.value.shape[-2]
+    few = _few_channels(acc, home, len(v))
+    if few:
+        channels, pixels = few, lanes
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
-    # unroll(ci) unrolls the vectors left after vectorize. An int8 output takes a tile's worth of
-    # channels at once, so its int32 epilogue narrows whole registers (4 int32 vectors -> 16 bytes).
-    home.vectorize(ci, _lanes_of(home, lanes, channels)).unroll(ci).unroll(xi)
+    if few:
+        # Vectors of pixels, the few channels unrolled: the tile's epilogue (a sigmoid) runs on
+        # whole vectors, not on 2 of 16 lanes.
+        home.reorder(xi, ci).vectorize(xi).unroll(ci)
+    else:
+        # unroll(ci) unrolls the vectors left after vectorize. An int8 output takes a tile's worth of
+        # channels at once, so its int32 epilogue narrows whole registers (4 int32 vectors -> 16 bytes).
+        home.vectorize(ci, _lanes_of(home, lanes, channels)).unroll(ci).unroll(xi)
     few_rows = len(v) > 2 and acc.kind == AccumulatorKind.CONV and acc.value.shape[-3] < ROW_TASKS
     if rows:
         # A band of rows (the whole map, where it fits) in one tile: each weight is read once per
@@ -420,7 +428,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
     channel_tail = hl.TailStrategy.RoundUp if round_up_channels else guard
     # Narrow terms: the whole tile's channels in one vector, so each tap loads a register of int8
     # inputs (16 bytes on NEON) instead of 4 bytes per int32 vector.
-    acc_lanes = channels if acc.narrow else lanes
+    acc_lanes = channels if acc.narrow or few else lanes
     f.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
     update = f.update()
     tile_loops = [hl.VarOrRVar(av[0]), hl.VarOrRVar(av[1])]
@@ -617,6 +625,18 @@ def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int,
         # channels). With rounded-up channels the tile must divide the packed channel count.
         channels = _widened(channels, channels * requested // pixels, acc.value.shape[-1], round_up)
     return channels, pixels
+
+
+def _few_channels(acc: Accumulator, home: hl.Func, rank: int) -> int:
+    """The channel count of a float convolution whose output has so few (<= INTERLEAVED_CHANNELS,
+    rounded up to a power of two) that its register tile runs over vectors of pixels instead, when
+    an elementwise epilogue is computed in the tile (its home is not the op's own result); else 0."""
+    channels = acc.value.shape[-1]
+    if acc.kind != AccumulatorKind.CONV or acc.dot or acc.narrow or rank < 3 or channels > INTERLEAVED_CHANNELS:
+        return 0
+    if home is acc.value.func:
+        return 0
+    return 1 << (channels - 1).bit_length()
 
 
 def _whole_rows(width: int, pixels: int) -> int:
