@@ -355,7 +355,7 @@ def _register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels:
         channels, pixels = _whole_map_channels(acc, params, channels, round_up_channels, rows), acc.value.shape[-2]
     few = _few_channels(acc, home, len(v))
     if few:
-        channels, pixels = few, lanes
+        channels, pixels = few, min(lanes, acc.value.shape[-2])  # a vector of pixels, or the whole row
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
     home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
