@@ -167,6 +167,14 @@ def _parallel_worthwhile(params: CpuParams, shape, depth: int = 1, light: bool =
     return int(np.prod(shape)) * depth >= (params.parallel_light_work if light else params.parallel_work)
 
 
+def _split_rows(f: hl.Func, shape, params: CpuParams, depth: int = 1, light: bool = False) -> None:
+    """Runs a stage computed at the root in parallel over its row axis (_row_axis), where it has
+    work enough (_parallel_worthwhile)."""
+    axis = _row_axis(f, shape)
+    if axis is not None and _parallel_worthwhile(params, shape, depth, light):
+        f.parallel(axis)
+
+
 # Innermost axes this short (an RGB image's 3 channels) are unrolled inside vectors of pixels.
 INTERLEAVED_CHANNELS = 4
 # Innermost axes of up to this many channels, whole vectors, are unrolled: each vector's channels
@@ -885,8 +893,8 @@ def _schedule_outer_reduction(acc: Accumulator, lanes: int) -> None:
 ATTENTION_TILED_BYTES = 1 << 20
 
 
-def _attention_core(kernel: BlockKernel) -> tuple[Accumulator, Accumulator, int] | None:
-    """(scores, weights x values, the SOFTMAX's op index) of a block that is an attention core
+def _attention_core(kernel: BlockKernel) -> tuple[Accumulator, Accumulator, list[Value]] | None:
+    """(scores, weights x values, the stages per row tile) of a block that is an attention core
     (fusion.table3.attention_allowed) whose scores outgrow ATTENTION_TILED_BYTES: two float matrix
     products, the second reading the softmax of the first's result (through elementwise ops) as
     its left operand, with none of the scores, their softmax or its helpers a block output. Else
@@ -905,7 +913,7 @@ def _attention_core(kernel: BlockKernel) -> tuple[Accumulator, Accumulator, int]
     stages = _attention_stages(kernel, scores, s)
     if any(kernel.is_output(v.func) for v in stages):
         return None
-    return scores, weights, s
+    return scores, weights, stages
 
 
 def _attention_stages(kernel: BlockKernel, scores: Accumulator, softmax: int) -> list[Value]:
@@ -916,20 +924,19 @@ def _attention_stages(kernel: BlockKernel, scores: Accumulator, softmax: int) ->
     return [scores.value, *helpers, kernel.op_values[softmax][0]]
 
 
-def _schedule_attention(kernel: BlockKernel, core: tuple[Accumulator, Accumulator, int], params: CpuParams,
-                        vectorized: set[str]) -> set[int]:
+def _schedule_attention(kernel: BlockKernel, core: tuple[Accumulator, Accumulator, list[Value]],
+                        params: CpuParams, vectorized: set[str]) -> set[int]:
     """The attention core in one pass over tiles of query rows: the second product (weights x
     values) tiled rows outside channels, and at each row tile the scores of those rows (their own
     register tiles), the softmax's statistics and the weights computed once, serially, in a few KB
     (rows x keys) that stay in L1: the [heads, queries, keys] matrix is never stored whole. Returns
     id() of the Funcs it scheduled."""
-    scores, weights, softmax = core
+    scores, weights, stages = core
     for acc in (scores, weights):
         _materialize_prologue(kernel, acc, params, vectorized)  # transposed queries, keys, values
     home = _home(kernel, weights)
     row_loop, rows = _register_tile(home, weights, params, params.mm_channels, params.mm_rows, None,
                                     unroll_taps=False, round_up_channels=False, rows_outer=True)
-    stages = _attention_stages(kernel, scores, softmax)
     _register_tile(scores.value.func, scores, params, params.mm_channels, params.mm_rows, None,
                    unroll_taps=False, round_up_channels=False, parallel=False)
     terms = {id(r.partial.func) for r in kernel.row_reductions}
@@ -975,9 +982,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         f = v.func
         f.compute_root()
         _vectorize_helper(v, params, vectorized, id(f) in terms, copy=id(f) in copies)
-        axis = _row_axis(f, v.shape)
-        if axis is not None and _parallel_worthwhile(params, v.shape, terms.get(id(f), 1), light):
-            f.parallel(axis)
+        _split_rows(f, v.shape, params, terms.get(id(f), 1), light)
     tiled = set(streamed)
     for acc in kernel.accumulators:
         if chain or core:
@@ -1000,14 +1005,10 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             rooted.add(id(v.func))
             # Split across threads like the helpers above (an attention core's softmax, read by
             # its second product: serial, bert_small's cores took 160 us at two threads, not 140).
-            axis = _row_axis(v.func, v.shape)
-            if axis is not None and _parallel_worthwhile(params, v.shape, light=light):
-                v.func.parallel(axis)
+            _split_rows(v.func, v.shape, params, light=light)
     for tensor, v in kernel.outputs:
         if id(v.func) in tiled or not tensor.shape:
             continue
         f = v.func
         _vectorize_inner(f, tensor.shape, params, vectorized, output=True, joins=v.joins)
-        axis = _row_axis(f, tensor.shape)
-        if axis is not None and _parallel_worthwhile(params, tensor.shape, light=light):
-            f.parallel(axis)
+        _split_rows(f, tensor.shape, params, light=light)
