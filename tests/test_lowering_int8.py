@@ -760,10 +760,60 @@ def test_mean_16x8(shape, keep, out_scale):
     check_16x8(b.build(), seeds=(0, 1, 2))
 
 
+@pytest.mark.parametrize("shape, in_scale, beta", [((3, 7, 130), 1e-3, 1.0), ((2, 500), 2e-4, 0.7), ((6, 33), 2e-5, 2.0)])
+def test_softmax_16x8(shape, in_scale, beta):
+    # SoftmaxInt16's two interpolated tables and its headroom-normalised reciprocal; beta 0.7
+    # checks the multiplier takes scale * beta in float as softmax.cc does.
+    b = ModelBuilder()
+    x = b.input("x", shape, "int16", quant=quantization(in_scale, 0))
+    b.output(b.op("SOFTMAX", [x], shape, quant=quantization(1 / 32768, 0), beta=beta))
+    check_16x8(b.build())
+
+
+def test_softmax_16x8_on_every_reciprocal_step():
+    # Rows of 5 values over spreads from one step to the whole int16 range (and rows of 2-5 equal
+    # largest values): sums across the 1 / (1 + x) table's range, bit for bit in 64-bit arithmetic
+    # and in the 32-bit form Vulkan's targets take.
+    b = ModelBuilder()
+    x = b.input("x", (4096, 5), "int16", quant=quantization(3e-4, 0))
+    b.output(b.op("SOFTMAX", [x], (4096, 5), quant=quantization(1 / 32768, 0), beta=1.0))
+    model = b.build()
+    spreads = np.geomspace(1, 32767, 4096).astype(np.int64)[:, None]
+    rows = rng.integers(-32768, 32768, (4096, 5)) % (2 * spreads) - spreads
+    rows[::2, 2:] = rows[::2, :1]  # a few rows of equal values: sums of 2-5 exponentials of one
+    inputs = [np.clip(rows, -32768, 32767).astype(np.int16)]
+    (want,) = runtime.run(runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference"), inputs)
+    for wide in (True, False):
+        assert np.array_equal(halide(model, inputs, wide_integers=wide)[0], want)
+    assert len(np.unique(want)) > 4000
+
+
+def test_single_rounding_in_32_bit_pieces_equals_the_64_bit_product():
+    # floor((x m + 2^(30 + down)) / 2^(31 + down)), Vulkan's form of the per-channel
+    # FULLY_CONNECTED's requantization, on random and edge values of every int32 x, Q31 m and down 0-31.
+    import halide as hl
+
+    from halide_gen.lower.quantized import rounded_once_in_32_bits
+
+    edges = np.array([0, 1, -1, 2, -2, 2**15, -2**15, 2**16 - 1, -2**16, 2**30, -2**30, 2**31 - 1, -2**31], np.int64)
+    x = np.concatenate([rng.integers(-2**31, 2**31, 200_000), rng.integers(-2**20, 2**20, 200_000), np.repeat(edges, 500)])
+    m = np.concatenate([rng.integers(2**30, 2**31, x.size - 13 * 40), np.tile([2**30, 2**31 - 1], 13 * 20)])
+    down = rng.integers(0, 32, x.size)
+    buffers = [hl.Buffer(np.ascontiguousarray(v.astype(np.int32))) for v in (x, m, down)]
+    i = hl.Var("i")
+    f = hl.Func("f")
+    f[i] = rounded_once_in_32_bits(*(b[i] for b in buffers))
+    got = np.asarray(f.realize([x.size]))
+    total = 31 + down
+    want = (x * m + (1 << (total - 1)).astype(object)) >> total.astype(object)  # Python integers: no overflow
+    assert np.array_equal(got.astype(np.int64), want.astype(np.int64))
+
+
 def test_requantization_without_64_bit_integers_is_exact():
     # Vulkan's targets have no 64-bit integers: the doubling high multiply takes 32-bit pieces
     # (lower.quantized.srdhm_in_32_bits). Run on the CPU here, every form of it must still equal
-    # the reference: convolutions, ADD's rescaled inputs, MUL, MEAN, a requantizing QUANTIZE.
+    # the reference: convolutions, ADD's rescaled inputs, MUL, MEAN, a requantizing QUANTIZE, a
+    # per-channel FULLY_CONNECTED.
     models = [conv_model((1, 7, 7, 9), 8, 3, 1, "SAME", "RELU6"),
               conv_model((1, 8, 8, 8), 8, 3, 2, "SAME", depthwise=True)]
     for op in ("ADD", "MUL"):
@@ -777,6 +827,7 @@ def test_requantization_without_64_bit_integers_is_exact():
     mean = b.op("MEAN", [x, b.const("axes", np.array([1, 2], np.int32))], (1, 19), quant=quantization(0.01, 1))
     b.output(b.op("QUANTIZE", [mean], (1, 19), dtype="int8", quant=quantization(0.013, -7)))
     models.append(b.build())
+    models.append(fully_connected_model(3, 40, 24))  # per channel: one rounding (rounded_once_in_32_bits)
     for model in models:
         reference = runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference")
         for seed in (0, 1, 2):

@@ -153,22 +153,38 @@ def srdhm(a: hl.Expr, b: hl.Expr) -> hl.Expr:
 
 
 def srdhm_in_32_bits(a: hl.Expr, b: hl.Expr) -> hl.Expr:
-    """floor((a * b + 2^30) / 2^31) for int32 a and b >= 0, in 32-bit arithmetic only.
+    """floor((a * b + 2^30) / 2^31) for int32 a and b >= 0, in 32-bit arithmetic only
+    (`high_product_in_32_bits` with the nudge). Equal to the 64-bit form on 2.2M random and edge pairs."""
+    return high_product_in_32_bits(a, b, nudged=True)
+
+
+def high_product_in_32_bits(a: hl.Expr, b: hl.Expr, nudged: bool) -> hl.Expr:
+    """floor((a * b + (2^30 if `nudged` else 0)) / 2^31) for int32 a and b >= 0, in 32-bit arithmetic.
 
     With a = ah 2^16 + al and b = bh 2^16 + bl (al, bl the unsigned low halves), a * b + 2^30 is
     hh 2^32 + (t + m2) 2^16 + r, where hh = ah bh, m1 = ah bl, m2 = al bh, t = m1 + (al bl >> 16)
     + 2^14 and r < 2^16; so the result is 2 hh + floor((t + m2) / 2^15), t and m2 each within
     int32, their sum taken as quotients and remainders by 2^15. The last additions wrap in uint32
-    (the true result fits int32). Equal to the 64-bit form on 2.2M random and edge pairs."""
+    (the true result fits int32). Without the nudge t has no 2^14."""
     u32, i32 = hl.UInt(32), hl.Int(32)
     al, ah = a & 0xFFFF, a >> 16
     bl, bh = b & 0xFFFF, b >> 16
     low = hl.cast(u32, al) * hl.cast(u32, bl)
     m2 = al * bh
-    t = ah * bl + hl.cast(i32, low >> 16) + (1 << 14)
+    t = ah * bl + hl.cast(i32, low >> 16) + ((1 << 14) if nudged else 0)
     carry = ((t & 0x7FFF) + (m2 & 0x7FFF)) >> 15
     total = hl.cast(u32, 2 * (ah * bh)) + hl.cast(u32, t >> 15) + hl.cast(u32, m2 >> 15) + hl.cast(u32, carry)
     return hl.reinterpret(i32, total)
+
+
+def rounded_once_in_32_bits(x: hl.Expr, m: hl.Expr, down: hl.Expr) -> hl.Expr:
+    """floor((x * m + 2^(30 + down)) / 2^(31 + down)) for int32 x, m >= 0 and down >= 0: TFLite's
+    single-rounding multiply (shift = -down) in 32-bit arithmetic. With H = floor(x m / 2^31) the
+    result is H / 2^down rounded halves up — (H >> down) plus bit down - 1 of H, since the rounding
+    term 2^(30 + down) is a whole multiple of 2^31 when down > 0 — and srdhm when down = 0."""
+    high = high_product_in_32_bits(x, m, nudged=False)
+    halves = shift_right_signed(high, hl.max(down - 1, 0)) & 1
+    return hl.select(down == 0, srdhm_in_32_bits(x, m), shift_right_signed(high, down) + halves)
 
 
 def rounding_divide_by_pot(x: hl.Expr, exponent, positive: bool = False) -> hl.Expr:
@@ -273,10 +289,12 @@ def activation_range(act: str | None, scale: float, zp: int, qmin: int = INT8_MI
 def multiply_single_rounding(x: hl.Expr, m, shift) -> hl.Expr:
     """x * m * 2^(shift - 31) rounded once, halves up: the 64-bit product shifted right with
     rounding (TFLite's single-rounding MultiplyByQuantizedMultiplier, which its reference per-channel
-    FULLY_CONNECTED uses: the double-rounding form differed from it on 8 of 6,144 sums)."""
+    FULLY_CONNECTED uses: the double-rounding form differed from it on 8 of 6,144 sums). Without
+    64-bit integers (shift <= 0 only): `rounded_once_in_32_bits`."""
+    shift = hl.cast(hl.Int(32), shift)
     if not _WIDE_INTEGERS.get():
-        raise LoweringError("a per-channel int8 FULLY_CONNECTED rounds a 64-bit product once: no 64-bit integers here")
-    return hl.rounding_mul_shift_right(x, hl.cast(hl.Int(32), m), hl.cast(hl.UInt(32), 31 - hl.cast(hl.Int(32), shift)))
+        return rounded_once_in_32_bits(hl.cast(hl.Int(32), x), hl.cast(hl.Int(32), m), -shift)
+    return hl.rounding_mul_shift_right(x, hl.cast(hl.Int(32), m), hl.cast(hl.UInt(32), 31 - shift))
 
 
 def xnnpack_float_scales(in_scale: float, w_scales: Sequence[float], out_scale: float) -> list[float]:
@@ -348,6 +366,9 @@ def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[flo
 
     # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
     if per_tensor_float_product and len(w_scales) > 1:
+        if not _WIDE_INTEGERS.get() and max(shifts) > 0:
+            raise LoweringError("a per-channel int8 FULLY_CONNECTED with a multiplier over 1 rounds a 64-bit product "
+                                "once: no 64-bit integers here")
         m, shift = ctx.table(mults, "mult"), ctx.table(shifts, "shift")
         return lambda acc, oc: multiply_single_rounding(acc, m(oc), shift(oc))
     if _X86_FORMS.get() and all(s <= 0 for s in shifts):

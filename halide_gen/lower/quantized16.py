@@ -9,19 +9,26 @@ rounding shift (`multiply_rounded_once`; FULLY_CONNECTED's reference keeps the w
 An int32 bias is refused (LiteRT's 16x8 kernels saturate every output with one). ADD and SUB take the
 general-scale path (left shift 15, pot_scale_int16 false, as the converter writes them). MAX_POOL_2D
 and data movement keep the bytes. LOGISTIC and TANH read a 65536-entry table LiteRT fills
-(litert_tables). All exact: bit for bit LiteRT's reference kernels (tests/test_lowering_int8.py).
-MEAN sums as the int8 one does. Other int16 ops (SOFTMAX among them) stay with TFLite.
+(litert_tables). SOFTMAX is TFLite's SoftmaxInt16 in its integers: two 513-entry interpolated tables
+(exp on [-10, 0], 1 / (1 + x) on [0, 1]) filled as its Prepare fills them, a Q31 rescale of each
+difference from the row's largest value, a sum of Q0.15 exponentials normalised by its leading
+zeros. All exact: bit for bit LiteRT's reference kernels (tests/test_lowering_int8.py). MEAN sums as
+the int8 one does. Other int16 ops stay with TFLite.
 """
 
 from __future__ import annotations
 
+import math
+
 import halide as hl
+import numpy as np
 
 from ..values import Value, define, read_broadcast
 from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
-from .quantized import (_scale_zp, activation_range, int8_weight_scales,
+from .quantized import (_round_half_away, _scale_zp, activation_range, int8_weight_scales,
                         multiply_by_quantized_multiplier, quantize_multiplier, quantized_max_pool, quantized_mean,
                         requantization_multipliers, unary_by_litert_table)
+from .reduce import row_reduce
 from .registry import LoweringError, OpContext, register
 
 INT16_MIN, INT16_MAX = -32768, 32767
@@ -157,3 +164,101 @@ def lower_mean_16x8(ctx: OpContext) -> list[Value]:
         return to_int16(multiply_by_quantized_multiplier(total, m, shift) + zp)
 
     return quantized_mean(ctx, finish)
+
+
+# SoftmaxInt16's tables (softmax.cc's Prepare, gen_lut in common.h): 512 steps of a function plus
+# the end point, in Q0.15 (32768 per unit), each step's sample biased by half its midpoint's
+# interpolation error. Computed in double, as there; equal to LiteRT's on every row the tests try.
+INTERPOLATED_STEPS = 512
+
+
+def interpolated_table(func, lo: float, hi: float) -> np.ndarray:
+    """TFLite's gen_lut: `func` on [lo, hi] as INTERPOLATED_STEPS + 1 int16 entries for
+    `interpolated_lookup`, each step's value less half the error of interpolating its midpoint."""
+    step = (hi - lo) / INTERPOLATED_STEPS
+    q015 = lambda v: _round_half_away(v * 32768.0)
+    table = []
+    for i in range(INTERPOLATED_STEPS):
+        here, there = func(lo + i * step), func(lo + (i + 1) * step)
+        midpoint_error = _round_half_away((there * 32768.0 + q015(here)) / 2.0) - q015(func(lo + i * step + step / 2))
+        table.append(q015(here) - _round_half_away(midpoint_error / 2.0))
+    table.append(q015(func(hi)))
+    return np.clip(table, INT16_MIN, INT16_MAX).astype(np.int16)
+
+
+EXP_TABLE = interpolated_table(math.exp, -10.0, 0.0)
+ONE_OVER_ONE_PLUS_X_TABLE = interpolated_table(lambda v: 1.0 / (1.0 + v), 0.0, 1.0)
+
+
+def interpolated_lookup(table: hl.Buffer, v: hl.Expr) -> hl.Expr:
+    """TFLite's generic_int16_table_lookup of an int16 value: the entry its top 9 bits select,
+    plus the slope to the next times its low 7 bits, rounded (an int32 of int16 range)."""
+    v = hl.cast(hl.Int(32), v)
+    index = (v >> 7) + INTERPOLATED_STEPS // 2
+    base = hl.cast(hl.Int(32), table[index])
+    slope = hl.cast(hl.Int(32), table[index + 1]) - base
+    return base + ((slope * (v & 0x7F) + 64) >> 7)
+
+
+def leading_zeros(v: hl.Expr) -> hl.Expr:
+    """The leading zero bits of a nonzero uint32, as an int32, by halving steps: Halide's OpenCL
+    backend emits count_leading_zeros as a call it never defines."""
+    count = hl.i32(0)
+    for bits in (16, 8, 4, 2, 1):
+        short = v < (hl.u32(1) << (32 - bits))
+        count = count + hl.select(short, bits, 0)
+        v = hl.select(short, v << bits, v)
+    return count
+
+
+def _table(ctx: OpContext, name: str, values: np.ndarray) -> hl.Buffer:
+    table = hl.Buffer(hl.Int(16), [len(values)], ctx.func_name(name))
+    np.asarray(table)[:] = values
+    ctx.constants.append(table)
+    return table
+
+
+@register("SOFTMAX", int16=True)
+def lower_softmax_16x8(ctx: OpContext) -> list[Value]:
+    """TFLite's SoftmaxInt16 over the last axis, in its integers. Each x - max is rescaled so that
+    [-10, 0] spans 65535 steps and looked up in the exp table (Q0.15); the row's int32 sum, shifted
+    left by its headroom, selects 1 / sum from the 1 / (1 + x) table, and each exponential times it
+    is shifted back with rounding into [0, 32767]. Everything fits 32 bits (no int64: Vulkan runs it
+    too). Exact."""
+    if ctx.op.inputs[0].type_name != "INT16":
+        raise LoweringError(f"SOFTMAX from {ctx.op.inputs[0].type_name} to int16")
+    in_scale, out_scale = _symmetric(ctx, 0), _symmetric(ctx, -1)
+    if abs(out_scale - 1 / 32768) > 0.001 / 32768:
+        raise LoweringError(f"int16 SOFTMAX with output scale {out_scale} (TFLite requires 1/32768)")
+    x = ctx.value(0)
+    rows, depth = x.shape[:-1], x.shape[-1]
+    if depth > 65536:
+        raise LoweringError(f"int16 SOFTMAX over {depth} values (TFLite's int32 sum of them overflows)")
+    # softmax.cc multiplies the float scale and beta in float, then divides in double.
+    beta = float(np.float32(in_scale) * np.float32(ctx.option("beta", 1.0)))
+    m, shift = quantize_multiplier(beta / (10.0 / 65535.0))
+    exp_table = _table(ctx, "exp_table", EXP_TABLE)
+    reciprocal_table = _table(ctx, "reciprocal_table", ONE_OVER_ONE_PLUS_X_TABLE)
+    row_max = row_reduce(ctx, "max", rows, depth, lambda row, k: hl.cast(hl.Int(32), x.at(row + [k])), hl.maximum)
+
+    def exp_q015(row, k):
+        diff = hl.cast(hl.Int(32), x.at(row + [k])) - row_max.at(row + [hl.Expr(0)])
+        return interpolated_lookup(exp_table, hl.clamp(multiply_by_quantized_multiplier(diff, m, shift) + 32767,
+                                                       INT16_MIN, INT16_MAX))
+
+    row_sum = row_reduce(ctx, "sum", rows, depth, exp_q015, hl.sum)
+    ctx.materialize.extend([row_max, row_sum])
+
+    def body(*i):
+        row = list(i[:-1])
+        total = hl.cast(hl.UInt(32), row_sum.at(row + [hl.Expr(0)]))
+        headroom_plus_one = leading_zeros(total)
+        # The sum shifted to bit 30 and rounded to 17 bits: x = sum - 1 recentred on int16's range.
+        shifted = hl.cast(hl.Int(32), ((total << hl.cast(hl.UInt(32), headroom_plus_one - 1)) + (1 << 13)) >> 14)
+        reciprocal = interpolated_lookup(reciprocal_table, hl.clamp(shifted - ((1 << 15) + (1 << 16)),
+                                                                    INT16_MIN, INT16_MAX))
+        right_shift = 31 - headroom_plus_one
+        scaled = (exp_q015(row, i[-1]) * reciprocal + (hl.i32(1) << (right_shift - 1))) >> right_shift
+        return to_int16(scaled, 0, INT16_MAX)
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
