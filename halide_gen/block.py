@@ -17,6 +17,7 @@ from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, RowReduction, ieee, lower
 from .lower.elementwise import ELEMENTWISE
+from .lower.movement import host_checked_indices
 from .lower.quantized import int8_rounding_forms, integer_width_forms, x86_integer_forms
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, float_storage, halide_type
@@ -39,6 +40,10 @@ class Argument:
     tensor: Tensor
     param: hl.ImageParam
     pack: str | None = None
+    # Indices a device kernel reads unchecked: the bound of each innermost position (cyclically)
+    # and the op's name, for the host check before the kernel runs (lower.movement.index_operand).
+    index_bounds: tuple[int, ...] = ()
+    index_op: str = ""
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -217,28 +222,30 @@ def _declare_dense(buffer, shape) -> None:
 
 def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32",
                 native_minmax: bool = False, x86_integer: bool = False, int8_rounding: str = "reference",
-                wide_integers: bool = True) -> BlockKernel:
+                wide_integers: bool = True, device_code: bool = False) -> BlockKernel:
     """Lowers `ops` (in execution order) into one pipeline producing `outputs`; `native_minmax` for
     a target whose float min / max already treat NaN and inf as TFLite does (lower.ieee);
     `x86_integer` for an x86 target, whose int8 ops take x86's forms (VNNI's unsigned activations,
     64-bit requantizing products: lower.quantized.x86_integer_forms); `int8_rounding` how int8 sums
     are requantized ("reference" or "xnnpack": lower.quantized.int8_rounding_forms); `wide_integers`
-    False for a target without 64-bit integers (Vulkan: lower.quantized.integer_width_forms).
+    False for a target without 64-bit integers (Vulkan: lower.quantized.integer_width_forms);
+    `device_code` for a GPU target, whose kernels cannot fail an invoke (the host checks indices read
+    from data: lower.movement.host_checked_indices).
 
     Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
     """
     with (float_storage(PRECISIONS[precision]), ieee.native_minmax(native_minmax), x86_integer_forms(x86_integer),
-          int8_rounding_forms(int8_rounding), integer_width_forms(wide_integers)):
+          int8_rounding_forms(int8_rounding), integer_width_forms(wide_integers), host_checked_indices(device_code)):
         return _build_block(name, ops, outputs)
 
 
 def build_block_for(spec, name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
     """build_block in the forms a target's kernels take (a halide_gen.targets.TargetSpec: its
-    precision, min / max, x86 integer forms, int8 rounding and integer width). Every lowering of a
-    block for a target goes through here, so the kernel compiled and the interface checked against
-    it are the same."""
+    precision, min / max, x86 integer forms, int8 rounding, integer width and device code). Every
+    lowering of a block for a target goes through here, so the kernel compiled and the interface
+    checked against it are the same."""
     return build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms,
-                       spec.int8_rounding, spec.wide_integers)
+                       spec.int8_rounding, spec.wide_integers, spec.family == "gpu")
 
 
 def _check_addressable(ops: Sequence[Operator]) -> None:
@@ -287,7 +294,7 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
     read_by_ops = {id(t) for op in ops for t in op.inputs if t is not None}
     wrappers: dict[int, hl.Func] = {}  # output index -> its Func, made when an op's result is lowered
     for k, op in enumerate(ops):
-        ctx = OpContext(op, f"{kernel.name}_op{k}_{op.name.lower()}", value_of)
+        ctx = OpContext(op, f"{kernel.name}_op{k}_{op.name.lower()}", value_of, computed_in_block=frozenset(produced))
         results = lower(ctx)
         if len(results) != len(op.outputs):
             raise LoweringError(f"{op.name}: lowering made {len(results)} outputs, the op has {len(op.outputs)}")
@@ -313,6 +320,8 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         kernel.op_helpers.append(list(ctx.materialize))
         kernel.row_reductions.extend(ctx.row_reductions)
         kernel.constants.extend(ctx.constants)
+        for t, bounds, name in ctx.index_checks:
+            _check_on_host(kernel, t, bounds, name)
         kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r, *rest)
                                    for acc, kind, r, *rest in ctx.accumulators)
 
@@ -325,6 +334,16 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         # meet (DenseNet's block outputs are concatenations: a gather from each source per vector).
         kernel.outputs.append((t, Value(wrapper, v.shape, wrapper.type(), joins=v.joins)))
     return kernel
+
+
+def _check_on_host(kernel: BlockKernel, t: Tensor, bounds: tuple[int, ...], op: str) -> None:
+    """Marks the argument of `t` for the host's index check (the tightest bounds where two ops
+    read it; GATHER_ND's per-coordinate bounds must agree in number)."""
+    (arg,) = [a for a in kernel.arguments if a.tensor is t and a.pack is None]
+    if arg.index_bounds and len(arg.index_bounds) != len(bounds):
+        raise LoweringError(f"{t.name!r} is read as indices of two different depths")
+    arg.index_bounds = tuple(min(pair) for pair in zip(arg.index_bounds, bounds)) if arg.index_bounds else bounds
+    arg.index_op = arg.index_op or op
 
 
 def _joins_through(op: Operator, t: Tensor, values: dict[int, Value]) -> tuple[int, ...]:

@@ -132,7 +132,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         return -1 if t is None else index[id(t)]
 
     touched: dict[int, Tensor] = {}
-    nodes, node_io, args, outputs, scratch, rows = [], [], [], [], [], []
+    nodes, node_io, args, outputs, scratch, rows, index_bounds = [], [], [], [], [], [], []
     for b in blocks:
         first_node, first_arg, first_out, first_scratch = len(nodes), len(args), len(outputs), len(scratch)
         for n in b.nodes:
@@ -146,7 +146,10 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
             source, stored = _source(a.tensor)
             args.append(initializer(ARG_SPEC, tensor=idx(a.tensor), source=ARG_SOURCE.code(source),
                                     stored=idx(stored), pack=PACK.code(a.pack), rank=len(a.shape),
-                                    dims=_dims(a.shape)))
+                                    dims=_dims(a.shape), first_index_bound=len(index_bounds),
+                                    n_index_bounds=len(a.index_bounds),
+                                    index_op=_c_string(a.index_op) if a.index_op else "nullptr"))
+            index_bounds.extend(str(int(bound)) for bound in a.index_bounds)
         for t in b.outputs:
             touched[idx(t)] = t
             outputs.append(str(idx(t)))
@@ -183,6 +186,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         table("ArgSpec", "kArgs", args or ["{}"]),
         table("int32_t", "kOutputs", outputs or ["0"]),
         table("ScratchSpec", "kScratch", scratch or ["{}"]),
+        table("int32_t", "kIndexBounds", index_bounds or ["0"]),
         table("BlockSpec", "kBlocks", rows or ["{}"]),
         "}  // namespace",
         "",
@@ -198,7 +202,7 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
             has_custom_ops=int(any(op.opcode.is_custom for op in info.operators)),
             gpu_api=GPU_API.code(spec.gpu_api), half_precision=int(spec.precision == "fp16"),
             vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG), scratch="kScratch",
-            needs_dot_product=int(spec.dot_product)) + ";",
+            needs_dot_product=int(spec.dot_product), index_bounds="kIndexBounds") + ";",
         "  return b;",
         "}",
         "",

@@ -135,6 +135,10 @@ ARG_SPEC = Struct("ArgSpec", "One kernel argument: the tensor it reads and the s
     Field("pack", "Pack"),
     Field("rank", "int32_t"),
     Field("dims", "int32_t[kMaxRank]", "after packing, TFLite order"),
+    Field("first_index_bound", "int32_t", "slice of Bundle::index_bounds: indices a GPU kernel reads unchecked, each "
+                                          "innermost position k < bound[k % n]; the partition checks them first"),
+    Field("n_index_bounds", "int32_t", "0: no check"),
+    Field("index_op", "const char*", "the op reading them, for the message (\"gather\")"),
 ))
 
 SCRATCH_SPEC = Struct("ScratchSpec", "A buffer a GPU kernel computes into for its own later stages (an extra output "
@@ -185,6 +189,7 @@ BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
     Field("vulkan_alloc_config", "const char*", "HL_VK_ALLOC_CONFIG unless the environment sets one"),
     Field("scratch", "const ScratchSpec*", "GPU kernels' scratch buffers (BlockSpec::first_scratch)"),
     Field("needs_dot_product", "int32_t", "1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)"),
+    Field("index_bounds", "const int32_t*", "ArgSpec::first_index_bound"),
 ))
 
 ENUMS = (PACK, ARG_SOURCE, GPU_API, CLAIM_POLICY)

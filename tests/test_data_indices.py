@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 
 import opcheck
+from halide_gen.block import build_block
+from halide_gen.lower import LoweringError
 from tflite_tools import cli, runtime, serialize
 from tflite_tools.model.builder import ModelBuilder
 
@@ -93,3 +95,33 @@ def test_run_reports_the_failed_invoke_in_one_line(tmp_path, capsys, monkeypatch
         errors = [line for line in err.splitlines() if line.startswith("tflite_tools: error:")]
         assert code == 2 and len(errors) == 1 and "index out of bounds" in errors[0], err
         assert "Traceback" not in err
+
+
+def _constant_gather(ids):
+    b = ModelBuilder()
+    table = b.input("table", [5, 4])
+    b.output(b.op("GATHER", [table, b.const("ids", np.array(ids, np.int32))], [len(ids), 4], axis=0))
+    return b.build()
+
+
+def test_device_code_checks_constant_indices_when_it_compiles():
+    # GPU kernels cannot fail an invoke (lower.movement.index_operand): constant indices are checked
+    # as the block is lowered (out of range: TFLite keeps the op, and fails as it always would),
+    # indices the block computes itself could only be checked on the device, so TFLite keeps those.
+    def lowered(model):
+        sg = model.main
+        return build_block("b", sg.operators, sg.outputs, device_code=True)
+
+    (arg,) = [a for a in lowered(gather_model(0)).arguments if a.tensor.name == "ids"]
+    assert arg.index_bounds == (5,) and arg.index_op == "gather"
+    assert all(not a.index_bounds for a in lowered(_constant_gather([4, 0, 2])).arguments)
+    with pytest.raises(LoweringError, match="gather index out of bounds in a constant"):
+        lowered(_constant_gather([4, 5, 2]))
+    b = ModelBuilder()
+    table, x = b.input("table", [5, 4]), b.input("x", [3])
+    ids = b.op("CAST", [x], [3], dtype="int32")
+    b.output(b.op("GATHER", [table, ids], [3, 4], axis=0))
+    with pytest.raises(LoweringError, match="indices computed in the block"):
+        lowered(b.build())
+    (arg,) = [a for a in lowered(gather_nd_model()).arguments if a.tensor.name == "idx"]
+    assert arg.index_bounds == (4, 6) and arg.index_op == "gather_nd"

@@ -89,15 +89,15 @@ def test_cnn_logits_match_litert_on_the_gpu(api, tmp_path):
                                        ("vulkan", "mobilenet_v2_035_96_int8")])
 def test_quantized_models_match_litert_on_the_gpu(api, stem, tmp_path):
     # Int8 and 16x8 blocks on the GPU: the same integer arithmetic as on the CPU (the reference
-    # rounding), bit for bit LiteRT's. Every block with a lowering compiles but a GATHER's (its
-    # index check fails the invoke, which device code cannot: lower.movement.checked_index). Vulkan
+    # rounding), bit for bit LiteRT's. Every block with a lowering compiles (a GATHER's index
+    # check runs on the host: lower.movement.index_operand). Vulkan
     # has no 64-bit integers: requantization takes 32-bit pieces there (lower.quantized.
     # integer_width_forms), the per-channel FULLY_CONNECTED's single rounding too (MobileNetV2's
     # classifier: rounded_once_in_32_bits).
     env = gpu_env(api)
     result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path.parent / "kgpu")
     assert result.kernels and any(k.kernel for k in result.kernels)
-    assert not [k for k in result.kernels if "cannot compile" in (k.skipped or "") and "GATHER" not in k.ops]
+    assert not [k for k in result.kernels if "cannot compile" in (k.skipped or "")]
     assert api == "opencl" or all(k.kernel for k in result.kernels)
     proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
                     "--option", "claim=all"], env)
@@ -149,6 +149,54 @@ def test_an_int16_softmax_matches_litert_on_the_gpu(api, tmp_path):
     x = b.input("x", (4, 300), "int16", quant=quantization(3e-4, 0))
     b.output(b.op("SOFTMAX", [x], (4, 300), quant=quantization(1 / 32768, 0), beta=1.0))
     assert _one_op_model_matches_litert(api, tmp_path, b)[0]["max_abs"] == 0
+
+
+def _gather_model(op: str):
+    """A GATHER (rows of a [5, 4] table) or GATHER_ND (elements of a [4, 6] one) whose indices are
+    a model input, then a MUL in the same block."""
+    from tflite_tools.model.builder import ModelBuilder
+
+    b = ModelBuilder()
+    if op == "GATHER":
+        table, ids = b.input("table", [5, 4]), b.input("ids", [3], "int32")
+        picked = b.op("GATHER", [table, ids], [3, 4], axis=0)
+    else:
+        table, ids = b.input("table", [4, 6]), b.input("ids", [3, 2], "int32")
+        picked = b.op("GATHER_ND", [table, ids], [3])
+    b.output(b.op("MUL", [picked, picked], list(picked.shape)))
+    return b.build()
+
+
+@pytest.mark.parametrize("api", ["opencl", "vulkan"])
+@pytest.mark.parametrize("op, good, bad, message", [
+    ("GATHER", [4, 0, 2], [0, 5, 1], "gather index out of bounds: got 5 for a dimension of 5"),
+    ("GATHER_ND", [[3, 5], [0, 0], [1, 2]], [[0, 1], [0, 6], [1, 1]],
+     "gather_nd index out of bounds: got 6 for a dimension of 6"),
+])
+def test_gather_indices_are_checked_on_the_host(api, op, good, bad, message, tmp_path):
+    # Device code cannot fail an invoke: the partition checks indices read from data on the host
+    # before the kernel runs (lower.movement.index_operand, ArgSpec::n_index_bounds). In range:
+    # LiteRT's rows, with the block on the GPU; out of range: the invoke fails as LiteRT's does.
+    from tflite_tools import serialize
+
+    model = _gather_model(op)
+    (tmp_path / "g.tflite").write_bytes(serialize(model))
+    result = fuse(tmp_path / "g.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path / "k")
+    assert [k.kernel is not None for k in result.kernels] == [True], [k.skipped for k in result.kernels]
+    table_shape = model.main.inputs[0].shape
+    np.save(tmp_path / "table.npy", np.arange(np.prod(table_shape), dtype=np.float32).reshape(table_shape))
+    env = gpu_env(api)
+    for indices, expected in ((good, None), (bad, message)):
+        np.save(tmp_path / "ids.npy", np.array(indices, np.int32))
+        proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--inputs",
+                        str(tmp_path / "table.npy"), str(tmp_path / "ids.npy"), "--compare", "--json",
+                        "--option", "claim=all"], env)
+        if expected is None:
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            report = json.loads(proc.stdout)
+            assert report["claims"]["claimed_nodes"] == [0, 1] and report["outputs"][0]["max_abs"] == 0, report
+        else:
+            assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])

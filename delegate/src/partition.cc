@@ -44,6 +44,28 @@ std::vector<halide_dimension_t> HalideDims(int rank, const int32_t* dims) {
   return out;
 }
 
+// The first index in `raw` outside its bounds (innermost position k: [0, bounds[k % n_bounds])), as
+// "got <index> for a dimension of <bound>"; empty when all are inside. Indices a GPU block wrote
+// earlier in the partition are copied back first (the only copy inside a partition, and only where
+// indices are computed on the device).
+std::string IndexOutOfBounds(halide_buffer_t& raw, const int32_t* bounds, int n_bounds) {
+  if (halide_copy_to_host(nullptr, &raw) != 0) return "cannot read the indices on the host";
+  const size_t count = raw.size_in_bytes() / raw.type.bytes();
+  for (size_t k = 0; k < count; ++k) {
+    int64_t index = 0;
+    switch (raw.type.bits) {
+      case 16: index = reinterpret_cast<const int16_t*>(raw.host)[k]; break;
+      case 32: index = reinterpret_cast<const int32_t*>(raw.host)[k]; break;
+      default: index = reinterpret_cast<const int64_t*>(raw.host)[k]; break;
+    }
+    const int32_t bound = bounds[k % n_bounds];
+    if (index < 0 || index >= bound) {
+      return "got " + std::to_string(index) + " for a dimension of " + std::to_string(bound);
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 Partition::Partition(DelegateState& state, const TfLiteDelegateParams& params) : state_(state) {
@@ -236,6 +258,9 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       Buffer* b = BufferFor(context, arg.tensor, static_cast<int>(arg.pack), arg.rank, arg.dims, role, &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
+      if (arg.n_index_bounds > 0) {
+        step.index_checks.push_back({b, bundle.index_bounds + arg.first_index_bound, arg.n_index_bounds, arg.index_op});
+      }
     }
     for (int k = 0; k < block.n_outputs; ++k) {
       const int t = bundle.outputs[block.first_output + k];
@@ -325,6 +350,13 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
     // At log_level:verbose the debug runtime's trace of launches, allocations and copies follows,
     // and bench/gpu_counts.py attributes it to the block named here.
     Log(LogLevel::kVerbose, "block %s", block.name);
+    for (const IndexCheck& check : step.index_checks) {
+      const std::string out_of_bounds = IndexOutOfBounds(check.buffer->raw, check.bounds, check.n_bounds);
+      if (!out_of_bounds.empty()) {
+        return Fail(context, std::string("block ") + block.name + ": " + check.op + " index out of bounds: " +
+                                 out_of_bounds);
+      }
+    }
     ClearHalideError();
     const bool timed = !state_.options.profile.empty();
     const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();

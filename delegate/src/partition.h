@@ -5,7 +5,9 @@
 // write it: on a GPU target a block's output stays on the device for the next block, and copies
 // happen only at the partition's edges — inputs are marked host-dirty at each Invoke (Halide
 // uploads them when a kernel first reads them), weights are marked once, outputs are copied back
-// after the block that writes them. On a CPU target the same flags cost nothing.
+// after the block that writes them. On a CPU target the same flags cost nothing. A GPU kernel
+// cannot fail an invoke, so indices it reads from data (GATHER's) are checked here on the host
+// before it runs, as the CPU kernels check them themselves.
 //
 // Weights stored compactly (fp16, int8, sparse) reach the partition decoded by TFLite's own
 // DEQUANTIZE / DENSIFY nodes, which run before it and keep their result: the partition takes
@@ -62,12 +64,21 @@ class Partition {
     std::vector<halide_dimension_t> dims;
     halide_buffer_t raw{};
   };
+  // Indices a GPU kernel reads unchecked (device code cannot fail an invoke): each innermost
+  // position k must lie in [0, bounds[k % n_bounds]), checked on the host before the block runs.
+  struct IndexCheck {
+    Buffer* buffer = nullptr;
+    const int32_t* bounds = nullptr;
+    int n_bounds = 0;
+    const char* op = "";
+  };
   struct Step {
     int block = -1;                // index into the bundle
     int64_t calls = 0;             // invokes timed (option `profile`)
     double seconds = 0.0;
     std::vector<void*> argv;       // halide_buffer_t*: the kernel's arguments, then its outputs
     std::vector<Buffer*> to_host;  // outputs the partition hands back to TFLite
+    std::vector<IndexCheck> index_checks;
   };
 
   TfLiteStatus Fail(TfLiteContext* context, const std::string& message);

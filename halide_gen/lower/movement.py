@@ -3,12 +3,16 @@
 RESHAPE is div/mod on the row-major offset, TRANSPOSE a permutation of indices, SLICE an offset,
 CONCATENATION a select over ranges (DNNFusion §4.4's "loop joint"), PAD a bounds test, GATHER an
 indirect index (checked: an index out of range fails the invoke, as it does in TFLite, and never
-reads out of bounds).
+reads out of bounds — in the kernel on a CPU, on the host before the kernel runs on a GPU:
+`host_checked_indices`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
+from typing import Iterator
 
 import halide as hl
 import numpy as np
@@ -228,25 +232,62 @@ def lower_broadcast_to(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, lambda *i: read_broadcast(x, out, i))]
 
 
+_HOST_CHECKED = contextvars.ContextVar("host_checked_indices", default=False)
+
+
+@contextlib.contextmanager
+def host_checked_indices(on: bool) -> Iterator[None]:
+    """Lowers the ops inside the `with` block for device code (`on`: the GPU targets), which cannot
+    fail an invoke: indices read from data are then checked by the delegate on the host before the
+    kernel runs (OpContext.index_checks, the bundle's ArgSpec::n_index_bounds), and the kernel only
+    clamps them."""
+    token = _HOST_CHECKED.set(on)
+    try:
+        yield
+    finally:
+        _HOST_CHECKED.reset(token)
+
+
 def checked_index(index: hl.Expr, size: int, op: str) -> hl.Expr:
     """An index read from data, as TFLite treats it: one outside [0, size) fails the invoke
     ("<op> index out of bounds", as LiteRT's kernels say) instead of reading a made-up row. The
-    clamp after the check tells bounds inference the range; it never changes a valid index.
-    GPU device code cannot fail an invoke: Halide refuses such a block for OpenCL and Vulkan
-    ("halide_error_requirement_failed"), which leaves it to TFLite."""
+    clamp after the check tells bounds inference the range; it never changes a valid index. For
+    device code (`host_checked_indices`) only the clamp: the caller has had the host check it
+    (`index_operand`)."""
     index = hl.cast(hl.Int(32), index)
+    if _HOST_CHECKED.get():
+        return hl.clamp(index, 0, size - 1)
     valid = hl.require((index >= 0) & (index < size), index, hl.Expr(f"{op} index out of bounds: got"), index,
                        hl.Expr(f"for a dimension of {size}"))
     return hl.clamp(valid, 0, size - 1)
 
 
+def index_operand(ctx: OpContext, i: int, bounds: tuple[int, ...], op: str) -> Value:
+    """Input `i` of indices, each innermost position k bounded by bounds[k % len(bounds)]. For device
+    code the check moves to the host: a constant is checked here (LoweringError if TFLite would fail
+    on it), a block input by the delegate before each invoke (ctx.index_checks); indices computed in
+    the block are on the device, where nothing can check them, so the block stays with TFLite."""
+    if _HOST_CHECKED.get():
+        t = ctx.op.inputs[i]
+        if t.is_constant:
+            values = ctx.const(i).reshape(-1, len(bounds)).astype(np.int64)
+            if np.any((values < 0) | (values >= np.asarray(bounds))):
+                raise LoweringError(f"{op} index out of bounds in a constant")
+        elif ctx.is_computed_in_block(t):
+            raise LoweringError(f"{op} indices computed in the block: device code cannot check them")
+        else:
+            ctx.index_checks.append((t, bounds, op))
+    return ctx.value(i)
+
+
 @register("GATHER")
 def lower_gather(ctx: OpContext) -> list[Value]:
     """out[outer, idx..., inner] = params[outer, indices[idx...], inner] (batch_dims 0)."""
-    params, indices = ctx.value(0), ctx.value(1)
+    params = ctx.value(0)
     if int(ctx.option("batchDims", 0)) != 0:
         raise LoweringError("GATHER with batch_dims")
     axis = int(ctx.option("axis", 0)) % params.rank
+    indices = index_operand(ctx, 1, (params.shape[axis],), "gather")
     k = indices.rank
 
     def body(*i):
@@ -259,8 +300,9 @@ def lower_gather(ctx: OpContext) -> list[Value]:
 @register("GATHER_ND")
 def lower_gather_nd(ctx: OpContext) -> list[Value]:
     """out[b..., inner...] = params[indices[b..., :], inner...]."""
-    params, indices = ctx.value(0), ctx.value(1)
-    depth = indices.shape[-1]
+    params = ctx.value(0)
+    depth = int(ctx.op.inputs[1].shape[-1])
+    indices = index_operand(ctx, 1, tuple(params.shape[:depth]), "gather_nd")
     lead = indices.rank - 1
 
     def body(*i):

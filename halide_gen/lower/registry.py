@@ -14,7 +14,7 @@ from typing import Callable, NamedTuple, Sequence
 import halide as hl
 import numpy as np
 
-from tflite_tools.model.ir import Operator
+from tflite_tools.model.ir import Operator, Tensor
 
 from ..values import Value, dim_vars, halide_type
 
@@ -59,6 +59,11 @@ class OpContext:
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
     # Two-stage innermost-axis reductions (reduce.row_reduce).
     row_reductions: list[RowReduction] = field(default_factory=list)
+    # id() of the tensors the block's own ops write (the others are kernel arguments).
+    computed_in_block: frozenset[int] = frozenset()
+    # Block inputs of indices the host checks before a device kernel runs (movement.index_operand):
+    # the tensor, the bound of each innermost position (cyclically), the op's name for the message.
+    index_checks: list[tuple[Tensor, tuple[int, ...], str]] = field(default_factory=list)
 
     def value(self, i: int) -> Value:
         """Input `i` as a Value (a runtime tensor: data, weights, bias)."""
@@ -74,6 +79,10 @@ class OpContext:
         if t is None or not t.is_constant:
             return None
         return self.value_of(t, packer)
+
+    def is_computed_in_block(self, t: Tensor) -> bool:
+        """True when one of the block's ops writes `t` (it is no kernel argument)."""
+        return id(t) in self.computed_in_block
 
     def has_input(self, i: int) -> bool:
         """True when input `i` is present (not an omitted optional input)."""

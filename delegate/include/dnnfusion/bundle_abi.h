@@ -82,6 +82,9 @@ struct ArgSpec {
   Pack pack;
   int32_t rank;
   int32_t dims[kMaxRank];  // after packing, TFLite order
+  int32_t first_index_bound;  // slice of Bundle::index_bounds: indices a GPU kernel reads unchecked, each innermost position k < bound[k % n]; the partition checks them first
+  int32_t n_index_bounds;  // 0: no check
+  const char* index_op;  // the op reading them, for the message ("gather")
 };
 
 // A buffer a GPU kernel computes into for its own later stages (an extra output after the block's): the partition allocates it once.
@@ -133,6 +136,7 @@ struct Bundle {
   const char* vulkan_alloc_config;  // HL_VK_ALLOC_CONFIG unless the environment sets one
   const ScratchSpec* scratch;  // GPU kernels' scratch buffers (BlockSpec::first_scratch)
   int32_t needs_dot_product;  // 1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)
+  const int32_t* index_bounds;  // ArgSpec::first_index_bound
 };
 
 }  // namespace dnnfusion
