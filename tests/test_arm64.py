@@ -15,10 +15,10 @@ from tflite_tools.fuse import fuse
 # One model per kind of block: convolutions with pools and transposed convs, an inverted residual
 # chain with depthwise convs, a transformer layer (matmuls, softmax, layer norm, GELU), and the int8
 # MobileNetV2, U-Net (integer requantization on NEON, int8 transposed convs) and transformer layer
-# (int8 matmuls of two activations, layer norm's SQUARED_DIFFERENCE and RSQRT, a float output), and a
-# 16x8 CNN (int16 activations: 64-bit sums).
+# (int8 matmuls of two activations, layer norm's SQUARED_DIFFERENCE and RSQRT, a float output), a
+# 16x8 CNN (int16 activations: 64-bit sums) and a 16x8 attention layer (int16 BATCH_MATMUL, SoftmaxInt16).
 MODELS_ARM64 = ["unet_tiny", "depthwise_residual", "transformer_encoder", "fc_softmax", "mobilenet_v2_035_96_int8",
-                "unet_tiny_int8", "transformer_encoder_int8", "cnn_16x8"]
+                "unet_tiny_int8", "transformer_encoder_int8", "cnn_16x8", "attention_16x8"]
 
 
 @pytest.mark.parametrize("stem", MODELS_ARM64)

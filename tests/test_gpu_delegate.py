@@ -85,7 +85,8 @@ def test_cnn_logits_match_litert_on_the_gpu(api, tmp_path):
 
 
 @pytest.mark.parametrize("api, stem", [("opencl", "unet_tiny_int8"), ("opencl", "transformer_encoder_int8"),
-                                       ("opencl", "cnn_16x8"), ("vulkan", "unet_tiny_int8"),
+                                       ("opencl", "cnn_16x8"), ("opencl", "attention_16x8"),
+                                       ("opencl", "image_ops_16x8"), ("vulkan", "unet_tiny_int8"),
                                        ("vulkan", "mobilenet_v2_035_96_int8")])
 def test_quantized_models_match_litert_on_the_gpu(api, stem, tmp_path):
     # Int8 and 16x8 blocks on the GPU: the same integer arithmetic as on the CPU (the reference

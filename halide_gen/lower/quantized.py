@@ -262,18 +262,27 @@ def _rounded_twice_per_channel(ctx: OpContext, mults: Sequence[int], shifts: Seq
 
 
 def _scale_zp(t: Tensor) -> tuple[float, int]:
-    """A per-tensor quantized tensor's scale and zero point."""
+    """A per-tensor quantized tensor's scale and zero point. A scale that is not a positive finite
+    number (a converter's output for a tensor that is always zero) is refused: TFLite's kernels
+    refuse it too (no_integer_overflow_from_quantization), and every rescale would divide by it."""
     q = t.quantization
     if q is None or q.scale is None or len(q.scale) != 1:
         raise LoweringError(f"{t.name!r}: expected one scale (per-tensor quantization)")
-    return float(q.scale[0]), int(q.zero_point[0]) if q.zero_point is not None else 0
+    scale = float(q.scale[0])
+    if not (math.isfinite(scale) and scale > 0):
+        raise LoweringError(f"{t.name!r}: quantization scale {scale}")
+    return scale, int(q.zero_point[0]) if q.zero_point is not None else 0
 
 
 def activation_range(act: str | None, scale: float, zp: int, qmin: int = INT8_MIN, qmax: int = INT8_MAX
                      ) -> tuple[int, int]:
     """TFLite's CalculateActivationRangeQuantized for an output of range [qmin, qmax] (int8's unless given)."""
     def q(v: float) -> int:
-        return zp + _round_half_away(float(np.float32(v) / np.float32(scale)))
+        with np.errstate(over="ignore"):
+            steps = float(np.float32(v) / np.float32(scale))
+        if not abs(steps) <= 2**31 - 1:  # TFLite's prepare refuses it (no_integer_overflow_from_quantization)
+            raise LoweringError(f"activation bound {v} is {steps} steps of scale {scale}")
+        return zp + _round_half_away(steps)
 
     if act is None:
         return qmin, qmax
@@ -667,8 +676,15 @@ def quantized_max_pool(ctx: OpContext, lo: int, hi: int) -> list[Value]:
 def lower_average_pool_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 AveragePool: the int32 sum of the in-bounds values divided by their count,
     halves rounded away from zero (C++'s truncating division of sum +- count / 2), clamped. Exact."""
+    return quantized_average_pool(ctx, *activation_range(ctx.op.fused_activation, *_same_scale(ctx)))
+
+
+def quantized_average_pool(ctx: OpContext, lo: int, hi: int) -> list[Value]:
+    """AveragePool on an integer tensor (int8 or int16), as TFLite's reference integer kernels: the
+    int32 sum of the in-bounds values divided by their count, halves rounded away from zero,
+    clamped to [lo, hi]."""
     window = pool_window(ctx)
-    lo, hi = activation_range(ctx.op.fused_activation, *_same_scale(ctx))
+    element = ctx.out_type()
 
     def body(n, y, xx, c):
         inside, v = window.taps(n, y, xx, c)
@@ -677,7 +693,7 @@ def lower_average_pool_int8(ctx: OpContext) -> list[Value]:
         half = count / 2
         # Halide divides rounding down; C++ truncates: a negative numerator divides as its negation.
         mean = hl.select(total > 0, (total + half) / count, -((half - total) / count))
-        return hl.cast(hl.Int(8), hl.clamp(mean, hl.i32(lo), hl.i32(hi)))
+        return hl.cast(element, hl.clamp(mean, hl.i32(lo), hl.i32(hi)))
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
@@ -812,11 +828,19 @@ def lower_softmax_int8(ctx: OpContext) -> list[Value]:
 
 @register("RESIZE_BILINEAR", quantized=True)
 def lower_resize_bilinear_int8(ctx: OpContext) -> list[Value]:
-    """TFLite's int8 ResizeBilinear, in its integers: source positions in 1/1024 steps (the scale
-    rounded to them), the four taps weighted in int32 (a half-pixel tap before the first pixel gets
-    a negative weight, as there), the sum divided by 2^20 with halves away from zero, then
-    truncated to int8 (wrapping, as static_cast). LiteRT's builtin kernel is this reference one:
+    """TFLite's int8 ResizeBilinear (`quantized_resize_bilinear`)."""
+    return quantized_resize_bilinear(ctx)
+
+
+def quantized_resize_bilinear(ctx: OpContext) -> list[Value]:
+    """TFLite's ResizeBilinearInteger (int8 or int16), in its integers: source positions in 1/1024
+    steps (the scale rounded to them), the four taps weighted (a half-pixel tap before the first
+    pixel gets a negative weight, as there) and summed — in int32 for int8, whose sums stay under
+    2^28, in int64 for int16 as there — divided by 2^20 with halves away from zero, then truncated
+    to the output type (wrapping, as static_cast). LiteRT's builtin kernel is this reference one:
     exact."""
+    element = ctx.out_type()
+    wide = hl.Int(32) if element.bits() == 8 else hl.Int(64)
     x, out, align, half = resize_inputs(ctx)
     _, h, w, _ = x.shape
     one = 1 << 10
@@ -841,12 +865,12 @@ def lower_resize_bilinear_int8(ctx: OpContext) -> list[Value]:
         fx, x0, x1 = source(xx, scales[1], w)
 
         def tap(yy, xq):
-            return hl.cast(hl.Int(32), x(n, yy, xq, c))
+            return hl.cast(wide, x(n, yy, xq, c))
 
-        total = (tap(y0, x0) * (one - fy) * (one - fx) + tap(y1, x0) * fy * (one - fx)
-                 + tap(y0, x1) * (one - fy) * fx + tap(y1, x1) * fy * fx)
-        half_step = 1 << 19
+        wy0, wy1, wx0, wx1 = (hl.cast(wide, v) for v in (one - fy, fy, one - fx, fx))
+        total = tap(y0, x0) * wy0 * wx0 + tap(y1, x0) * wy1 * wx0 + tap(y0, x1) * wy0 * wx1 + tap(y1, x1) * wy1 * wx1
+        half_step = hl.cast(wide, 1 << 19)
         rounded = hl.select(total > 0, (total + half_step) >> 20, -((half_step - total) >> 20))
-        return hl.cast(hl.Int(8), rounded)
+        return hl.cast(element, rounded)
 
     return [define(ctx.func_name(), out, body)]

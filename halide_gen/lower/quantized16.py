@@ -6,14 +6,18 @@ which TFLite requires), weights int8 per channel, biases int64. A convolution or
 int16 x int8 products in 64 bits from the int64 bias and rescales with TFLite's 64-bit
 MultiplyByQuantizedMultiplier: the Q31 multiplier reduced to 16 bits (rounded), one product, one
 rounding shift (`multiply_rounded_once`; FULLY_CONNECTED's reference keeps the whole multiplier).
-An int32 bias is refused (LiteRT's 16x8 kernels saturate every output with one). ADD and SUB take the
-general-scale path (left shift 15, pot_scale_int16 false, as the converter writes them). MAX_POOL_2D
-and data movement keep the bytes. LOGISTIC and TANH read a 65536-entry table LiteRT fills
-(litert_tables). SOFTMAX is TFLite's SoftmaxInt16 in its integers: two 513-entry interpolated tables
-(exp on [-10, 0], 1 / (1 + x) on [0, 1]) filled as its Prepare fills them, a Q31 rescale of each
-difference from the row's largest value, a sum of Q0.15 exponentials normalised by its leading
-zeros. All exact: bit for bit LiteRT's reference kernels (tests/test_lowering_int8.py). MEAN sums as
-the int8 one does. Other int16 ops stay with TFLite.
+An int32 bias is refused (LiteRT's 16x8 kernels saturate every output with one). TRANSPOSE_CONV sums
+as a convolution does; BATCH_MATMUL of two int16 activations sums in 64 bits with the reduced
+multiplier too. ADD and SUB take the general-scale path (left shift 15, pot_scale_int16 false, as the
+converter writes them); MUL rescales the int32 product once. MAX_POOL_2D and data movement keep the
+bytes; AVERAGE_POOL_2D, MEAN and RESIZE_BILINEAR compute as the int8 ones do (RESIZE_BILINEAR's
+weighted sums in int64, as ResizeBilinearInteger takes them); QUANTIZE between int16 and int8 or
+int16 scales is TFLite's Requantize. Functions of one input (LOGISTIC, TANH, GELU, ...) read a
+65536-entry table LiteRT fills (litert_tables). SOFTMAX is TFLite's SoftmaxInt16 in its integers:
+two 513-entry interpolated tables (exp on [-10, 0], 1 / (1 + x) on [0, 1]) filled as its Prepare
+fills them, a Q31 rescale of each difference from the row's largest value, a sum of Q0.15
+exponentials normalised by its leading zeros. All exact: bit for bit LiteRT's reference kernels
+(tests/test_lowering_int8.py). Other int16 ops stay with TFLite.
 """
 
 from __future__ import annotations
@@ -24,10 +28,11 @@ import halide as hl
 import numpy as np
 
 from ..values import Value, define, read_broadcast
-from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
+from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, transpose_conv,
+                 transpose_conv_geometry)
 from .quantized import (_round_half_away, _scale_zp, activation_range, int8_weight_scales,
-                        multiply_by_quantized_multiplier, quantize_multiplier, quantized_max_pool, quantized_mean,
-                        requantization_multipliers, unary_by_litert_table)
+                        multiply_by_quantized_multiplier, quantize_multiplier, quantized_average_pool, quantized_max_pool,
+                        quantized_mean, quantized_resize_bilinear, requantization_multipliers, unary_by_litert_table)
 from .reduce import row_reduce
 from .registry import LoweringError, OpContext, register
 
@@ -106,6 +111,14 @@ def lower_depthwise_16x8(ctx: OpContext) -> list[Value]:
     return depthwise(ctx, _arithmetic_16x8(ctx, per_tensor_float_product=False, reduced=True))
 
 
+@register("TRANSPOSE_CONV", int16=True)
+def lower_transpose_conv_16x8(ctx: OpContext) -> list[Value]:
+    """TRANSPOSE_CONV on int16 activations (TFLite's 16x8 TransposeConv: int64 sums, the reduced
+    multiplier per output channel)."""
+    return transpose_conv(ctx, 2, 1, transpose_conv_geometry(ctx),
+                          _arithmetic_16x8(ctx, per_tensor_float_product=False, reduced=True, operands=(2, 1, 3)))
+
+
 @register("FULLY_CONNECTED", int16=True)
 def lower_fully_connected_16x8(ctx: OpContext) -> list[Value]:
     """FULLY_CONNECTED on int16 activations (TFLite's 16x8 FullyConnected, per tensor or channel)."""
@@ -140,16 +153,92 @@ def lower_add_16x8(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, body)]
 
 
+def _pool_range(ctx: OpContext) -> tuple[int, int]:
+    """A pool's clamp: the fused activation's int16 range at the scale its input and output share
+    (TFLite requires them equal)."""
+    scale = _symmetric(ctx, 0)
+    if _symmetric(ctx, -1) != scale:
+        raise LoweringError(f"{ctx.op.name}: int16 input and output quantized differently")
+    return activation_range(ctx.op.fused_activation, scale, 0, INT16_MIN, INT16_MAX)
+
+
 @register("MAX_POOL_2D", int16=True)
 def lower_max_pool_16x8(ctx: OpContext) -> list[Value]:
     """TFLite's int16 MaxPool: the largest in-bounds value, clamped to the activation's range. Exact."""
-    scale = _symmetric(ctx, 0)
-    if _symmetric(ctx, -1) != scale:
-        raise LoweringError("MAX_POOL_2D: int16 input and output quantized differently")
-    return quantized_max_pool(ctx, *activation_range(ctx.op.fused_activation, scale, 0, INT16_MIN, INT16_MAX))
+    return quantized_max_pool(ctx, *_pool_range(ctx))
 
 
-@register("LOGISTIC", "TANH", int16=True)
+@register("AVERAGE_POOL_2D", int16=True)
+def lower_average_pool_16x8(ctx: OpContext) -> list[Value]:
+    """TFLite's int16 AveragePool (reference_integer_ops): the int32 sum of the in-bounds values
+    divided by their count, halves away from zero, clamped to the activation's range. Exact."""
+    return quantized_average_pool(ctx, *_pool_range(ctx))
+
+
+@register("RESIZE_BILINEAR", int16=True)
+def lower_resize_bilinear_16x8(ctx: OpContext) -> list[Value]:
+    """TFLite's int16 ResizeBilinear: ResizeBilinearInteger's int64 sums (`quantized_resize_bilinear`).
+    Exact."""
+    return quantized_resize_bilinear(ctx)
+
+
+@register("MUL", int16=True)
+def lower_mul_16x8(ctx: OpContext) -> list[Value]:
+    """TFLite's int16 MUL (reference_integer_ops::Mul on int16): x1 * x2 in int32 (at most 2^30),
+    rescaled by s1 * s2 / s_out (in double, as mul.cc forms it), clamped to the activation's range,
+    with broadcasting. Exact."""
+    s1, s2, s_out = _symmetric(ctx, 0), _symmetric(ctx, 1), _symmetric(ctx, -1)
+    m, shift = quantize_multiplier(s1 * s2 / s_out)
+    lo, hi = activation_range(ctx.op.fused_activation, s_out, 0, INT16_MIN, INT16_MAX)
+    a, b = ctx.value(0), ctx.value(1)
+    out = ctx.out_shape()
+
+    def body(*i):
+        product = hl.cast(hl.Int(32), read_broadcast(a, out, i)) * hl.cast(hl.Int(32), read_broadcast(b, out, i))
+        return to_int16(multiply_by_quantized_multiplier(product, m, shift), lo, hi)
+
+    return [define(ctx.func_name(), out, body)]
+
+
+@register("BATCH_MATMUL", int16=True)
+def lower_batch_matmul_16x16(ctx: OpContext) -> list[Value]:
+    """TFLite's int16 BATCH_MATMUL (reference_ops::BatchMatMul<int16, int64>): int16 x int16 products
+    summed in 64 bits, rescaled by s_a * s_b / s_out (the scales' product in float32) with the 16-bit
+    reduced multiplier and one rounding shift (MultiplyByQuantizedMultiplier for int64), clamped.
+    Exact."""
+    if any(t.type_name != "INT16" for t in (*ctx.op.inputs, *ctx.op.outputs)):
+        raise LoweringError("BATCH_MATMUL mixing int16 with other types")
+    s_a, s_b, s_out = _symmetric(ctx, 0), _symmetric(ctx, 1), _symmetric(ctx, -1)
+    (m,), (shift,) = requantization_multipliers(s_a, [s_b], s_out, per_tensor_float_product=True)
+    reduced, total = hl.i32(reduced_multiplier(m)), hl.i32(15 - shift)
+
+    def term(x: hl.Expr, y: hl.Expr) -> hl.Expr:
+        return hl.cast(hl.Int(64), hl.widening_mul(x, y))
+
+    return batch_matmul(ctx, ctx.value(0), ctx.value(1), term, hl.i64(0),
+                        lambda acc: to_int16(multiply_rounded_once(acc, reduced, total)))
+
+
+@register("QUANTIZE", int16=True)
+def lower_requantize_16x8(ctx: OpContext) -> list[Value]:
+    """QUANTIZE between int16 and int8 or int16 scales, as TFLite's Requantize: (x - zp_in) rescaled
+    by in_scale / out_scale (one Q31 multiplier), plus zp_out, clamped to the output type. Exact."""
+    (s_in, zp_in), (s_out, zp_out) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    m, shift = quantize_multiplier(s_in / s_out)
+    element = ctx.out_type()
+    lo, hi = -(1 << (element.bits() - 1)), (1 << (element.bits() - 1)) - 1
+    x = ctx.value(0)
+
+    def body(*i):
+        scaled = multiply_by_quantized_multiplier(hl.cast(hl.Int(32), x(*i)) - zp_in, m, shift) + zp_out
+        return hl.cast(element, hl.clamp(scaled, lo, hi))
+
+    return [define(ctx.func_name(), ctx.out_shape(), body)]
+
+
+# The int16 functions of one input LiteRT 2.3 has kernels for (not HARD_SWISH, ELU, RELU_N1_TO_1).
+@register("LOGISTIC", "TANH", "GELU", "EXP", "LOG", "ABS", "NEG", "RELU", "RELU6", "LEAKY_RELU", "SQRT", "RSQRT",
+          int16=True)
 def lower_unary_16x8_by_litert_table(ctx: OpContext) -> list[Value]:
     """An int16 function of one int16 input, through the 65536-entry table LiteRT's own kernel
     fills for this op and quantization (litert_tables): exact to LiteRT by construction."""

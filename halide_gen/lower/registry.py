@@ -174,9 +174,9 @@ QUANTIZED16_LOWERINGS: dict[str, Lowering] = {}
 # as input and output share one scale and zero point (TFLite requires it of these ops).
 # CONCATENATION too (TFLite's int8 kernel requires every input quantized as the output) and PAD (its
 # fill, a real zero, is the zero point: movement.py), and RESIZE_NEAREST_NEIGHBOR (each output is its
-# nearest input's byte; the index arithmetic is the float op's).
+# nearest input's byte; the index arithmetic is the float op's), TILE and BROADCAST_TO (copies).
 MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "GATHER", "CONCATENATION",
-            "PAD", "PADV2", "RESIZE_NEAREST_NEIGHBOR"}
+            "PAD", "PADV2", "RESIZE_NEAREST_NEIGHBOR", "TILE", "BROADCAST_TO"}
 
 
 def register(*names: str, quantized: bool = False, int16: bool = False) -> Callable[[Lowering], Lowering]:
@@ -210,12 +210,14 @@ def _same_quantization(tensors) -> bool:
 def lower(ctx: OpContext) -> list[Value]:
     """Lowers one op, or raises LoweringError naming what is unsupported."""
     # DEQUANTIZE and QUANTIZE from float cross the model's float / int8 edge (elementwise.py); a
-    # QUANTIZE between int8 scales requantizes (quantized.py).
-    edge = ctx.op.name == "DEQUANTIZE" or (ctx.op.name == "QUANTIZE" and ctx.op.inputs[0].type_name != "INT8")
+    # QUANTIZE between int8 scales requantizes (quantized.py), one to or from int16 too (quantized16.py).
+    edge = ctx.op.name == "DEQUANTIZE" or (ctx.op.name == "QUANTIZE" and ctx.op.inputs[0].type_name not in ("INT8", "INT16"))
     quantized = [] if edge else quantized_tensors(ctx)
     if quantized:
         types = {t.type_name for t in quantized}
-        if types == {"INT16"} or types == {"INT16", "INT8"} and ctx.op.inputs[0].type_name == "INT16":
+        # int16 activations with int8 weights, or a requantization between int8 and int16.
+        mixed_16x8 = ctx.op.name == "QUANTIZE" or any(t.type_name == "INT16" for t in quantized if not t.is_constant)
+        if types == {"INT16"} or types == {"INT16", "INT8"} and mixed_16x8:
             table, kind = QUANTIZED16_LOWERINGS, "int16"
         elif types == {"INT8"}:
             table, kind = QUANTIZED_LOWERINGS, "int8"

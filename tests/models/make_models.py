@@ -307,8 +307,8 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
           full_integer(encoder, lambda rng: [rng.integers(0, 1000, (1, 32)).astype(np.int32)], float_io=True))
 
     # 16x8 (int16 activations, int8 weights, int64 biases), as audio and super-resolution models are
-    # converted: CONV_2D, DEPTHWISE_CONV_2D, ADD (general scales), MAX_POOL_2D, FULLY_CONNECTED, and
-    # LOGISTIC, MEAN and SOFTMAX, which stay with TFLite.
+    # converted: CONV_2D, DEPTHWISE_CONV_2D, ADD (general scales), MAX_POOL_2D, FULLY_CONNECTED,
+    # LOGISTIC, MEAN and SOFTMAX.
     image16 = keras.Input((32, 32, 3), batch_size=1)
     c = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(image16)
     c = keras.layers.DepthwiseConv2D(3, padding="same")(c)
@@ -319,6 +319,29 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     cnn16 = keras.Model(image16, keras.layers.Softmax()(c))
     write("cnn_16x8", full_integer(cnn16, lambda rng: [rng.uniform(-1, 1, (1, 32, 32, 3)).astype(np.float32)],
                                    int16=True))
+
+    # 16x8 attention without LayerNorm (whose SQUARED_DIFFERENCE LiteRT cannot run on int16): BATCH_MATMUL
+    # of two int16 activations, MUL, SOFTMAX (SoftmaxInt16's tables), GELU, TANH and LOGISTIC by table.
+    seq16 = keras.Input((16, 32), batch_size=1)
+    h = seq16 + keras.layers.MultiHeadAttention(num_heads=2, key_dim=16)(seq16, seq16)
+    f = keras.layers.Dense(32, activation="tanh")(keras.layers.Dense(64, activation="gelu")(h))
+    f = keras.layers.Dense(32, activation="sigmoid")(keras.layers.Multiply()([f, h]))
+    attention16 = keras.Model(seq16, h + f)
+    write("attention_16x8", full_integer(attention16, lambda rng: [rng.standard_normal((1, 16, 32)).astype(np.float32)],
+                                         int16=True))
+
+    # 16x8 image ops: AVERAGE_POOL_2D, CONCATENATION, PAD, RELU6, MUL, LEAKY_RELU, RESIZE_BILINEAR,
+    # TRANSPOSE_CONV, and the QUANTIZE between scales the converter puts before a concatenation.
+    image16b = keras.Input((16, 16, 3), batch_size=1)
+    c = keras.layers.Conv2D(8, 3, padding="same", activation="relu")(image16b)
+    c = keras.layers.Concatenate()([keras.layers.AveragePooling2D(2)(c), keras.layers.MaxPooling2D(2)(c)])
+    c = keras.layers.DepthwiseConv2D(3, activation=tf.nn.relu6)(keras.layers.ZeroPadding2D(1)(c))
+    c = keras.layers.LeakyReLU(0.1)(keras.layers.Multiply()([c, c]))
+    u = keras.layers.UpSampling2D(interpolation="bilinear")(c)
+    t = keras.layers.Conv2DTranspose(4, 2, strides=2)(c)
+    images16 = keras.Model(image16b, keras.layers.Concatenate()([keras.layers.Conv2D(4, 1)(u), t]))
+    write("image_ops_16x8", full_integer(images16, lambda rng: [rng.uniform(-1, 1, (1, 16, 16, 3)).astype(np.float32)],
+                                         int16=True))
     return paths
 
 
