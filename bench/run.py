@@ -1,7 +1,7 @@
 """The whole benchmark set in one command: regenerates bench/RESULTS.md's benchmark section and the
 charts in bench/charts/.
 
-    python bench/run.py [--runs 30] [--tvm-python /path/to/tvm/venv/bin/python] [MODEL ...]
+    python bench/run.py [--runs 100] [--tvm-python /path/to/tvm/venv/bin/python] [MODEL ...]
 
 Per reference model (bench/zoo.py: ../shared/models when present):
 - `fuse` compile time from an empty kernel cache (cold) and again with it warm;
@@ -11,7 +11,9 @@ Per reference model (bench/zoo.py: ../shared/models when present):
   the ratio to XNNPACK, taking turns of 10 invokes (warm, as an app running one model) and again
   one invoke per turn (cold: each after another model's); then at two threads, each contender in a
   process of its own (tflite_tools.bench.time_contenders), reported apart (a 2-core machine makes
-  them noisy);
+  them noisy). 100 invokes per contender by default, so 10 turns: with 30 (3 turns) a median
+  followed whichever turn a neighbour's load fell in (bert_small read 0.89x-1.00x across runs of the
+  same code on a shared 2-core host);
 - peak resident memory per contender (a fresh process each) and the planned activation bytes;
 - fusion: TFLite ops, our kernels, TVM relax's fused kernels (bench/tvm_fusion.py);
 - TVM latency, untuned, one thread (bench/tvm_latency.py), when --tvm-python is given;
@@ -260,13 +262,13 @@ def main(argv: list[str] | None = None) -> int:
     """Runs the set and writes RESULTS.md and the charts."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="*", type=Path)
-    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--tvm-python", help="the Python of an environment with apache-tvm and tflite")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "run")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md")
     parser.add_argument("--from-rows", action="store_true", help="re-render the report from OUT/rows.json only")
     args = parser.parse_args(argv)
-    command = "python bench/run.py" + (f" --runs {args.runs}" if args.runs != 30 else "") + \
+    command = "python bench/run.py" + (f" --runs {args.runs}" if args.runs != 100 else "") + \
               (" --tvm-python <tvm venv>/bin/python" if args.tvm_python else "")
     if args.from_rows:
         rows = json.loads((args.out / "rows.json").read_text())
