@@ -80,7 +80,7 @@ def test_isolated_contender_that_cannot_run_the_model_is_a_model_error(tmp_path)
 def test_turns_time_batches_after_an_untimed_invoke_or_single_cold_invokes(cold):
     # Warm: each turn a contender runs one untimed invoke (its caches settle after the other
     # contender's) and then up to BATCH timed ones; cold: one timed invoke per turn. Either way the
-    # first contender of a turn rotates, and every contender gets its warm-ups and runs exactly.
+    # order changes each turn, and every contender gets its warm-ups and runs exactly.
     from tflite_tools.bench import BATCH, _take_turns
 
     calls: list[tuple[int, int]] = []
@@ -101,6 +101,21 @@ def test_turns_time_batches_after_an_untimed_invoke_or_single_cold_invokes(cold)
     assert timed == 2 * (25 + 3)
     if not cold:  # the untimed invoke's time (the first of each batch, ending in 00) is dropped
         assert all(int(us) % 100 != 0 for x in t for us in x.warmup_us + x.runs_us)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5])
+def test_each_contender_follows_every_other_equally_often(n):
+    # In a fixed rotation one contender always ran right after LiteRT's builtin kernels, which at two
+    # threads slowed whoever came next by a third: the orders balance who follows whom.
+    from collections import Counter
+
+    from tflite_tools.bench import balanced_orders
+
+    orders = balanced_orders(n)
+    assert all(sorted(order) == list(range(n)) for order in orders)
+    follows = Counter((a, b) for order in orders for a, b in zip(order, order[1:]))
+    assert set(follows) == {(a, b) for a in range(n) for b in range(n) if a != b}
+    assert len(set(follows.values())) <= 1
 
 
 def test_report_says_how_the_runs_were_taken():

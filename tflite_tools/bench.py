@@ -9,7 +9,11 @@ Contenders (those that apply):
 
 Repetitions are interleaved, so drift in the machine's speed hits every contender alike: the
 contenders take turns, each running a batch of BATCH invokes per turn after one untimed invoke that
-settles its caches, the first in each turn rotating. Timed so, a contender runs as benchmark_model
+settles its caches, in orders where each contender runs right after every other equally often
+(`balanced_orders`): in a fixed rotation the contender after LiteRT's builtin kernels always followed
+them, and at two threads that alone made it a third slower (gpt2_small: our delegate 1.11-1.30x
+XNNPACK there, 0.82-0.85x without the builtin contender; XNNPACK 1.65 ms instead of 1.06 when it
+followed them). Timed so, a contender runs as benchmark_model
 runs a model, one invoke after another: its weights and code stay in cache as far as they fit, as
 they do in an app that runs one model on every frame. `cold` times the other regime: one invoke per
 turn, so each follows another model's and finds the caches full of that model's data (MobileNetV3,
@@ -162,14 +166,31 @@ def time_contenders(cases: Sequence[Contender], threads: int = 1, runs: int = 50
     return [t for _, t in prepared]
 
 
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of n contenders in which each runs right after every other equally often (a Williams
+    design): n orders, each the first one shifted (0, 1, n-1, 2, n-2, ...), and their reverses
+    too where n is odd. For two contenders, the two rotations."""
+    first, low, high = [0], 1, n - 1
+    for k in range(1, n):
+        if k % 2:
+            first.append(low)
+            low += 1
+        else:
+            first.append(high)
+            high -= 1
+    orders = [[(c + shift) % n for c in first] for shift in range(n)]
+    return orders + [order[::-1] for order in orders] if n % 2 else orders
+
+
 def _take_turns(timings: Sequence[Timings], batch: Callable[[int, int], list[float]], runs: int, warmup: int,
                 cold: bool, progress: Callable[[int, int, str], None] | None) -> None:
     """Fills each contender's warm-up and run times, contender k timing `count` invokes per call of
-    batch(k, count): in turns of BATCH after one untimed invoke, or (`cold`) of one."""
+    batch(k, count): in turns of BATCH after one untimed invoke, or (`cold`) of one, each turn in the
+    next of `balanced_orders`."""
     total, done, turn = (warmup + runs) * len(timings), 0, 0
+    orders = balanced_orders(len(timings))
     while done < total:
-        first = turn % len(timings)
-        for k in [*range(first, len(timings)), *range(first)]:
+        for k in orders[turn % len(orders)]:
             t = timings[k]
             wanted = warmup - len(t.warmup_us) or min(1 if cold else BATCH, runs - len(t.runs_us))
             if wanted <= 0:
