@@ -540,16 +540,22 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
 
 
 @register("QUANTIZE", quantized=True)
-def lower_requantize_int8(ctx: OpContext) -> list[Value]:
-    """QUANTIZE from int8 to int8 (another scale or zero point), as TFLite's Requantize: (x - zp_in)
-    rescaled by in_scale / out_scale (one Q31 multiplier, possibly a left shift), plus zp_out,
-    clamped. Exact."""
+@register("QUANTIZE", int16=True)
+def lower_requantize(ctx: OpContext) -> list[Value]:
+    """QUANTIZE between integer quantizations (int8 or int16, in and out: another scale or zero
+    point), as TFLite's Requantize: (x - zp_in) rescaled by in_scale / out_scale (one Q31 multiplier,
+    possibly a left shift), plus zp_out, clamped to the output type. Exact."""
     (s_in, zp_in), (s_out, zp_out) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
     m, shift = quantize_multiplier(s_in / s_out)
+    element = ctx.out_type()
     x = ctx.value(0)
 
     def body(*i):
-        return requantize(hl.cast(hl.Int(32), x(*i)) - zp_in, m, shift, zp_out, INT8_MIN, INT8_MAX)
+        centred_input = hl.cast(hl.Int(32), x(*i)) - zp_in
+        if element.bits() == 8:
+            return requantize(centred_input, m, shift, zp_out, INT8_MIN, INT8_MAX)
+        lo, hi = -(1 << (element.bits() - 1)), (1 << (element.bits() - 1)) - 1
+        return hl.cast(element, hl.clamp(multiply_by_quantized_multiplier(centred_input, m, shift) + zp_out, lo, hi))
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
@@ -715,13 +721,20 @@ def lookup_table(ctx: OpContext, transform) -> list[Value]:
     return indexed_by_input(ctx, np.clip(np.array(rescaled) + out_zp, INT8_MIN, INT8_MAX))
 
 
+def constant_buffer(ctx: OpContext, suffix: str, element: hl.Type, values: Sequence[int]) -> hl.Buffer:
+    """`values` as a one-dimensional buffer of `element` compiled into the kernel (kept alive with
+    the op's constants), read at data-dependent indices (lookup tables)."""
+    table = hl.Buffer(element, [len(values)], ctx.func_name(suffix))
+    np.asarray(table)[:] = np.asarray(values)
+    ctx.constants.append(table)
+    return table
+
+
 def indexed_by_input(ctx: OpContext, table_values: Sequence[int]) -> list[Value]:
     """The op's output as table_values[x - lowest] for each input x of an integer type whose lowest
     value is `lowest` (int8: a 256-entry table; int16: 65536), compiled into the kernel."""
     out_type, in_type = ctx.out_type(), ctx.value(0).type
-    table = hl.Buffer(out_type, [len(table_values)], ctx.func_name("table"))
-    np.asarray(table)[:] = np.asarray(table_values)
-    ctx.constants.append(table)
+    table = constant_buffer(ctx, "table", out_type, table_values)
     x, lowest = ctx.value(0), -(1 << (in_type.bits() - 1))  # int8 or int16
     return [define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - lowest])]
 

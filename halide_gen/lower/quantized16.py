@@ -12,11 +12,11 @@ multiplier too. ADD and SUB take the general-scale path (left shift 15, pot_scal
 converter writes them); MUL rescales the int32 product once. MAX_POOL_2D and data movement keep the
 bytes; AVERAGE_POOL_2D, MEAN and RESIZE_BILINEAR compute as the int8 ones do (RESIZE_BILINEAR's
 weighted sums in int64, as ResizeBilinearInteger takes them); QUANTIZE between int16 and int8 or
-int16 scales is TFLite's Requantize. Functions of one input (LOGISTIC, TANH, GELU, ...) read a
-65536-entry table LiteRT fills (litert_tables). SOFTMAX is TFLite's SoftmaxInt16 in its integers:
-two 513-entry interpolated tables (exp on [-10, 0], 1 / (1 + x) on [0, 1]) filled as its Prepare
-fills them, a Q31 rescale of each difference from the row's largest value, a sum of Q0.15
-exponentials normalised by its leading zeros. All exact: bit for bit LiteRT's reference kernels
+int16 scales is TFLite's Requantize (quantized.lower_requantize, registered for both). Functions of
+one input (LOGISTIC, TANH, GELU, ...) read a 65536-entry table LiteRT fills (litert_tables). SOFTMAX
+is TFLite's SoftmaxInt16 in its integers: two 513-entry interpolated tables (exp on [-10, 0],
+1 / (1 + x) on [0, 1]) filled as its Prepare fills them, a Q31 rescale of each difference from the
+row's largest value, a sum of Q0.15 exponentials normalised by its leading zeros. All exact: bit for bit LiteRT's reference kernels
 (tests/test_lowering_int8.py). Other int16 ops stay with TFLite.
 """
 
@@ -30,7 +30,7 @@ import numpy as np
 from ..values import Value, define, read_broadcast
 from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, transpose_conv,
                  transpose_conv_geometry)
-from .quantized import (_round_half_away, _scale_zp, activation_range, int8_weight_scales,
+from .quantized import (_round_half_away, _scale_zp, activation_range, constant_buffer, int8_weight_scales,
                         multiply_by_quantized_multiplier, quantize_multiplier, quantized_average_pool, quantized_max_pool,
                         quantized_mean, quantized_resize_bilinear, requantization_multipliers, unary_by_litert_table)
 from .reduce import row_reduce
@@ -219,23 +219,6 @@ def lower_batch_matmul_16x16(ctx: OpContext) -> list[Value]:
                         lambda acc: to_int16(multiply_rounded_once(acc, reduced, total)))
 
 
-@register("QUANTIZE", int16=True)
-def lower_requantize_16x8(ctx: OpContext) -> list[Value]:
-    """QUANTIZE between int16 and int8 or int16 scales, as TFLite's Requantize: (x - zp_in) rescaled
-    by in_scale / out_scale (one Q31 multiplier), plus zp_out, clamped to the output type. Exact."""
-    (s_in, zp_in), (s_out, zp_out) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
-    m, shift = quantize_multiplier(s_in / s_out)
-    element = ctx.out_type()
-    lo, hi = -(1 << (element.bits() - 1)), (1 << (element.bits() - 1)) - 1
-    x = ctx.value(0)
-
-    def body(*i):
-        scaled = multiply_by_quantized_multiplier(hl.cast(hl.Int(32), x(*i)) - zp_in, m, shift) + zp_out
-        return hl.cast(element, hl.clamp(scaled, lo, hi))
-
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
-
-
 # The int16 functions of one input LiteRT 2.3 has kernels for (not HARD_SWISH, ELU, RELU_N1_TO_1).
 @register("LOGISTIC", "TANH", "GELU", "EXP", "LOG", "ABS", "NEG", "RELU", "RELU6", "LEAKY_RELU", "SQRT", "RSQRT",
           int16=True)
@@ -300,13 +283,6 @@ def leading_zeros(v: hl.Expr) -> hl.Expr:
     return count
 
 
-def _table(ctx: OpContext, name: str, values: np.ndarray) -> hl.Buffer:
-    table = hl.Buffer(hl.Int(16), [len(values)], ctx.func_name(name))
-    np.asarray(table)[:] = values
-    ctx.constants.append(table)
-    return table
-
-
 @register("SOFTMAX", int16=True)
 def lower_softmax_16x8(ctx: OpContext) -> list[Value]:
     """TFLite's SoftmaxInt16 over the last axis, in its integers. Each x - max is rescaled so that
@@ -326,8 +302,8 @@ def lower_softmax_16x8(ctx: OpContext) -> list[Value]:
     # softmax.cc multiplies the float scale and beta in float, then divides in double.
     beta = float(np.float32(in_scale) * np.float32(ctx.option("beta", 1.0)))
     m, shift = quantize_multiplier(beta / (10.0 / 65535.0))
-    exp_table = _table(ctx, "exp_table", EXP_TABLE)
-    reciprocal_table = _table(ctx, "reciprocal_table", ONE_OVER_ONE_PLUS_X_TABLE)
+    exp_table = constant_buffer(ctx, "exp_table", hl.Int(16), EXP_TABLE)
+    reciprocal_table = constant_buffer(ctx, "reciprocal_table", hl.Int(16), ONE_OVER_ONE_PLUS_X_TABLE)
     row_max = row_reduce(ctx, "max", rows, depth, lambda row, k: hl.cast(hl.Int(32), x.at(row + [k])), hl.maximum)
 
     def exp_q015(row, k):
