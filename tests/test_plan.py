@@ -84,8 +84,9 @@ def test_every_table3_cell(first, second):
 
 
 def test_paper_figure_3():
-    # GEMM -> Add (seed) -> Conv -> Relu -> Mul -> Sub: the seed absorbs its successors; going
-    # backwards it meets GEMM, and Many-to-Many after Many-to-Many is red.
+    # GEMM -> Add (seed) -> Conv -> Relu -> Mul -> Sub. In the paper's order the seed absorbs its
+    # successors; going backwards it meets GEMM, and Many-to-Many after Many-to-Many is red. With
+    # epilogues first (the default) the Add joins the GEMM, and the Conv seeds a block of its own.
     b = ModelBuilder()
     x, y, z = b.input("x", [1, 4, 4, 8]), b.input("y", [1, 4, 4, 8]), b.input("z", [1, 4, 4, 8])
     gemm = b.op("FULLY_CONNECTED", [x, b.const("w", np.ones([8, 8], np.float32)), None], [1, 4, 4, 8],
@@ -96,9 +97,13 @@ def test_paper_figure_3():
     relu = b.op("RELU", [conv], [1, 4, 4, 8])
     mul = b.op("MUL", [relu, z], [1, 4, 4, 8])
     b.output(b.op("SUB", [mul, y], [1, 4, 4, 8]))
-    plan = plan_fusion(build_ecg(b.build().main), FixedCost(True))
+    ecg = build_ecg(b.build().main)
+    plan = plan_fusion(ecg, FixedCost(True), PlanConfig(epilogue_first=False))
     assert [b.ops for b in plan.blocks] == [(0,), (1, 2, 3, 4, 5)]
     assert plan.blocks[1].mapping == MtM
+    plan = plan_fusion(ecg, FixedCost(True))
+    assert [b.ops for b in plan.blocks] == [(0, 1), (2, 3, 4, 5)]
+    assert [b.mapping for b in plan.blocks] == [MtM, MtM]
 
 
 def test_convexity_around_an_opaque_op():
@@ -308,3 +313,55 @@ def test_only_an_attention_core_passes_the_red_cell():
     assert not attention_allowed(ecg, {product, softmax, weighted}, second)
     assert not attention_allowed(ecg, {product, softmax, weighted}, dense)
     assert not attention_allowed(ecg, {weighted}, product)  # no softmax between: not attention
+
+
+def _block_ops(plan) -> list[list[str]]:
+    return [[plan.ecg.nodes[i].name for i in blk.ops] for blk in plan.blocks]
+
+
+def _between_two_products(middle: str):
+    """FC -> `middle` (an activation, or a residual ADD of the first FC's input) -> FC."""
+    rng = np.random.default_rng(4)
+    b = ModelBuilder()
+    x = b.input("x", [1, 8, 16])
+    h = b.op("FULLY_CONNECTED", [x, b.const("w1", rng.standard_normal((16, 16)).astype(np.float32)),
+                                 b.const("b1", rng.standard_normal(16).astype(np.float32))], [1, 8, 16], keep_num_dims=True)
+    a = b.op("GELU", [h], h.shape, approximate=False) if middle == "GELU" else b.op("ADD", [h, x], h.shape)
+    b.output(b.op("FULLY_CONNECTED", [a, b.const("w2", rng.standard_normal((8, 16)).astype(np.float32)), None],
+                  [1, 8, 8], keep_num_dims=True))
+    return b.build()
+
+
+@pytest.mark.parametrize("middle", ["GELU", "ADD"])
+def test_an_elementwise_op_between_two_products_is_the_first_ones_epilogue(middle):
+    # Both Table 3 cells are green; growing the elementwise seed into its producer first computes it
+    # on the producer's register tile, where the consumer's block would materialise it before its
+    # reduction (bert's FC -> GELU -> FC). The paper's order, successors first, stays a config.
+    ecg = build_ecg(_between_two_products(middle).main)
+    assert _block_ops(plan_fusion(ecg, FixedCost(True))) == [["FULLY_CONNECTED", middle], ["FULLY_CONNECTED"]]
+    paper = plan_fusion(ecg, FixedCost(True), PlanConfig(epilogue_first=False))
+    assert _block_ops(paper) == [["FULLY_CONNECTED"], [middle, "FULLY_CONNECTED"]]
+
+
+@pytest.mark.parametrize("middle", ["GELU", "ADD"])
+def test_a_product_with_an_elementwise_epilogue_matches_litert(middle):
+    from blockcheck import check_model_blocks
+
+    assert sum(check_model_blocks(_between_two_products(middle)).values()) == 2
+
+
+def test_data_movement_keeps_the_consumers_block():
+    # A CONCATENATION after a convolution is read in place by the convolution that consumes it
+    # (unet_small's decoder): it is no epilogue, so it grows along its successors first.
+    rng = np.random.default_rng(5)
+    b = ModelBuilder()
+    x = b.input("x", [1, 6, 6, 4])
+
+    def conv(t, cout, name):
+        return b.op("CONV_2D", [t, b.const(f"w{name}", rng.standard_normal((cout, 3, 3, t.shape[-1])).astype(np.float32)),
+                                b.const(f"b{name}", np.zeros(cout, np.float32))], [1, 6, 6, cout],
+                    padding="SAME", stride_h=1, stride_w=1)
+
+    joined = b.op("CONCATENATION", [conv(x, 4, "1"), x], [1, 6, 6, 8], axis=3)
+    b.output(conv(joined, 4, "2"))
+    assert _block_ops(plan_fusion(build_ecg(b.build().main), FixedCost(True))) == [["CONV_2D"], ["CONCATENATION", "CONV_2D"]]
