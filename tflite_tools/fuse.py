@@ -143,15 +143,15 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         decoders = _restore_stored_weights(model, records, blocks)
         fingerprint = subgraph_fingerprint(model.main)
         _set_metadata(model, METADATA_NAME, fingerprint.encode())
-        library, claims, whole_model = _package(job, model, fingerprint, blocks, staging.path)
+        library, claims = _package(job, model, fingerprint, blocks, staging.path)
         out = staging.out
         result = FuseResult(
             out=out, model=out / "model.fused.tflite",
             library=out / library.relative_to(staging.path) if library else None,
             plan_json=out / "plan.json", report_md=out / "report.md", kernels=records,
             seconds=time.perf_counter() - start, android_project=out / ANDROID_PROJECT if job.android else None,
-            default_claim=claims[1], default_claim_threaded=claims[MEASURED_THREADS], whole_model_ms=whole_model[1],
-            whole_model_ms_threaded=whole_model[MEASURED_THREADS], decoders=decoders,
+            default_claim=claims.one_thread, default_claim_threaded=claims.threaded,
+            whole_model_ms=claims.one_thread_ms, whole_model_ms_threaded=claims.threaded_ms, decoders=decoders,
             sizes=_sizes(job.model_path, staging.path / "model.fused.tflite", library))
         _write_plan(job, result, summary, fingerprint, staging.path)
         staging.commit()
@@ -257,10 +257,22 @@ def _restore_stored_weights(model: Model, records: list[KernelRecord], blocks: l
     return decoders
 
 
-def _package(job: _Job, model: Model, fingerprint: str, blocks: list[BundleBlock], folder: Path) -> tuple[Path | None, str, dict]:
+@dataclass
+class _DefaultClaims:
+    """The claim policies a bundle holds for interpreters that name none (one thread, and more),
+    and with `fuse --measure` the whole-model medians (ms per policy) that chose them."""
+
+    one_thread: str = "profitable"
+    threaded: str = "profitable"
+    one_thread_ms: dict[str, float] = field(default_factory=dict)
+    threaded_ms: dict[str, float] = field(default_factory=dict)
+
+
+def _package(job: _Job, model: Model, fingerprint: str, blocks: list[BundleBlock],
+             folder: Path) -> tuple[Path | None, _DefaultClaims]:
     """Writes the delegate (or the Android project), the fused model and any assembly into
-    `folder`; returns the library (None for Android without an NDK), the default claim policy and,
-    with `measure`, the whole-model medians that chose it."""
+    `folder`; returns the library (None for Android without an NDK) and the default claim
+    policies (measured with `measure`)."""
     job.report(job.blocks, "linking")
     sg = model.main
     # A library even when no block has a kernel: it loads, claims nothing and says so, so
@@ -280,17 +292,17 @@ def _package(job: _Job, model: Model, fingerprint: str, blocks: list[BundleBlock
         for path in block.artifact.extra:
             (folder / "asm" / block.name).mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, folder / "asm" / block.name / path.name)
-    whole_model: dict[int, dict[str, float]] = {1: {}, MEASURED_THREADS: {}}
+    claims = _DefaultClaims(info.default_claim, info.default_claim_threaded)
     if job.measure and blocks and not job.android:
         job.report(job.blocks, "timing the whole model")
         fused = folder / "model.fused.tflite"
-        info.default_claim, whole_model[1] = _best_default_claim(fused, library, threads=1)
-        info.default_claim_threaded, whole_model[MEASURED_THREADS] = _best_default_claim(fused, library,
-                                                                                         threads=MEASURED_THREADS)
-        if (info.default_claim, info.default_claim_threaded) != ("profitable", "profitable"):
+        claims.one_thread, claims.one_thread_ms = _best_default_claim(fused, library, threads=1)
+        claims.threaded, claims.threaded_ms = _best_default_claim(fused, library, threads=MEASURED_THREADS)
+        if (claims.one_thread, claims.threaded) != (info.default_claim, info.default_claim_threaded):
+            info.default_claim, info.default_claim_threaded = claims.one_thread, claims.threaded
             link_delegate(bundle_source(info, blocks), blocks, job.spec.name, library, job.cache_dir,
                           job.debug_runtime)
-    return library, {1: info.default_claim, MEASURED_THREADS: info.default_claim_threaded}, whole_model
+    return library, claims
 
 
 def _write_plan(job: _Job, result: FuseResult, summary, fingerprint: str, folder: Path) -> None:

@@ -984,9 +984,8 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         _vectorize_helper(v, params, vectorized, id(f) in terms, copy=id(f) in copies)
         _split_rows(f, v.shape, params, terms.get(id(f), 1), light)
     tiled = set(streamed)
-    for acc in kernel.accumulators:
-        if chain or core:
-            break
+    # A conv chain's or an attention core's accumulators were scheduled with it, above.
+    for acc in [] if chain or core else kernel.accumulators:
         _materialize_prologue(kernel, acc, params, vectorized)
         if acc.kind not in TEMPLATES:
             raise ValueError(f"no CPU schedule template for {acc.kind}")
