@@ -271,8 +271,8 @@ class _DefaultClaims:
     """The claim policies a bundle holds for interpreters that name none (one thread, and more),
     and with `fuse --measure` the whole-model medians (ms per policy) that chose them."""
 
-    one_thread: str = "profitable"
-    threaded: str = "profitable"
+    one_thread: str  # as BundleInfo holds them until `--measure` chooses
+    threaded: str
     one_thread_ms: dict[str, float] = field(default_factory=dict)
     threaded_ms: dict[str, float] = field(default_factory=dict)
 
