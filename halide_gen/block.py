@@ -97,6 +97,9 @@ class Accumulator:
     source: hl.Func | None = None  # the activation the reduction walks, read at consecutive indices
     dot: int = 0  # terms per dot-product lane along the innermost reduction axis (0: no dot product)
     narrow: bool = False  # terms are 8-bit products widened into the sum (lower.registry.accumulate)
+    # Bytes between the source values that neighbouring pixels of a register tile (a matrix
+    # product's rows) read: the schedule keeps a tile's pixels out of one L1 set (0: unknown).
+    source_stride: int = 0
 
     @property
     def extents(self) -> list[int]:

@@ -331,6 +331,54 @@ def test_rows_of_a_multiple_of_14_pixels_get_14_pixel_conv_tiles_and_stay_exact(
     assert check_model_blocks(model)
 
 
+def test_a_tile_keeps_its_pixels_out_of_one_l1_set():
+    # x86 L1 sets span 4 KB with 8 ways: reads 4 KB apart (rows of 1024 floats) fill one set by 8
+    # of them, 4000 bytes apart they spread over the sets; 2 KB apart, 16 fit.
+    from halide_gen.schedule.cpu import NEON, X86, _pixels_in_l1_sets
+
+    assert _pixels_in_l1_sets(X86, 4096, 8) and not _pixels_in_l1_sets(X86, 4096, 9)
+    assert _pixels_in_l1_sets(X86, 4000, 14) and _pixels_in_l1_sets(X86, 2048, 16)
+    assert not _pixels_in_l1_sets(X86, 2048, 17) and not _pixels_in_l1_sets(X86, 8192, 12)
+    assert _pixels_in_l1_sets(X86, 0, 64) and _pixels_in_l1_sets(NEON, 4096, 64)  # unknown / not modelled
+
+
+def _fc_then_pointwise(rows: int, depth: int, seed: int):
+    """A fully connected layer over `depth` inputs, then a 1x1 conv over `depth` channels on one
+    14-pixel row: random weights scaled to keep the activations near 1."""
+    rng = np.random.default_rng(seed)
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, rows, depth])
+    b.output(b.op("FULLY_CONNECTED", [x, b.const("w0", rng.standard_normal((32, depth)).astype(np.float32)
+                                                 / np.sqrt(depth)),
+                                      b.const("b0", rng.standard_normal(32).astype(np.float32))], [1, rows, 32],
+                  keep_num_dims=True))
+    m = b.input("m", [1, 1, 14, depth])
+    b.output(b.op("CONV_2D", [m, b.const("w1", rng.standard_normal((32, 1, 1, depth)).astype(np.float32)
+                                         / np.sqrt(depth)),
+                              b.const("b1", rng.standard_normal(32).astype(np.float32))], [1, 1, 14, 32],
+                  padding="SAME", stride_h=1, stride_w=1))
+    return b.build()
+
+
+@pytest.mark.parametrize("depth, fc_rows, conv_pixels", [(1024, 8, 7), (1000, 12, 14)])
+def test_rows_4_kb_apart_get_fewer_rows_per_register_tile_and_stay_exact(depth, fc_rows, conv_pixels):
+    # x86: a 32 x 12 FC tile over rows of 1024 floats put its 12 rows in one 8-way L1 set (bert's and
+    # GPT-2's FCs 1024 -> 256: 0.89 ms against 0.61 with 1000 inputs, on Zen 4); it takes 8 rows, and
+    # a 1x1 conv over 1024 channels 7-pixel tiles instead of 14 (14x14 maps: 1.78 -> 1.01 ms). 1000
+    # inputs keep the default tiles. Both blocks exact against LiteRT.
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule.cpu import X86, _tile_shape
+
+    model = _fc_then_pointwise(24, depth, seed=4)
+    shapes = []
+    for op in model.main.operators:
+        (acc,) = build_block("rows", [op], [op.outputs[0]]).accumulators
+        shapes.append(_tile_shape(acc, X86, X86.conv_channels, X86.mm_rows if op.name == "FULLY_CONNECTED"
+                                  else X86.conv_pixels, True, 1, modelled=True))
+    assert shapes == [(32, fc_rows), (32, conv_pixels)]
+    assert check_model_blocks(model)
+
+
 @pytest.mark.parametrize("hw, rows", [((2, 2), 2), ((4, 4), 2)])
 def test_a_conv_on_a_tiny_map_takes_bands_of_rows_in_one_register_tile(tmp_path, hw, rows):
     # x86: a map of at most 16 pixels is tiled in bands of rows, so each weight is read once per

@@ -181,7 +181,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         return arith.term(pixel, weight(o, r[0], r[1], r[2]))
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r,
-                     source=src.func, dot=arith.dot)
+                     source=src.func, dot=arith.dot, source_stride=x.shape[3] * sw * x.type.bytes())
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
@@ -353,7 +353,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         return arith.term(x.at(src), weight(i[-1], r[0]))
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.MATMUL, r,
-                     source=x.func if direct else None, dot=arith.dot)
+                     source=x.func if direct else None, dot=arith.dot, source_stride=depth * x.type.bytes())
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
@@ -388,7 +388,7 @@ def batch_matmul(ctx: OpContext, a: Value, b: Value, term: Callable[[hl.Expr, hl
     # connected layer's input): a schedule may load 4 steps of a row in one vector.
     direct = not adj_x and tuple(a.shape[:-1]) == tuple(out[:-1])
     acc = accumulate(ctx, out, lambda *i: init, update, AccumulatorKind.MATMUL, r,
-                     source=a.func if direct else None)
+                     source=a.func if direct else None, source_stride=depth * a.type.bytes() if direct else 0)
     return [define(ctx.func_name(), out, lambda *i: finish(read(acc, i)))]
 
 

@@ -139,21 +139,23 @@ class AccumulatorKind(enum.Enum):
 
 
 def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: hl.RDom,
-               source: hl.Func | None = None, dot: int = 0, narrow: bool = False) -> hl.Func:
+               source: hl.Func | None = None, dot: int = 0, narrow: bool = False, source_stride: int = 0) -> hl.Func:
     """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
 
     Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its
     consumer and order the reduction loops outside the tile. `dot`: the innermost reduction axis
     sums groups of this many terms in one dot-product lane (a multiple of its extent). `narrow`: the
     terms are narrow products (int8 x int8 -> int16) widened into the sum (schedules load whole
-    registers of their inputs).
+    registers of their inputs). `source_stride`: bytes between the source values that neighbouring
+    outputs along the tiled pixel axis (a matrix product's rows) read first; 0 where unknown
+    (schedules keep such pixels out of one L1 cache set).
     """
     acc = hl.Func(ctx.func_name("acc"))
     idx = dim_vars(len(out_shape))
     at = list(reversed(idx))
     acc[at] = init(*idx)
     acc[at] = acc[at] + update(*idx)
-    ctx.accumulators.append((acc, kind, r, source, dot, narrow))
+    ctx.accumulators.append((acc, kind, r, source, dot, narrow, source_stride))
     return acc
 
 

@@ -25,6 +25,7 @@ that runs past the last channel reads zeros that exist instead of guarding every
 
 from __future__ import annotations
 
+import collections
 import math
 
 from dataclasses import dataclass
@@ -99,6 +100,13 @@ class CpuParams:
     # (0: never): about the core's L2 (Sapphire Rapids: 2 MB; a phone's big core: 256-512 KB, not
     # set for NEON, whose measure counts instructions and cannot see it).
     weight_cache_bytes: int = 0
+    # Ways of the core's L1 data cache (0: not modelled) and the bytes one way spans: addresses that
+    # many bytes apart share a set. A register tile whose pixels (a matrix product's rows) start
+    # more than `l1_ways` to a set evicts its own inputs every few reduction steps: x86 cores index
+    # 64 sets of 64-byte lines (Zen 4 and Skylake: 32 KB, 8 ways; Sapphire Rapids and Zen 5: 48 KB,
+    # 12 ways), so rows of 1024 floats all share one. See _pixels_in_l1_sets.
+    l1_ways: int = 0
+    l1_way_bytes: int = 4096
 
 
 # Measured on this host (AVX-512 EPYC), 1x1 conv 56x56x24->144+RELU6, one thread, XNNPACK 0.196 ms:
@@ -119,8 +127,12 @@ class CpuParams:
 # MobileNetV2's 14x14 inverted residuals from 1.05-1.19x XNNPACK to 0.95-1.02x (blocks cut out one
 # by one); on 7-pixel rows 64 x 7 lost to 32 x 7, and rows that 14 does not divide (a U-Net's 64 /
 # 32 / 16) keep their whole-row tiles of 8.
+# Rows of 1024 floats 4 KB apart (bert's and GPT-2's FCs 1024 -> 256, ResNet's 1x1 convs over 1024
+# channels) put all 12 rows of a 32 x 12 tile, or 14 pixels of a 32 x 14 one, in one 8-way L1 set:
+# on a Zen 4 EPYC an FC 128 x 1024 -> 256 took 0.89 ms against 0.61 for 1000 inputs, a 14x14 1x1
+# conv 1024 -> 256 1.78 ms against 0.91; tiles of 8 rows and 7 pixels: 0.63 and 1.01 (l1_ways).
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
-                dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20)
+                dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, l1_ways=8)
 # NEON: 4 lanes, 32 registers. Counted on qemu's cortex-a76 (bench/arm_count.py, MobileNetV2, ours /
 # XNNPACK instructions, blocks cut out one by one): a fixed 4 vectors x 6 pixels tile with one
 # broadcast load per reduction step 1.21; 4 steps per vector load with `fmla` by element 1.05 with a
@@ -604,23 +616,51 @@ def _parallel_with_channel_groups(home: hl.Func, co: hl.Var, outer: hl.Var, tile
         home.parallel(outer)
 
 
+CACHE_LINE = 64  # bytes
+
+
+def _pixels_in_l1_sets(params: CpuParams, stride: int, pixels: int) -> bool:
+    """Whether a register tile's `pixels` pixels (a matrix product's rows), whose source reads lie
+    `stride` bytes apart, put at most CpuParams.l1_ways lines in any one L1 set: each reduction
+    step reads one line per pixel, and more to a set than it has ways evict one another before
+    the next step reads the rest of them (the source taken as line-aligned, as buffers are)."""
+    if not params.l1_ways or not stride:
+        return True
+    sets = collections.Counter(p * stride % params.l1_way_bytes // CACHE_LINE for p in range(pixels))
+    return max(sets.values()) <= params.l1_ways
+
+
 def _tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int, round_up: bool,
                 steps: int, modelled: bool) -> tuple[int, int]:
     """The register tile (channels, pixels) of one accumulator: modelled where the CPU's
     parameters give a register count (reductions over input channels only: a depthwise tile's
-    taps are not in the model), else the fixed shape fitted to the op."""
+    taps are not in the model), else the fixed shape fitted to the op, with no more of its
+    pixels in one L1 set than the cache holds (_pixels_in_l1_sets)."""
     width = acc.value.shape[-2] if len(acc.value.shape) >= 2 else 1
     if params.registers and modelled:
         return modelled_tile(acc.value.shape[-1], width, params.lanes, params.registers, round_up, steps)
+    channels, pixels = _fixed_tile_shape(acc, params, channels, pixels, round_up, width)
+    # Fewer pixels, not more channels: a 32 x 8 FC tile ran as fast as 64 x 6 on Zen 4, and
+    # keeps twice the channel tiles to share among threads.
+    while pixels > 1 and not _pixels_in_l1_sets(params, acc.source_stride, pixels):
+        pixels -= 1
+    return channels, pixels
+
+
+def _fixed_tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int, round_up: bool,
+                      width: int) -> tuple[int, int]:
+    """_tile_shape's fixed shape for an op whose output rows are `width` pixels wide."""
     # A row or pixel count smaller than the tile (a 1x1 squeeze-excite conv, a one-row GEMV) gets
     # a tile of its own size instead of mostly-guarded lanes.
     if round_up:  # a tile must divide the packed channel count (a multiple of pack.CHANNEL_TILE)
         while channels > CHANNEL_TILE and padded(acc.value.shape[-1]) % channels:
             channels //= 2
-    rows_fit = params.conv_row_pixels and width % params.conv_row_pixels == 0
+    rows_fit = (params.conv_row_pixels and width % params.conv_row_pixels == 0
+                and _pixels_in_l1_sets(params, acc.source_stride, params.conv_row_pixels))
     if acc.kind == AccumulatorKind.CONV and not acc.dot and rows_fit:
         return channels, params.conv_row_pixels
-    if acc.kind == AccumulatorKind.CONV and not acc.dot and pixels < width <= params.conv_row_pixels:
+    if (acc.kind == AccumulatorKind.CONV and not acc.dot and pixels < width <= params.conv_row_pixels
+            and _pixels_in_l1_sets(params, acc.source_stride, width)):
         # A row no longer than the widest tile is one tile: Xception's 9-pixel rows were tiles of
         # 5 + 4 (10 and 8 accumulators, each loading the weights), its 9x9 1x1 convs 1.39x -> 1.05x.
         return channels, width
