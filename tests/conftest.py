@@ -90,6 +90,7 @@ MODULE_MARKS = {
     "test_arm_count": ("cross", "network"),
     "test_android": ("cross",),
     "test_gpu_delegate": ("gpu", "slow"),
+    "test_gpu_device_check": ("gpu", "network"),
     "test_tflite_runtime": ("network", "slow"),
     "test_fuzz_blocks": ("slow",),
     "test_mutation_fuzz": ("slow",),
