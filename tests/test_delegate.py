@@ -293,6 +293,24 @@ def test_parallel_loops_give_the_one_thread_answer_every_time(fused, tmp_path):
                 np.testing.assert_array_equal(got, want, err_msg=f"{threads} threads")
 
 
+def test_only_the_partition_that_ends_the_invoke_keeps_its_workers_awake(fused, tmp_path, capfd):
+    """After the partition holding the model's last node the pool's workers linger (yielding) for the
+    next invoke; after any other they sleep at once, leaving the cores to the XNNPACK nodes that run
+    next (delegate/src/thread_pool.h). Either way, invoke after invoke, the answer is LiteRT's."""
+    result = fused("unet_tiny")
+    first, *_, last = [block["name"] for block in json.loads(result.plan_json.read_text())["blocks"]]
+    d, _ = delegate(result, tmp_path, blocks=f"{first},{last}", num_threads="2", log_level="verbose")
+    interp = runtime.make_interpreter(result.model, "xnnpack", 2, delegates=[d])
+    inputs = runtime.random_inputs(interp)
+    for _ in range(3):
+        assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
+    del interp, d  # the pool's worker ends with the last delegate, before the next test counts threads
+    gc.collect()
+    partitions = [line for line in capfd.readouterr().err.splitlines() if "verbose: partition of" in line]
+    assert len(partitions) == 2
+    assert sum("the pool's workers linger after it" in line for line in partitions) == 1
+
+
 def _threads_in_process() -> int:
     return len(list(Path("/proc/self/task").iterdir()))
 

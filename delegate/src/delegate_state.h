@@ -15,6 +15,7 @@ struct DelegateState {
   const Bundle* bundle = nullptr;
   std::mutex report_mutex;  // serialises appends to options.report and options.profile, and last_report
   std::string last_report;  // the JSON line of the last claim (report.h)
+  int last_node = -1;       // the execution plan's last node when the delegate last claimed
 };
 
 }  // namespace dnnfusion

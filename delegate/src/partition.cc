@@ -73,6 +73,7 @@ Partition::Partition(DelegateState& state, const TfLiteDelegateParams& params) :
   nodes_.assign(params.nodes_to_replace->data, params.nodes_to_replace->data + params.nodes_to_replace->size);
   outputs_.assign(params.output_tensors->data, params.output_tensors->data + params.output_tensors->size);
   const std::set<int> mine(nodes_.begin(), nodes_.end());
+  ends_invoke_ = mine.count(state.last_node) > 0;
   // Blocks are claimed whole, so each lies wholly inside one partition; bundle order is an
   // execution order.
   for (int b = 0; b < bundle.n_blocks; ++b) {
@@ -280,8 +281,9 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
   for (Buffer& b : buffers_) {
     if (b.role == Role::kInternal) b.raw.host = arena_base_ + b.arena_offset;
   }
-  Log(LogLevel::kVerbose, "partition of %zu nodes: %zu blocks, %zu buffers, %zu internal tensors in a %zu-byte arena",
-      nodes_.size(), steps_.size(), buffers_.size(), internal.size(), arena_.size());
+  Log(LogLevel::kVerbose, "partition of %zu nodes: %zu blocks, %zu buffers, %zu internal tensors in a %zu-byte arena%s",
+      nodes_.size(), steps_.size(), buffers_.size(), internal.size(), arena_.size(),
+      ends_invoke_ ? "; it ends the invoke: the pool's workers linger after it" : "");
   return kTfLiteOk;
 }
 
@@ -317,10 +319,12 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
 TfLiteStatus Partition::Invoke(TfLiteContext* context) {
   const Bundle& bundle = *state_.bundle;
   SetThreadPoolSize(KernelThreads(state_.options, context->recommended_num_threads));
-  // Whichever way this returns, the pool's workers stop spinning once the partition is done.
+  // Whichever way this returns, the pool's workers stop spinning once the partition is done; after
+  // the partition that ends the invoke they linger for the next one (thread_pool.h).
   struct Park {
-    ~Park() { ParkThreadPool(); }
-  } park;
+    bool linger;
+    ~Park() { ParkThreadPool(linger); }
+  } park{ends_invoke_};
   const ScopedDenormalsAsZero denormals_as_zero;  // the pool's workers run so throughout
   // TFLite's memory for the partition's edges may move between invokes: rebind it every time.
   for (Buffer& b : buffers_) {

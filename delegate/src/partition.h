@@ -94,6 +94,7 @@ class Partition {
 
   DelegateState& state_;
   std::vector<int> nodes_;    // the nodes this partition replaces
+  bool ends_invoke_ = false;  // it holds the execution plan's last node: nothing of TFLite's runs after it
   std::vector<int> outputs_;  // tensors TFLite reads after the partition
   std::vector<Step> steps_;
   std::deque<Buffer> buffers_;                  // stable addresses: steps point into it

@@ -72,6 +72,9 @@ TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
   LogClaim(*state.bundle, claim, state.options.claim);
   RecordReport(state, claim);
   if (claim.nodes.empty()) return kTfLiteOk;
+  TfLiteIntArray* plan = nullptr;  // the partitions made next read it: does one end the invoke?
+  const bool planned = context->GetExecutionPlan != nullptr && context->GetExecutionPlan(context, &plan) == kTfLiteOk;
+  state.last_node = planned && plan != nullptr && plan->size > 0 ? plan->data[plan->size - 1] : -1;
   TfLiteIntArray* nodes = static_cast<TfLiteIntArray*>(std::malloc(sizeof(int) * (1 + claim.nodes.size())));
   if (nodes == nullptr) return kTfLiteOk;  // decline everything rather than fail the interpreter
   nodes->size = static_cast<int>(claim.nodes.size());

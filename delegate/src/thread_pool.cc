@@ -154,7 +154,10 @@ class Pool {
     busy_.store(false, std::memory_order_release);
   }
 
-  void Park() { parked_.store(true, std::memory_order_relaxed); }
+  void Park(bool linger) {
+    lingering_.store(linger, std::memory_order_relaxed);
+    parked_.store(true, std::memory_order_relaxed);
+  }
 
  private:
   // Starts waiting workers on a new generation: the spinning ones see it, the sleeping ones are woken.
@@ -193,14 +196,22 @@ class Pool {
     }
   }
 
-  // Spins until the generation moves past `seen` (true), or the pool is parked or kSpin passes.
+  // Waits for the generation to move past `seen` (true) until kSpin has passed since this worker's
+  // last loop (false): spinning while a partition runs. Once the pool is parked it sleeps at once,
+  // or, parked lingering, yields its core between two checks: what runs next (the app, or TFLite
+  // between two invokes) gets the core, and the next invoke still finds the worker awake.
   bool SpinFor(uint64_t seen) {
     const Clock::time_point deadline = Clock::now() + kSpin;
     for (unsigned i = 1;; ++i) {
       if (generation_.load(std::memory_order_acquire) != seen) return true;
-      if (parked_.load(std::memory_order_relaxed)) return false;
-      if (i % 256 == 0 && Clock::now() > deadline) return false;
-      CpuRelax();
+      const bool parked = parked_.load(std::memory_order_relaxed);
+      if (parked && !lingering_.load(std::memory_order_relaxed)) return false;
+      if ((parked || i % 256 == 0) && Clock::now() > deadline) return false;
+      if (parked) {
+        std::this_thread::yield();
+      } else {
+        CpuRelax();
+      }
     }
   }
 
@@ -211,6 +222,7 @@ class Pool {
   std::atomic<int> visiting_{0};
   std::atomic<uint64_t> generation_{0};
   std::atomic<bool> parked_{true};
+  std::atomic<bool> lingering_{false};  // parked, but yielding until kSpin passes instead of sleeping
   std::atomic<bool> stop_{false};
   std::mutex sleep_mutex_;
   std::condition_variable wake_;
@@ -259,6 +271,6 @@ void SetThreadPoolSize(int threads) {
   halide_set_num_threads(threads);
 }
 
-void ParkThreadPool() { ThePool().Park(); }
+void ParkThreadPool(bool linger) { ThePool().Park(linger); }
 
 }  // namespace dnnfusion
