@@ -63,12 +63,14 @@ int main() {
     SetThreadPoolSize(threads);
     for (int round = 0; round < 2000; ++round) {
       CHECK(RunLoop(round % 3, 1 + round % 37));
-      if (round % 7 == 0) ParkThreadPool();  // the next loop wakes sleeping workers
+      // The next loop wakes sleeping workers, or finds lingering ones awake (some lingering ones
+      // will have given up and slept by then: both ways in one run).
+      if (round % 7 == 0) ParkThreadPool(/*linger=*/round % 2 == 0);
     }
     CHECK(RunLoop(0, 16, /*nest=*/true));
     CHECK(RunLoop(0, 64, false, /*fail_at=*/5));
     CHECK(RunLoop(0, 64));  // a failure leaves the pool usable
-    ParkThreadPool();
+    ParkThreadPool(/*linger=*/true);
   }
   // Two threads start loops at once: one gets the pool, the other runs its loop serially.
   SetThreadPoolSize(3);
@@ -83,8 +85,8 @@ int main() {
   }
   for (std::thread& t : callers) t.join();
   CHECK(bad.load() == 0);
-  ParkThreadPool();
-  ReleaseThreadPool();  // joins the workers
+  ParkThreadPool(/*linger=*/true);
+  ReleaseThreadPool();  // joins the workers, lingering ones too
   CHECK(RunLoop(0, 8));  // with no workers, loops still run (serially)
   if (g_failures == 0) std::printf("all checks passed\n");
   return g_failures == 0 ? 0 : 1;
