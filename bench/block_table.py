@@ -1,9 +1,14 @@
 """Per-block timing: each planned block's Halide kernel vs LiteRT + XNNPACK on the same nodes.
 
-    python bench/block_table.py [--threads 1] [--limit N] [MODEL ...]    # default: ../shared/models
+    python bench/block_table.py [--threads 1] [--limit N] [--delegate] [MODEL ...]    # default: ../shared/models
 
 One thread by default (two-thread figures on a 2-core machine are noise). With --autoschedulers each
-block also tries Halide's CPU autoschedulers and keeps the fastest source. Prints a Markdown table
+block also tries Halide's CPU autoschedulers and keeps the fastest source. By default each kernel is
+JIT-compiled and called from Python (Halide's own thread pool, 0.7 us or more a call): quick, but blocks
+of a few microseconds read slower than they run in a model. With --delegate each block is cut out into
+a .tflite of its own, fused for the host, and run by LiteRT with the delegate claiming it beside XNNPACK
+on the same cut-out (tflite_tools.bench, interleaved): both sides pay the same interpreter invoke and the
+kernel runs on the delegate's pool, as in a model. Prints a Markdown table
 per model: block, ops, Halide ms, XNNPACK ms, GFLOP/s of the Halide kernel, ratio (Halide / XNNPACK,
 < 1 means Halide is faster), and a total over the model's blocks.
 """
@@ -19,6 +24,29 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
+def time_through_delegate(name: str, ops, inputs, outputs, threads: int, runs: int):
+    """One block cut out into its own model, fused for the host, and timed through the delegate
+    (claim:all) against LiteRT + XNNPACK on the same cut-out: a profile.Timing."""
+    import tempfile
+
+    import tflite_tools
+    from halide_gen.profile import Timing, cut_out
+    from tflite_tools.bench import Contender, time_contenders
+    from tflite_tools.fuse import fuse
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"{name}.tflite"
+        path.write_bytes(tflite_tools.serialize(cut_out(ops, inputs, outputs)))
+        result = fuse(path, Path(tmp) / "out")
+        if not result.kernels:
+            raise ValueError("fuse compiled no kernel for it")
+        xnnpack, ours = time_contenders([
+            Contender("xnnpack", str(result.model)),
+            Contender("dnnfusion", str(result.model), delegate=str(result.library), claim="all"),
+        ], threads, runs, warmup=50)
+    return Timing(ours.median / 1e6, xnnpack.median / 1e6, ours.median / xnnpack.median)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Prints the tables."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -27,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=0, help="only the first N blocks of each model")
     parser.add_argument("--autoschedulers", action="store_true",
                         help="also time Halide's CPU autoschedulers per block and use the fastest source")
+    parser.add_argument("--delegate", action="store_true",
+                        help="time each block through the delegate on a cut-out .tflite (see above)")
+    parser.add_argument("--runs", type=int, default=2000, help="invokes per contender with --delegate")
     args = parser.parse_args(argv)
     os.environ["HL_NUM_THREADS"] = str(args.threads)  # before Halide's JIT runtime starts
 
@@ -36,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     from fusion.rewrite import rewrite
     from halide_gen.lower import LoweringError
     from halide_gen.profile import choose_schedule, jit_kernel, time_block
+    from tflite_tools.model.errors import ModelError
     from tflite_tools.model.stats import flops
 
     paths = args.models or sorted((REPO.parent / "shared" / "models").glob("*.tflite"))
@@ -45,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
         plan = plan_fusion(build_ecg(model.main))
         print(f"\n### {path.stem}\n")
         extra = " schedule |" if args.autoschedulers else ""
-        print("| block | ops | Halide ms | XNNPACK ms | Halide GFLOP/s | ratio |" + extra)
+        ours = "delegate" if args.delegate else "Halide"
+        print(f"| block | ops | {ours} ms | XNNPACK ms | {ours} GFLOP/s | ratio |" + extra)
         print("|---|---|---|---|---|---|" + ("---|" if args.autoschedulers else ""))
         total_h = total_x = 0.0
         blocks = [b for b in plan.blocks if not b.opaque_reason]
@@ -54,11 +87,14 @@ def main(argv: list[str] | None = None) -> int:
             names = " ".join(op.name + (f"+{op.fused_activation}" if op.fused_activation else "") for op in ops)
             try:
                 source = "template"
-                if args.autoschedulers:
-                    source = choose_schedule(ops, block.outputs, block.inputs).best
-                kernel = jit_kernel(block.name, ops, block.outputs, source)
-                t = time_block(ops, block.inputs, block.outputs, kernel, threads=args.threads)
-            except (LoweringError, RuntimeError, ValueError) as exc:
+                if args.delegate:
+                    t = time_through_delegate(block.name, ops, block.inputs, block.outputs, args.threads, args.runs)
+                else:
+                    if args.autoschedulers:
+                        source = choose_schedule(ops, block.outputs, block.inputs).best
+                    kernel = jit_kernel(block.name, ops, block.outputs, source)
+                    t = time_block(ops, block.inputs, block.outputs, kernel, threads=args.threads)
+            except (LoweringError, ModelError, RuntimeError, ValueError) as exc:
                 print(f"| {block.name} | {names} | - | - | - | not generated: {str(exc).splitlines()[0][:60]} |")
                 continue
             work = sum(flops(op) for op in ops)

@@ -122,3 +122,20 @@ def test_report_says_how_the_runs_were_taken():
     t = [timings("xnnpack", [2000.0] * 5)]
     assert "in turns of 10" in format_benchmark(t, "m.tflite", 1)
     assert "each after another contender" in format_benchmark(t, "m.tflite", 1, cold=True)
+
+
+def test_block_table_times_each_block_through_the_delegate(capsys, model_path):
+    """bench/block_table.py --delegate: every block cut out, fused and run by LiteRT with the delegate
+    claiming it beside XNNPACK; one row per block with both times and their ratio."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import block_table
+
+    assert block_table.main(["--delegate", "--runs", "5", str(model_path("fc_softmax"))]) == 0
+    out = capsys.readouterr().out
+    assert "| block | ops | delegate ms | XNNPACK ms | delegate GFLOP/s | ratio |" in out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| block_")]
+    assert [row[2].strip() for row in rows] == ["FULLY_CONNECTED", "SOFTMAX"]
+    assert all(float(row[-2]) > 0 for row in rows)
