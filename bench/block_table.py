@@ -59,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="time each block through the delegate on a cut-out .tflite (see above)")
     parser.add_argument("--runs", type=int, default=2000, help="invokes per contender with --delegate")
     args = parser.parse_args(argv)
+    if args.delegate and args.autoschedulers:
+        parser.error("--delegate times what fuse compiles (the templates); it does not take --autoschedulers")
     os.environ["HL_NUM_THREADS"] = str(args.threads)  # before Halide's JIT runtime starts
 
     import tflite_tools

@@ -88,11 +88,13 @@ def fetch_loaders(out: Path) -> None:
 
 def save_model(out: Path, path: Path) -> None:
     """Fuses one model for each API into out/<stem>/ (model.fused.tflite once, <api>/lib*.so) with its
-    inputs and LiteRT's reference outputs (the reference kernels, not XNNPACK)."""
+    inputs and LiteRT's outputs from the kernels tflite_tools.run.reference_resolver names (the
+    reference kernels, or what stock LiteRT runs where those cannot)."""
     import numpy as np
 
     from tflite_tools import runtime
     from tflite_tools.fuse import fuse
+    from tflite_tools.run import reference_resolver
 
     folder = out / path.stem
     for api in APIS:
@@ -105,7 +107,7 @@ def save_model(out: Path, path: Path) -> None:
             elif shared.read_bytes() != result.model.read_bytes():
                 shutil.copy2(result.model, folder / api / "model.fused.tflite")
             shutil.copy2(result.library, folder / api / result.library.name)
-    ref = runtime.make_interpreter(shared, "reference")
+    ref = runtime.make_interpreter(shared, reference_resolver(shared))
     inputs = runtime.random_inputs(ref, seed=7)
     for k, x in enumerate(inputs):
         np.save(folder / f"in{k}.npy", x)

@@ -8,8 +8,8 @@
 // same while a partition runs. ParkThreadPool at the end of each Invoke puts them to sleep, so the
 // cores are free for TFLite's own kernels (XNNPACK's threads) that run next; after the partition that
 // ends the invoke they linger instead, yielding their cores for up to 200 us (as pthreadpool's
-// workers spin after XNNPACK's last operator), so that the next invoke finds them awake. A loop's tasks are split
-// into one contiguous share per thread, the same rows to the same thread loop after loop (their data
+// workers spin after XNNPACK's last operator), so that the next invoke finds them awake. A loop's
+// tasks are split into one contiguous share per thread, the same rows to the same thread loop after loop (their data
 // stays in that core's cache), and a thread that runs out takes tasks from the others' shares.
 //
 // Every Halide kernel in this library reaches it through halide_do_par_for (InstallThreadPool).
