@@ -79,7 +79,10 @@ def fetch_loaders(out: Path) -> None:
     out/gl (unpacked: check.py puts them on LD_LIBRARY_PATH instead of installing them into /)."""
     for folder, packages in (("ocl", ["ocl-icd-libopencl1"]), ("gl", GL_PACKAGES)):
         with tempfile.TemporaryDirectory() as tmp:
-            subprocess.run(["apt-get", "download", *packages], cwd=tmp, check=True, capture_output=True)
+            got = subprocess.run(["apt-get", "download", *packages], cwd=tmp, capture_output=True, text=True)
+            if got.returncode != 0:  # most often package lists never fetched on this machine
+                raise SystemExit(f"error: apt-get download {' '.join(packages)} failed (apt-get update first?): "
+                                 f"{got.stderr.strip()[-500:]}")
             for deb in Path(tmp).glob("*.deb"):
                 subprocess.run(["dpkg-deb", "-x", str(deb), str(out / folder)], check=True)
         for docs in (out / folder / "usr" / "share").glob("*"):
