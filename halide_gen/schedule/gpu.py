@@ -148,7 +148,10 @@ def schedule_gpu(kernel: BlockKernel) -> None:
         seen.add(id(f))
         if not kernel.inline_into_output(f) and not any(f is o.func for _, o in kernel.outputs):
             f.compute_root()
-            kernel.scratch.append(v)
+            # A scratch output is one buffer: a Tuple (an ARG_MAX's values and indices) stays the
+            # kernel's own allocation.
+            if f.outputs() == 1:
+                kernel.scratch.append(v)
         # A helper's realized region can exceed its nominal shape (a padded input), never fall
         # short of it, so tiles sized from the shape always fit.
         shape = list(reversed(v.shape))
