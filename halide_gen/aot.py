@@ -3,8 +3,9 @@
 Targets are described in halide_gen/targets.py (TargetSpec, one entry per target).
 
 Kernels are compiled without the Halide runtime (`no_runtime`); `compile_runtime` emits it once
-per target for a bundle. Each kernel's function is named after its block signature, so identical
-blocks share one kernel and one cache entry. Halide's argv / metadata entry points
+per target for a bundle. Each kernel's function is named after its identity (BlockKernel.identity:
+its ops, outputs and every constant value it bakes in), so identical blocks share one kernel and
+one cache entry, and blocks that differ in any of it never do. Halide's argv / metadata entry points
 (`<name>_argv`, `<name>_metadata`) come with every kernel. Cache entries are verified before use
 (halide_gen.cache) and keyed by the generator's own source, so editing a lowering or a schedule
 retires every kernel it may have changed without anyone remembering to.
@@ -23,6 +24,7 @@ from typing import Sequence
 import halide as hl
 import numpy as np
 
+from tflite_tools.model import fingerprint
 from tflite_tools.model.ir import Operator, Tensor
 
 from .block import build_block_for
@@ -36,19 +38,25 @@ from .values import tflite_type_name
 
 @functools.cache
 def generator_digest() -> str:
-    """SHA-256 (16 hex digits) of the code generator's own source (this package's Python files)
-    and Halide's version: what, besides a block and a target, decides the code a kernel holds."""
+    """SHA-256 (16 hex digits) of the code generator's own source (generator_sources) and Halide's
+    version: what, besides a block and a target, decides the code a kernel holds."""
     digest = hashlib.sha256(hl.__version__.encode() if hasattr(hl, "__version__") else b"")
-    package = Path(__file__).parent
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
+    for path in generator_sources():
+        digest.update(str(path.relative_to(Path(__file__).parent.parent)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def generator_sources() -> list[Path]:
+    """The files generator_digest hashes: this package's Python files and the identity's canonical
+    form (tflite_tools.model.fingerprint), which decides which blocks share a kernel."""
+    return sorted(Path(__file__).parent.rglob("*.py")) + [Path(fingerprint.__file__)]
 
 
 @dataclass
 class KernelArtifact:
     """A compiled kernel in the cache."""
 
+    identity: str  # what it was built from (BlockKernel.identity)
     function: str  # the C entry point
     library: Path  # static library (.a) with the kernel (all sub-targets for multitarget)
     header: Path
@@ -64,15 +72,15 @@ class KernelArtifact:
 VULKAN_GRANULE = 64
 
 
-def kernel_name(signature: str) -> str:
-    """The C function name of a block signature's kernel."""
-    return f"dnnf_{signature}"
+def kernel_name(identity: str) -> str:
+    """The C function name of the kernel with this identity."""
+    return f"dnnf_{identity[:20]}"
 
 
-def cache_key(signature: str, spec: TargetSpec, emit_asm: bool, schedule: str = "template") -> str:
-    """What a compiled kernel depends on: the block, the target, the schedule source, the
-    generator and Halide."""
-    text = json.dumps([signature, spec.halide, spec.int8_rounding, generator_digest(), emit_asm, schedule])
+def cache_key(identity: str, spec: TargetSpec, emit_asm: bool, schedule: str = "template") -> str:
+    """What a compiled kernel depends on: the block's identity, the target, the schedule source,
+    the generator and Halide."""
+    text = json.dumps([identity, spec.name, spec.halide, spec.int8_rounding, generator_digest(), emit_asm, schedule])
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -90,13 +98,13 @@ def _describe(t: Tensor) -> dict:
 def compile_kernel(
     ops: Sequence[Operator],
     outputs: Sequence[Tensor],
-    signature: str,
     target: str,
     cache_dir: Path | None = None,
     emit_asm: bool = False,
     schedule: str = "template",
 ) -> KernelArtifact:
-    """Compiles a block for `target`, or returns the cached kernel for the same signature.
+    """Compiles a block for `target`, or returns the cached kernel of the same identity (the block
+    is lowered first: only its lowering knows which constants the kernel bakes in).
 
     `schedule` is "template" (the hand-written families in halide_gen.schedule), a variant of
     them (schedule.TEMPLATE_VARIANTS) or the name of one of Halide's autoschedulers
@@ -106,20 +114,24 @@ def compile_kernel(
     """
     spec = target_spec(target)
     root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
-    name = f"{spec.name}-{cache_key(signature, spec, emit_asm, schedule)}"
+    identity = build_block_for(spec, "identity", ops, outputs).identity
+    name = f"{spec.name}-{cache_key(identity, spec, emit_asm, schedule)}"
 
     def build(folder: Path) -> None:
-        _compile_into(folder, ops, outputs, signature, spec, emit_asm, schedule)
+        _compile_into(folder, ops, outputs, identity, spec, emit_asm, schedule)
 
     entry, cached = cached_entry(root, name, build)
-    return _load(entry, cached)
+    return _load(entry, cached, identity)
 
 
-def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tensor], signature: str,
+def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tensor], identity: str,
                   spec: TargetSpec, emit_asm: bool, schedule: str) -> None:
     """Lowers, schedules and compiles a block into `folder`: the static library, its header,
     kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files."""
-    kernel = build_block_for(spec, kernel_name(signature), ops, outputs)
+    # Lowered again under the kernel's own name (Halide names the entry point after a Func).
+    kernel = build_block_for(spec, kernel_name(identity), ops, outputs)
+    if kernel.identity != identity:
+        raise RuntimeError(f"lowering {kernel.name} twice gave two identities: it depends on something it does not record")
     # Halide names a multitarget library's entry point after the first output Func, and may have
     # made that name unique in this process; the header says what the C function is called.
     fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())
@@ -171,9 +183,10 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
     (folder / "kernel.json").write_text(json.dumps(meta, indent=1))
 
 
-def _load(entry: Path, cached: bool) -> KernelArtifact:
+def _load(entry: Path, cached: bool, identity: str) -> KernelArtifact:
     meta = json.loads((entry / "kernel.json").read_text())
     return KernelArtifact(
+        identity=identity,
         function=meta["function"],
         library=entry / meta["library"],
         header=entry / meta["header"],

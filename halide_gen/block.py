@@ -5,6 +5,7 @@ a schedule says so), and the block's outputs are the pipeline's outputs.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from typing import Sequence
 import halide as hl
 import numpy as np
 
+from tflite_tools.model.fingerprint import block_identity
 from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, RowReduction, ieee, lower
@@ -121,7 +123,7 @@ class BlockKernel:
 
     - name, ops, arguments, outputs: the kernel's interface (arguments in order of first use;
       outputs pair each block output tensor with the Value that computes it).
-    - values, op_values: every tensor's Value (keyed by id(tensor): tensors are not hashable), and
+    - values, op_values: every tensor's Value (keyed by id(tensor)), and
       per op its output Values in op order.
     - materialize, op_helpers: helper Values a lowering asked not to inline (a padded input, a row
       statistic), all of them and per op; padded: the zero-padded inputs among them, each paired
@@ -153,6 +155,15 @@ class BlockKernel:
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
     copied_from: dict[int, hl.Func] = field(default_factory=dict)  # id(output Func) -> the Func it copies
     scratch: list[Value] = field(default_factory=list)  # extra AOT outputs the caller allocates (GPU)
+    # (op position, input index) -> what the lowering read of that constant while building the
+    # kernel (lower.registry.OpContext.const): the part of the identity only lowering can know.
+    bound: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    @property
+    def identity(self) -> str:
+        """What the kernel was built from (tflite_tools.model.fingerprint.block_identity): its ops,
+        outputs and every constant value it bakes in. Kernels are named, shared and cached by it."""
+        return block_identity(self.ops, [t for t, _ in self.outputs], self.bound)
 
     def is_output(self, f: hl.Func) -> bool:
         """True for an output Func or the Func it copies."""
@@ -316,13 +327,14 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
                 # 64-byte-aligned outputs (delegate/src/memory_plan.h, kBufferAlignment).
                 index = output_index[id(t)]
                 wrappers[index] = _output_func(kernel, index, t, v)
-                kernel.values[id(t)] = Value(wrappers[index], v.shape, wrappers[index].type(), joins=v.joins)
+                kernel.values[id(t)] = dataclasses.replace(v, func=wrappers[index], type=wrappers[index].type())
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
         kernel.padded.extend(ctx.padded)
         kernel.op_helpers.append(list(ctx.materialize))
         kernel.row_reductions.extend(ctx.row_reductions)
         kernel.constants.extend(ctx.constants)
+        kernel.bound.update({(k, i): text for i, text in ctx.bound.items()})
         for t, bounds, name in ctx.index_checks:
             _check_on_host(kernel, t, bounds, name)
         kernel.accumulators.extend(Accumulator(k, acc, results[0], kind, r, *rest)
@@ -335,7 +347,7 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
         v = kernel.values[id(t)]
         # The joins too: the output's schedule cuts its channel loop where a concatenation's sources
         # meet (DenseNet's block outputs are concatenations: a gather from each source per vector).
-        kernel.outputs.append((t, Value(wrapper, v.shape, wrapper.type(), joins=v.joins)))
+        kernel.outputs.append((t, dataclasses.replace(v, func=wrapper, type=wrapper.type())))
     return kernel
 
 

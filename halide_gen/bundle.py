@@ -19,9 +19,9 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import halide as hl
 
@@ -63,6 +63,16 @@ class BundleBlock:
     artifact: KernelArtifact
     profitable: bool
     group: int = 0  # claimed together with the blocks of the same nonzero group (claim_groups)
+    # (op position in the block, input index) -> the constant value the kernel bakes in
+    # (BlockKernel.bound): the model fingerprint covers them (bound_constants).
+    bound: Mapping[tuple[int, int], str] = field(default_factory=dict)
+
+
+def bound_constants(blocks: Sequence[BundleBlock]) -> dict[tuple[int, int], str]:
+    """Every constant value the bundle's kernels bake in, keyed by (node index, input index): what
+    the model fingerprint covers besides the graph's structure (tflite_tools.model.fingerprint), so
+    a bundle never matches a model whose baked constants differ from its kernels'."""
+    return {(b.nodes[k], i): text for b in blocks for (k, i), text in b.bound.items()}
 
 
 # MediaPipe's argmax pooling writes indices in an encoding of its kernels' own (XNNPACK's and ours

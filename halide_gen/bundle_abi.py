@@ -150,7 +150,7 @@ SCRATCH_SPEC = Struct("ScratchSpec", "A buffer a GPU kernel computes into for it
 
 BLOCK_SPEC = Struct("BlockSpec", "One fused block and its kernel.", (
     Field("name", "const char*", "as in plan.json and report.md"),
-    Field("signature", "const char*", "the kernel's block signature (identical blocks share a kernel)"),
+    Field("signature", "const char*", "the kernel's entry point, named by its identity (blocks of one identity share it)"),
     Field("kernel", "KernelEntry", "Halide's `<name>_argv`: inputs, then outputs, as halide_buffer_t*"),
     Field("profitable", "int32_t", "measured (or estimated) faster than TFLite on the same nodes"),
     Field("first_node", "int32_t", "slice of Bundle::nodes"),

@@ -84,6 +84,9 @@ class Value:
     # next: a CONCATENATION along its channels. A schedule that splits the channel loop there
     # copies each part densely instead of selecting between gathers of both (schedule.cpu).
     joins: tuple[int, ...] = ()
+    # A TRANSPOSE's result: output axis k reads input axis perm[k] (a schedule tiles transposes that
+    # move the innermost axis). () for anything else.
+    perm: tuple[int, ...] = ()
 
     @property
     def read_type(self) -> hl.Type:

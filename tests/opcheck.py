@@ -59,15 +59,12 @@ def halide(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
 def aot(model: Model, inputs: Sequence[np.ndarray], target: str, work: Path) -> list[np.ndarray]:
     """Outputs of all the model's ops as one kernel compiled ahead of time for `target` and run
     where that target runs here (natively, or under qemu-aarch64 for ARM64)."""
-    import hashlib
-
     from halide_gen.aot import compile_kernel
     from halide_gen.harness import build_runner
     from halide_gen.pack import pack
 
     sg = model.main
-    signature = hashlib.sha256(tflite_tools.serialize(model)).hexdigest()[:24]
-    artifact = compile_kernel(sg.operators, sg.outputs, signature, target, cache_dir=work / "cache")
+    artifact = compile_kernel(sg.operators, sg.outputs, target, cache_dir=work / "cache")
     runner = build_runner(artifact, target, work / "build")
     constants = {t.name: t.data for t in sg.tensors if t.is_constant}
     given = {t.name: a for t, a in zip(sg.inputs, inputs)}

@@ -69,7 +69,7 @@ def run_block(kind: str, target: str, model_path, tmp_path) -> float:
     plan = plan_fusion(build_ecg(model.main))
     block = next(b for b in plan.blocks if tuple(plan.ecg.nodes[i].name for i in b.ops) == ops)  # the first such
     # (Int8 on Vulkan, which has no 64-bit integers here, requantizes in 32-bit pieces: lower.quantized.)
-    artifact = compile_kernel([plan.ecg.nodes[i].op for i in block.ops], block.outputs, block.signature, target,
+    artifact = compile_kernel([plan.ecg.nodes[i].op for i in block.ops], block.outputs, target,
                               cache_dir=tmp_path / "cache")
     runner = build_runner(artifact, target, tmp_path / "build")
     # LiteRT computes every tensor of the model; the block's inputs and outputs are read from it.
@@ -121,7 +121,7 @@ def swish_block(model_path):
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_every_target_compiles(target, model_path, tmp_path):
     ops, block = swish_block(model_path)
-    art = compile_kernel(ops, block.outputs, block.signature, target, cache_dir=tmp_path, emit_asm=True)
+    art = compile_kernel(ops, block.outputs, target, cache_dir=tmp_path, emit_asm=True)
     assert art.library.stat().st_size > 0 and art.header.read_text().count(f"int {art.function}_argv(") == 1
     assert any(p.suffix == ".s" for p in art.extra) and any(p.suffix == ".stmt" for p in art.extra)
     assert compile_runtime(target, tmp_path).stat().st_size > 0
@@ -131,8 +131,8 @@ def test_every_target_compiles(target, model_path, tmp_path):
 
 def test_compile_cache_hits(model_path, tmp_path):
     ops, block = swish_block(model_path)
-    first = compile_kernel(ops, block.outputs, block.signature, "arm64-linux", cache_dir=tmp_path)
-    again = compile_kernel(ops, block.outputs, block.signature, "arm64-linux", cache_dir=tmp_path)
+    first = compile_kernel(ops, block.outputs, "arm64-linux", cache_dir=tmp_path)
+    again = compile_kernel(ops, block.outputs, "arm64-linux", cache_dir=tmp_path)
     assert not first.cached and again.cached and again.library == first.library
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".tmp")] == []
 
@@ -144,6 +144,6 @@ def test_unknown_target_is_named():
 
 def test_autoscheduled_kernel_is_cached_apart(model_path, tmp_path):
     ops, block = swish_block(model_path)
-    template = compile_kernel(ops, block.outputs, block.signature, "host", cache_dir=tmp_path)
-    auto = compile_kernel(ops, block.outputs, block.signature, "host", cache_dir=tmp_path, schedule="Mullapudi2016")
+    template = compile_kernel(ops, block.outputs, "host", cache_dir=tmp_path)
+    auto = compile_kernel(ops, block.outputs, "host", cache_dir=tmp_path, schedule="Mullapudi2016")
     assert template.library.parent != auto.library.parent and not auto.cached

@@ -298,8 +298,7 @@ def test_int8_sums_use_arm_dot_product_instructions(target, sdot, tmp_path):
 
     for model in (conv_model((1, 8, 8, 16), 32, 1, 1, "VALID"), conv_model((1, 6, 6, 8), 16, 3, 1, "SAME")):
         sg = model.main
-        art = compile_kernel(sg.operators, sg.outputs, f"int8-dot-{sg.operators[0].inputs[0].shape}", target,
-                             cache_dir=tmp_path, emit_asm=True)
+        art = compile_kernel(sg.operators, sg.outputs, target, cache_dir=tmp_path, emit_asm=True)
         asm = "".join(p.read_text() for p in art.extra if p.suffix == ".s")
         assert ("sdot\t" in asm) == sdot, target
 
@@ -352,7 +351,7 @@ def test_int8_sums_use_vnni_on_the_hosts_avx512_vnni_subtarget(tmp_path):
     from halide_gen.aot import compile_kernel
 
     sg = conv_model((1, 8, 8, 16), 32, 1, 1, "VALID").main
-    art = compile_kernel(sg.operators, sg.outputs, "int8-vnni", "host", cache_dir=tmp_path, emit_asm=True)
+    art = compile_kernel(sg.operators, sg.outputs, "host", cache_dir=tmp_path, emit_asm=True)
     first = sorted(p for p in art.extra if p.suffix == ".s")[0]  # sub-target 0: AVX-512 with VNNI
     assert "vpdpbusd" in first.read_text()
 

@@ -512,11 +512,11 @@ def _hot_loop(asm: str, mnemonic: str = "fmla") -> list[str]:
     return best
 
 
-def _neon_hot_loop(tmp_path, model, name, mnemonic="fmla"):
+def _neon_hot_loop(tmp_path, model, mnemonic="fmla"):
     from halide_gen.aot import compile_kernel
 
     sg = model.main
-    art = compile_kernel(sg.operators, sg.outputs, name, "arm64-linux", cache_dir=tmp_path, emit_asm=True)
+    art = compile_kernel(sg.operators, sg.outputs, "arm64-linux", cache_dir=tmp_path, emit_asm=True)
     return _hot_loop("".join(p.read_text() for p in art.extra if p.suffix == ".s"), mnemonic)
 
 
@@ -531,7 +531,7 @@ def test_neon_matrix_products_load_a_tiles_weights_in_pairs(tmp_path):
     x = b.input("x", [1, 20, 64])
     w = b.const("w", rng.standard_normal((64, 64)).astype(np.float32))
     b.output(b.op("FULLY_CONNECTED", [x, w, None], [1, 20, 64], keep_num_dims=True))
-    loop = _neon_hot_loop(tmp_path, b.build(), "neon-fc-loads")
+    loop = _neon_hot_loop(tmp_path, b.build())
     fmla = loop.count("fmla")
     assert fmla >= 64 and "ldur" not in loop, loop
     assert len(loop) - fmla <= 0.2 * fmla, loop
@@ -542,7 +542,7 @@ def test_neon_3x3_convolutions_keep_their_tile_in_registers(tmp_path):
     # groups' inputs at once and spilled accumulators to the stack inside the loop (str / reload).
     from test_lowering import conv_model
 
-    loop = _neon_hot_loop(tmp_path, conv_model((1, 6, 40, 16), 16, 3, 1, "SAME"), "neon-3x3")
+    loop = _neon_hot_loop(tmp_path, conv_model((1, 6, 40, 16), 16, 3, 1, "SAME"))
     assert loop.count("fmla") >= 64 and "str" not in loop and "mov" not in loop, loop
 
 
@@ -553,7 +553,7 @@ def test_neon_elementwise_outputs_take_several_vectors_per_step(tmp_path):
     x = b.input("x", [1, 4, 4, 144])
     gate = b.input("gate", [1, 1, 1, 144])
     b.output(b.op("MUL", [x, gate], [1, 4, 4, 144]))
-    loop = _neon_hot_loop(tmp_path, b.build(), "neon-se-mul", "fmul")
+    loop = _neon_hot_loop(tmp_path, b.build(), "fmul")
     assert loop.count("fmul") == 4 and loop.count("stp") == 2, loop
 
 
@@ -567,7 +567,7 @@ def test_neon_gelu_before_a_matrix_product_runs_four_vectors_a_step_with_no_nan_
     g = b.op("GELU", [x], [4, 512])
     w = b.const("w", np.ones((16, 512), np.float32))
     b.output(b.op("FULLY_CONNECTED", [g, w, None], [8, 16]))
-    loop = _neon_hot_loop(tmp_path, b.build(), "neon-gelu-fc", "fdiv")
+    loop = _neon_hot_loop(tmp_path, b.build(), "fdiv")
     assert loop.count("fdiv") == 4 and "bif" not in loop and "bsl" not in loop and len(loop) <= 27 * 4, loop
 
 
@@ -580,7 +580,7 @@ def test_neon_exponentials_carry_nan_with_no_test_of_their_own(tmp_path, op, mne
     b = tflite_tools.ModelBuilder()
     x = b.input("x", [1, 8, 8, 64])
     b.output(b.op(op, [x], [1, 8, 8, 64], **({"beta": 1.0} if op == "SOFTMAX" else {})))
-    loop = _neon_hot_loop(tmp_path, b.build(), f"neon-{op.lower()}", mnemonic)
+    loop = _neon_hot_loop(tmp_path, b.build(), mnemonic)
     assert loop.count(mnemonic) and "cmhi" not in loop, loop
 
 
@@ -597,7 +597,7 @@ def test_a_wide_concatenation_is_copied_zero_padded_part_by_part(tmp_path):
     w = b.const("w", np.ones((16, 3, 3, 128), np.float32))
     b.output(b.op("CONV_2D", [joined, w, None], [1, 8, 8, 16], padding="SAME"))
     sg = b.build().main
-    art = compile_kernel(sg.operators, sg.outputs, "neon-concat-pad", "arm64-linux", cache_dir=tmp_path, emit_asm=True)
+    art = compile_kernel(sg.operators, sg.outputs, "arm64-linux", cache_dir=tmp_path, emit_asm=True)
     asm = "".join(p.read_text() for p in art.extra if p.suffix == ".s")
     lanes = [line for line in asm.splitlines() if line.split()[:1] == ["ld1"] and "}[" in line]
     assert not lanes, lanes[:4]
@@ -610,7 +610,7 @@ def test_neon_batch_matmul_loads_four_steps_of_a_row_at_once(tmp_path):
     b = tflite_tools.ModelBuilder()
     lhs, rhs = b.input("a", [1, 4, 20, 64]), b.input("b", [1, 4, 64, 64])
     b.output(b.op("BATCH_MATMUL", [lhs, rhs], [1, 4, 20, 64]))
-    loop = _neon_hot_loop(tmp_path, b.build(), "neon-bmm")
+    loop = _neon_hot_loop(tmp_path, b.build())
     fmla, single = loop.count("fmla"), loop.count("ldr") + loop.count("ld1r")
     assert fmla >= 64 and single <= 0.2 * fmla, loop
 
@@ -624,7 +624,7 @@ def test_a_row_reductions_partial_sums_run_in_one_loop_on_neon(tmp_path):
     x = b.input("x", [1, 8, 64])
     b.output(b.op("MEAN", [x, b.const("axis", np.array([2], np.int32))], [1, 8, 1], keep_dims=True))
     sg = b.build().main
-    art = compile_kernel(sg.operators, sg.outputs, "neon-mean", "arm64-linux", cache_dir=tmp_path, emit_asm=True)
+    art = compile_kernel(sg.operators, sg.outputs, "arm64-linux", cache_dir=tmp_path, emit_asm=True)
     stmt = "".join(p.read_text() for p in art.extra if p.suffix == ".stmt")
     assert sum("for (sum" in line and "_ro$x" in line for line in stmt.splitlines()) == 1
 

@@ -40,8 +40,8 @@ from fusion.report import format_summary
 from fusion.rewrite.fold import restore_decoded
 from halide_gen.aot import compile_kernel, generator_digest
 from halide_gen.block import build_block_for
-from halide_gen.bundle import (BundleBlock, BundleInfo, build_cmake_project, bundle_source, claim_groups,
-                               link_delegate, write_cmake_project)
+from halide_gen.bundle import (BundleBlock, BundleInfo, bound_constants, build_cmake_project, bundle_source,
+                               claim_groups, link_delegate, write_cmake_project)
 from halide_gen.lower import LoweringError
 from halide_gen.profile import choose_schedule, jit_kernel, schedule_sources, time_block
 from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
@@ -125,7 +125,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
          progress: Progress | None = None, debug_runtime: bool = False,
          autoschedulers: bool = False, emit_asm: bool = False) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
-    LiteRT + XNNPACK on this host (cached by block signature) and marks only faster ones
+    LiteRT + XNNPACK on this host (cached by kernel identity) and marks only faster ones
     profitable; otherwise every compiled float block of a CPU target counts as profitable, and
     int8 blocks only on ARM with dot product; GPU targets' blocks do not (see _quantized).
     `debug_runtime` links Halide's debug runtime, which traces device copies and kernel launches
@@ -150,7 +150,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
                              config=plan_config(spec))
         records, blocks = _compile_blocks(job, model.main, summary.plan.blocks)
         decoders = _restore_stored_weights(model, records, blocks)
-        fingerprint = subgraph_fingerprint(model.main)
+        fingerprint = subgraph_fingerprint(model.main, bound_constants(blocks))
         _set_metadata(model, METADATA_NAME, fingerprint.encode())
         library, claims = _package(job, model, fingerprint, blocks, staging.path)
         out = staging.out
@@ -232,8 +232,8 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
             # Lowered as the kernel will be: the forms decide its arguments (packed weights).
             lowered = build_block_for(job.spec, block.name, ops, block.outputs)
             if job.autoschedulers:
-                record.schedule = timings.best_schedule(block, ops, job.spec.name)
-            artifact = compile_kernel(ops, block.outputs, block.signature, job.spec.name, job.cache_dir,
+                record.schedule = timings.best_schedule(lowered.identity, block, ops, job.spec.name)
+            artifact = compile_kernel(ops, block.outputs, job.spec.name, job.cache_dir,
                                       emit_asm=job.emit_asm, schedule=record.schedule)
         except LoweringError as exc:
             record.skipped = f"no lowering: {exc}"
@@ -241,11 +241,12 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
         _check_interface(artifact, lowered)
         record.kernel, record.cached = artifact.function, artifact.cached
         if job.measure:
-            record.ratio = timings.ratio(block, ops, record.schedule)
+            record.ratio = timings.ratio(artifact.identity, block, ops, record.schedule)
             record.profitable = record.ratio < 1.0
         else:
             record.profitable = job.spec.family != "gpu" and (job.spec.int8_claimed_unmeasured or not _quantized(ops))
-        blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable))
+        blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable,
+                                  bound=lowered.bound))
     for name, why in claim_groups(sg.operators, blocks).items():
         record = next(r for r in records if r.block == name)
         record.kernel, record.profitable, record.skipped = None, False, why
@@ -395,16 +396,18 @@ def _quantized(ops) -> bool:
 
 
 def _check_interface(artifact, lowered) -> None:
-    """The compiled kernel takes exactly the buffers the bundle will pass (a cached kernel found
-    by signature must be the block's own); anything else is a compiler bug, never a guess."""
+    """The compiled kernel is the block's own: built from the same identity, taking exactly the
+    buffers the bundle will pass; anything else is a compiler bug, never a guess."""
     expected = ([list(a.shape) for a in lowered.arguments], [list(t.shape) for t, _ in lowered.outputs])
     found = ([a["shape"] for a in artifact.arguments], [o["shape"] for o in artifact.outputs])
-    if expected != found:
-        raise RuntimeError(f"kernel {artifact.function} takes {found}, block {lowered.name} passes {expected}")
+    if artifact.identity != lowered.identity or expected != found:
+        raise RuntimeError(f"kernel {artifact.function} takes {found}, block {lowered.name} passes {expected}"
+                           if expected != found else f"kernel {artifact.function} was built for another block "
+                           f"than {lowered.name}")
 
 
 class _BlockTimings:
-    """Per-block measurements on this host, cached on disk by block signature: which schedule
+    """Per-block measurements on this host, cached on disk by kernel identity: which schedule
     source is fastest, and Halide / (LiteRT + XNNPACK) under a source, at one thread."""
 
     def __init__(self, cache_dir: Path | None):
@@ -416,18 +419,19 @@ class _BlockTimings:
         # Measurements die with the code generator that made the kernels they timed.
         return ":".join([kind, generator_digest(), *parts])
 
-    def best_schedule(self, block, ops, target: str = "host") -> str:
-        """The fastest of the templates and Halide's autoschedulers for the block on `target`."""
-        key = self._key("schedule", target, block.signature)
+    def best_schedule(self, identity: str, block, ops, target: str = "host") -> str:
+        """The fastest of the templates and Halide's autoschedulers for the block (of kernel
+        `identity`) on `target`."""
+        key = self._key("schedule", target, identity)
         # A value that is not one of the sources is a damaged table: measure again.
         if self.table.get(key) not in schedule_sources(target):
             inputs = [t for t in block.inputs if not t.is_constant]
             self.table[key] = choose_schedule(ops, block.outputs, inputs, target=target).best
         return str(self.table[key])
 
-    def ratio(self, block, ops, schedule: str) -> float:
-        """Halide (under `schedule`) / (LiteRT + XNNPACK) on the block's nodes."""
-        key = self._key("ratio", block.signature, schedule)
+    def ratio(self, identity: str, block, ops, schedule: str) -> float:
+        """Halide (under `schedule`) / (LiteRT + XNNPACK) on the block's nodes (of kernel `identity`)."""
+        key = self._key("ratio", identity, schedule)
         value = self.table.get(key)
         if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
             kernel = jit_kernel(block.name, ops, block.outputs, schedule)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import itertools
 from typing import Iterator
 
@@ -22,7 +23,7 @@ from .elementwise import activation, round_half_away
 from .registry import LoweringError, OpContext, register
 
 
-@register("RESHAPE", "SQUEEZE", "EXPAND_DIMS")
+@register("RESHAPE", "SQUEEZE", "EXPAND_DIMS", shape_inputs=(1,))
 def lower_reshape(ctx: OpContext) -> list[Value]:
     """Same elements, new shape: out[i] = in[unflatten(flatten(i))]."""
     x, out = ctx.value(0), ctx.out_shape()
@@ -31,7 +32,7 @@ def lower_reshape(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, lambda *i: x.at(unflatten(x.shape, flat_index(out, i))))]
 
 
-@register("TRANSPOSE")
+@register("TRANSPOSE", compile_time=(1,))
 def lower_transpose(ctx: OpContext) -> list[Value]:
     """out[i0..ik] = in[j] with j[perm[a]] = i[a]."""
     x = ctx.value(0)
@@ -72,7 +73,7 @@ def lower_concatenation(ctx: OpContext) -> list[Value]:
     return [joined]
 
 
-@register("SLICE")
+@register("SLICE", compile_time=(1,), shape_inputs=(2,))
 def lower_slice(ctx: OpContext) -> list[Value]:
     """out[i] = in[i + begin]."""
     x = ctx.value(0)
@@ -96,7 +97,7 @@ def _strided_slice_starts(ctx: OpContext, shape) -> tuple[list[int], list[int]]:
     return starts, strides
 
 
-@register("STRIDED_SLICE")
+@register("STRIDED_SLICE", compile_time=(1, 2, 3))
 def lower_strided_slice(ctx: OpContext) -> list[Value]:
     """in[start + i * stride] per axis; shrink-axis dimensions are fixed at their start."""
     x = ctx.value(0)
@@ -131,7 +132,7 @@ def _split(ctx: OpContext, x: Value, axis: int, sizes: list[int]) -> list[Value]
     return outs
 
 
-@register("SPLIT")
+@register("SPLIT", compile_time=(0,))
 def lower_split(ctx: OpContext) -> list[Value]:
     """Equal parts along the axis (input 0 is the axis, input 1 the tensor)."""
     x = ctx.value(1)
@@ -139,7 +140,7 @@ def lower_split(ctx: OpContext) -> list[Value]:
     return _split(ctx, x, axis, [o.shape[axis] for o in ctx.op.outputs])
 
 
-@register("SPLIT_V")
+@register("SPLIT_V", compile_time=(2,), shape_inputs=(1,))
 def lower_split_v(ctx: OpContext) -> list[Value]:
     """Parts of the given sizes along the axis (inputs: tensor, sizes, axis)."""
     x = ctx.value(0)
@@ -184,7 +185,7 @@ def _pad_value(ctx: OpContext) -> hl.Expr:
     return hl.cast(t, 0)
 
 
-@register("PAD", "PADV2")
+@register("PAD", "PADV2", compile_time=(1, 2))
 def lower_pad(ctx: OpContext) -> list[Value]:
     """in[i - before] inside the original extent, the pad value outside."""
     x = ctx.value(0)
@@ -201,7 +202,7 @@ def lower_pad(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
-@register("MIRROR_PAD")
+@register("MIRROR_PAD", compile_time=(1,))
 def lower_mirror_pad(ctx: OpContext) -> list[Value]:
     """Reflect (edge excluded) or symmetric (edge included) padding."""
     x = ctx.value(0)
@@ -218,14 +219,14 @@ def lower_mirror_pad(ctx: OpContext) -> list[Value]:
                    lambda *i: x.at([reflect(a - b, d) for a, b, d in zip(i, before, x.shape)]))]
 
 
-@register("TILE")
+@register("TILE", shape_inputs=(1,))
 def lower_tile(ctx: OpContext) -> list[Value]:
     """out[i] = in[i mod shape]."""
     x = ctx.value(0)
     return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x.at([a % d for a, d in zip(i, x.shape)]))]
 
 
-@register("BROADCAST_TO")
+@register("BROADCAST_TO", shape_inputs=(1,))
 def lower_broadcast_to(ctx: OpContext) -> list[Value]:
     """NumPy broadcasting to the output shape."""
     x, out = ctx.value(0), ctx.out_shape()
@@ -280,7 +281,7 @@ def index_operand(ctx: OpContext, i: int, bounds: tuple[int, ...], op: str) -> V
     return ctx.value(i)
 
 
-@register("GATHER")
+@register("GATHER", compile_time=(1,))
 def lower_gather(ctx: OpContext) -> list[Value]:
     """out[outer, idx..., inner] = params[outer, indices[idx...], inner] (batch_dims 0)."""
     params = ctx.value(0)
@@ -297,7 +298,7 @@ def lower_gather(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
-@register("GATHER_ND")
+@register("GATHER_ND", compile_time=(1,))
 def lower_gather_nd(ctx: OpContext) -> list[Value]:
     """out[b..., inner...] = params[indices[b..., :], inner...]."""
     params = ctx.value(0)
@@ -337,7 +338,7 @@ def _bilinear_taps(in_size: int, out_size: int, align: bool, half: bool) -> tupl
     return lo, hi, frac, (np.float32(1) - frac).astype(np.float32)
 
 
-@register("RESIZE_BILINEAR")
+@register("RESIZE_BILINEAR", shape_inputs=(1,))
 def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
     """TFLite's reference interpolation, including its half-pixel and align-corners variants.
     Source pixels and weights depend on the row or the column alone: they are tables of the
@@ -364,7 +365,7 @@ def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, body)]
 
 
-@register("RESIZE_NEAREST_NEIGHBOR")
+@register("RESIZE_NEAREST_NEIGHBOR", shape_inputs=(1,))
 def lower_resize_nearest(ctx: OpContext) -> list[Value]:
     """TFLite's reference nearest-neighbour sampling."""
     x, out, align, half = resize_inputs(ctx)

@@ -279,7 +279,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
-@register("TRANSPOSE_CONV")
+@register("TRANSPOSE_CONV", shape_inputs=(0,))
 def lower_transpose_conv(ctx: OpContext) -> list[Value]:
     """TFLite's TRANSPOSE_CONV. Inputs: output shape, weights [O,kh,kw,I], input, bias."""
     return transpose_conv(ctx, 2, 1, transpose_conv_geometry(ctx), float_arithmetic(ctx, 3))

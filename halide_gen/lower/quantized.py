@@ -421,7 +421,7 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
 
     bias = channel_bias(ctx, bias_index, zero=hl.i32(0))
     # (Not without 64-bit integers: for Vulkan, Halide widened the paired sum through int64.)
-    if paired and paired_taps_hold(w_t) and _WIDE_INTEGERS.get():
+    if paired and _WIDE_INTEGERS.get() and paired_taps_hold(ctx, weights):
         # Raw int8 products with the zero point folded into the bias as for dot products, two taps
         # summed in int16 before widening: exact, as |x * w| <= 128 * 127 makes two fit in int16.
         sums = ctx.packed(weights, "tap_sums")
@@ -459,20 +459,23 @@ def lower_conv2d_int8(ctx: OpContext) -> list[Value]:
     return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, dot=dot))
 
 
-def paired_taps_hold(weights: Tensor) -> bool:
-    """Whether two int8 products with these (constant) weights always fit in int16: no weight is
-    -128 (TFLite's symmetric int8 weights lie in [-127, 127]; the "tap_sums" packer refuses others,
-    so a kernel built for one model never runs on weights it cannot sum)."""
-    return weights.is_constant and weights.type_name == "INT8" and int(np.min(weights.data)) > INT8_MIN
+def paired_taps_hold(ctx: OpContext, i: int) -> bool:
+    """Whether two int8 products with the op's constant weights (input `i`) always fit in int16: no
+    weight is -128 (TFLite's symmetric int8 weights lie in [-127, 127]). The answer joins the
+    kernel's identity (weights with a -128 get the unpaired kernel), and the "tap_sums" packer
+    refuses others, so a kernel built for one model never runs on weights it cannot sum."""
+    t = ctx.op.inputs[i]
+    return (t.is_constant and t.type_name == "INT8"
+            and ctx.const_property(i, "int8 weights above -128", lambda w: int(np.min(w)) > INT8_MIN))
 
 
-@register("DEPTHWISE_CONV_2D", quantized=True)
+@register("DEPTHWISE_CONV_2D", quantized=True, compile_time=(1,))
 def lower_depthwise_int8(ctx: OpContext) -> list[Value]:
     """DEPTHWISE_CONV_2D on int8, as TFLite's DepthwiseConvPerChannel."""
     return depthwise(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, paired=True))
 
 
-@register("TRANSPOSE_CONV", quantized=True)
+@register("TRANSPOSE_CONV", quantized=True, shape_inputs=(0,))
 def lower_transpose_conv_int8(ctx: OpContext) -> list[Value]:
     """TRANSPOSE_CONV on int8 (per-channel weights), as TFLite's integer TransposeConv: int32 sums
     of (x - zp) * w, the bias, one per-channel requantization."""
@@ -785,7 +788,7 @@ def _round_to_int8(steps: hl.Expr, zp: int) -> hl.Expr:
     return hl.cast(hl.Int(8), hl.clamp(q, INT8_MIN, INT8_MAX))
 
 
-@register("MEAN", quantized=True)
+@register("MEAN", quantized=True, compile_time=(1,))
 def lower_mean_int8(ctx: OpContext) -> list[Value]:
     """TFLite's reference int8 MEAN (reference_ops::QuantizedMeanOrSum), bit for bit: the int32 sum
     of the raw values minus in_zp * N, requantized by in_scale / out_scale with 1/N folded into the
@@ -839,7 +842,7 @@ def lower_softmax_int8(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
-@register("RESIZE_BILINEAR", quantized=True)
+@register("RESIZE_BILINEAR", quantized=True, shape_inputs=(1,))
 def lower_resize_bilinear_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 ResizeBilinear (`quantized_resize_bilinear`)."""
     return quantized_resize_bilinear(ctx)

@@ -111,7 +111,7 @@ def lower_depthwise_16x8(ctx: OpContext) -> list[Value]:
     return depthwise(ctx, _arithmetic_16x8(ctx, per_tensor_float_product=False, reduced=True))
 
 
-@register("TRANSPOSE_CONV", int16=True)
+@register("TRANSPOSE_CONV", int16=True, shape_inputs=(0,))
 def lower_transpose_conv_16x8(ctx: OpContext) -> list[Value]:
     """TRANSPOSE_CONV on int16 activations (TFLite's 16x8 TransposeConv: int64 sums, the reduced
     multiplier per output channel)."""
@@ -175,7 +175,7 @@ def lower_average_pool_16x8(ctx: OpContext) -> list[Value]:
     return quantized_average_pool(ctx, *_pool_range(ctx))
 
 
-@register("RESIZE_BILINEAR", int16=True)
+@register("RESIZE_BILINEAR", int16=True, shape_inputs=(1,))
 def lower_resize_bilinear_16x8(ctx: OpContext) -> list[Value]:
     """TFLite's int16 ResizeBilinear: ResizeBilinearInteger's int64 sums (`quantized_resize_bilinear`).
     Exact."""
@@ -228,7 +228,7 @@ def lower_unary_16x8_by_litert_table(ctx: OpContext) -> list[Value]:
     return unary_by_litert_table(ctx, "INT16")
 
 
-@register("MEAN", int16=True)
+@register("MEAN", int16=True, compile_time=(1,))
 def lower_mean_16x8(ctx: OpContext) -> list[Value]:
     """TFLite's reference int16 MEAN (QuantizedMeanOrSum, as for int8: an int32 sum, 1/N folded into
     the multiplier), narrowed to int16. Exact."""

@@ -86,7 +86,7 @@ def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, ele
     return total
 
 
-@register(*REDUCERS)
+@register(*REDUCERS, compile_time=(1,))
 def lower_reduce(ctx: OpContext) -> list[Value]:
     """Reduce over the constant axes (negative allowed), keep_dims or not; MEAN divides the sum."""
     x = ctx.value(0)
@@ -181,7 +181,7 @@ def lower_l2_normalization(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x(*i) / norm.at(list(i[:-1]) + [hl.Expr(0)]))]
 
 
-@register("ARG_MAX", "ARG_MIN")
+@register("ARG_MAX", "ARG_MIN", compile_time=(1,))
 def lower_arg(ctx: OpContext) -> list[Value]:
     """Index of the first maximum (minimum) along the constant axis."""
     x = ctx.value(0)

@@ -14,6 +14,7 @@ from typing import Callable, NamedTuple, Sequence
 import halide as hl
 import numpy as np
 
+from tflite_tools.model.fingerprint import constant_text
 from tflite_tools.model.ir import Operator, Tensor
 
 from ..values import Value, dim_vars, halide_type
@@ -64,6 +65,11 @@ class OpContext:
     # Block inputs of indices the host checks before a device kernel runs (movement.index_operand):
     # the tensor, the bound of each innermost position (cyclically), the op's name for the message.
     index_checks: list[tuple[Tensor, tuple[int, ...], str]] = field(default_factory=list)
+    # Inputs the chosen lowering declared it reads at compile time (register(compile_time=...)), and
+    # what it read of them: input index -> the value's text (or a property's), which the kernel's
+    # identity includes (tflite_tools.model.fingerprint). Reading any other constant is refused.
+    compile_time_inputs: tuple[int, ...] = ()
+    bound: dict[int, str] = field(default_factory=dict)
 
     def value(self, i: int) -> Value:
         """Input `i` as a Value (a runtime tensor: data, weights, bias)."""
@@ -89,11 +95,31 @@ class OpContext:
         return i < len(self.op.inputs) and self.op.inputs[i] is not None
 
     def const(self, i: int) -> np.ndarray:
-        """Input `i` as a compile-time constant (axes, shapes, permutations, paddings)."""
+        """Input `i` as a compile-time constant (axes, permutations, paddings), baked into the
+        kernel: its value joins the kernel's identity, so blocks that differ in it never share one."""
+        value = self._compile_time(i)
+        self._bind(i, constant_text(value))
+        return value
+
+    def const_property(self, i: int, what: str, test: Callable[[np.ndarray], bool]) -> bool:
+        """Whether constant input `i` has a property (`test` of its value) that the kernel is built
+        on while the value itself stays a kernel argument (int8 weights that never reach -128):
+        the answer joins the kernel's identity, so weights without the property get another kernel."""
+        answer = bool(test(self._compile_time(i)))
+        self._bind(i, f"{what}={answer}")
+        return answer
+
+    def _compile_time(self, i: int) -> np.ndarray:
+        if i not in self.compile_time_inputs:
+            raise LoweringError(f"{self.op.name}: its lowering reads input {i} at compile time without declaring it "
+                                "(register(..., compile_time=...)), so kernels could not tell two values apart")
         t = self.op.inputs[i] if i < len(self.op.inputs) else None
         if t is None or t.data is None:
             raise LoweringError(f"{self.op.name}: input {i} must be a constant")
         return np.asarray(t.data)
+
+    def _bind(self, i: int, text: str) -> None:
+        self.bound[i] = text if self.bound.get(i, text) == text else f"{self.bound[i]};{text}"
 
     def out_shape(self, k: int = 0) -> tuple[int, ...]:
         """TFLite shape of output `k`."""
@@ -171,6 +197,13 @@ LOWERINGS: dict[str, Lowering] = {}
 # ("16x8", quantized16.py), whose kernels sum and rescale in 64 bits.
 QUANTIZED_LOWERINGS: dict[str, Lowering] = {}
 QUANTIZED16_LOWERINGS: dict[str, Lowering] = {}
+TABLES = {"float": LOWERINGS, "int8": QUANTIZED_LOWERINGS, "int16": QUANTIZED16_LOWERINGS}
+# (table kind, op name) -> the inputs its lowering reads at compile time (OpContext.const): the
+# kinds are "float", "int8" and "int16", as lower() chooses a table.
+COMPILE_TIME_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {}
+# The same keys -> the constant inputs whose values the output shapes already fix (a RESHAPE's new
+# shape): neither read nor passed. Every other constant input is a kernel argument.
+SHAPE_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {}
 
 # Ops that only move elements: on quantized tensors they are the float lowering unchanged, as long
 # as input and output share one scale and zero point (TFLite requires it of these ops).
@@ -181,16 +214,22 @@ MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_
             "PAD", "PADV2", "RESIZE_NEAREST_NEIGHBOR", "TILE", "BROADCAST_TO"}
 
 
-def register(*names: str, quantized: bool = False, int16: bool = False) -> Callable[[Lowering], Lowering]:
+def register(*names: str, quantized: bool = False, int16: bool = False, compile_time: tuple[int, ...] = (),
+             shape_inputs: tuple[int, ...] = ()) -> Callable[[Lowering], Lowering]:
     """Registers a lowering for one or more TFLite builtins (on int8 tensors if `quantized`, on
-    int16 activations if `int16`)."""
-    table = QUANTIZED16_LOWERINGS if int16 else QUANTIZED_LOWERINGS if quantized else LOWERINGS
+    int16 activations if `int16`). `compile_time` names the inputs it may read while it builds the
+    kernel (OpContext.const, const_property), `shape_inputs` those the output shapes fix; every other
+    constant reaches the kernel as an argument (tests/test_kernel_identity.py checks all three)."""
+    kind = "int16" if int16 else "int8" if quantized else "float"
+    table = TABLES[kind]
 
     def add(fn: Lowering) -> Lowering:
         for name in names:
             if name in table:
                 raise ValueError(f"two lowerings for {name}")
             table[name] = fn
+            COMPILE_TIME_INPUTS[(kind, name)] = tuple(compile_time)
+            SHAPE_INPUTS[(kind, name)] = tuple(shape_inputs)
         return fn
 
     return add
@@ -220,19 +259,20 @@ def lower(ctx: OpContext) -> list[Value]:
         # int16 activations with int8 weights, or a requantization between int8 and int16.
         mixed_16x8 = ctx.op.name == "QUANTIZE" or any(t.type_name == "INT16" for t in quantized if not t.is_constant)
         if types == {"INT16"} or types == {"INT16", "INT8"} and mixed_16x8:
-            table, kind = QUANTIZED16_LOWERINGS, "int16"
+            kind = "int16"
         elif types == {"INT8"}:
-            table, kind = QUANTIZED_LOWERINGS, "int8"
+            kind = "int8"
         else:
             raise LoweringError(f"{ctx.op.name}: only int8 and 16x8 (int16 activations, int8 weights) quantized "
                                 "kernels are generated")
-        fn = table.get(ctx.op.name)
+        fn = TABLES[kind].get(ctx.op.name)
         if fn is None and ctx.op.name in MOVEMENT and _same_quantization(quantized) and not ctx.op.fused_activation:
-            fn = LOWERINGS[ctx.op.name]
+            fn, kind = LOWERINGS[ctx.op.name], "float"
         if fn is None:
             raise LoweringError(f"no {kind} Halide lowering for {ctx.op.name}")
-        return fn(ctx)
-    fn = LOWERINGS.get(ctx.op.name)
-    if fn is None:
-        raise LoweringError(f"no Halide lowering for {ctx.op.name}")
+    else:
+        fn, kind = LOWERINGS.get(ctx.op.name), "float"
+        if fn is None:
+            raise LoweringError(f"no Halide lowering for {ctx.op.name}")
+    ctx.compile_time_inputs = COMPILE_TIME_INPUTS[(kind, ctx.op.name)]
     return fn(ctx)

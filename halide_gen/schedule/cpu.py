@@ -746,23 +746,22 @@ def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuPara
             continue
         v.func.compute_root()
         fv = _vars(v.func)
-        if not _tile_transpose(v.func, producer, v.shape, params.lanes):
+        if not _tile_transpose(v, params.lanes):
             _vectorize_inner(v.func, v.shape, params, vectorized, output=True, joins=v.joins)
         if len(fv) > 1 and _parallel_worthwhile(params, v.shape):
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
 
 
-def _tile_transpose(f: hl.Func, op, shape, lanes: int) -> bool:
+def _tile_transpose(value: Value, lanes: int) -> bool:
     """Schedules a materialised TRANSPOSE that moves the innermost axis in square tiles of `lanes`:
     each output vector then comes from `lanes` unrolled reads along the input's own innermost axis,
     which LLVM turns into vector loads and shuffles, instead of one gather of `lanes` elements
     (bert's K^T, 128 x 64 per head: 28 us as gathers, 6 us in tiles: half its QK^T block). False
     (nothing scheduled) for any other op, or a transpose that keeps the innermost axis."""
-    if op.name != "TRANSPOSE" or op.inputs[1] is None or op.inputs[1].data is None:
+    if not value.perm:
         return False
-    rank = len(shape)
-    perm = [int(p) % rank for p in np.asarray(op.inputs[1].data)]
-    source_axis = perm.index(rank - 1)  # the output axis that walks the input's innermost one
+    f, shape, rank = value.func, value.shape, value.rank
+    source_axis = value.perm.index(rank - 1)  # the output axis that walks the input's innermost one
     if source_axis == rank - 1 or shape[-1] < lanes or shape[source_axis] < lanes:
         return False
     v = _vars(f)

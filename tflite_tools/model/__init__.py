@@ -7,7 +7,8 @@ nothing of the project's outside this subpackage, and of LiteRT only its flatbuf
 - `ir`: the mutable graph IR (`Model`, `Subgraph`, `Operator`, `Tensor`).
 - `reader` / `writer`: flatbuffer bytes <-> IR, validating on the way in, atomic on the way out.
 - `builder`: `ModelBuilder`, for tests and for the rewritten model's new operators.
-- `stats`, `fingerprint`: per-operator FLOPs and bytes, and the content hash a kernel bundle is
-  matched against.
+- `stats`, `fingerprint`: per-operator FLOPs and bytes, and the canonical form behind every
+  identity: a block's kernel (shared and cached by it), the planner's block signature and the
+  model fingerprint a kernel bundle is matched against.
 - `atomic`, `errors`: the write-then-rename helpers and the one error type for bad input.
 """

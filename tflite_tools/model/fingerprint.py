@@ -1,24 +1,39 @@
-"""A model's structure as one hash: what a kernel bundle was built for.
+"""What a kernel, or a bundle of kernels, was built for, as one hash.
 
-The fingerprint covers what the delegate's kernels depend on — operators (codes, options, which
-tensors they read and write, in order) and tensors (types, shapes, which are constants, and the
-scales and zero points of quantized ones, which int8 kernels compile in) — and not the weights,
-which the delegate reads from the model at run time. `tflite_tools fuse` stores
-it in the fused model's metadata and in the delegate library; the delegate declines a model whose
-fingerprint differs.
+One canonical form of a list of operators serves every identity the project keeps:
+
+- a block's **kernel identity** (`block_identity`): kernels are named, shared between identical
+  blocks and cached on disk under it;
+- the planner's **block signature**: the same form without bound constants (below), which only
+  the lowering knows;
+- the **model fingerprint** (`subgraph_fingerprint`) that `tflite_tools fuse` stores in the fused
+  model's metadata and in the delegate library; the delegate declines a model whose fingerprint
+  differs.
+
+The form covers operators (builtin and custom codes, versions, options, options2, custom options,
+which tensors they read and write, in order) and tensors (types, shapes, which are constants, the
+scales and zero points of quantized ones, which int8 kernels compile in). Constant *values* enter
+only where they are **bound**: read while a kernel is built (a SLICE's begin, a PAD's amounts, a
+TRANSPOSE's permutation, a property of int8 weights), as the lowering records them
+(halide_gen.lower.registry.OpContext.const). Weights a kernel takes as arguments stay out, so
+repeated layers share one kernel and the delegate reads them from the model at run time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .ir import Subgraph
+from .ir import Operator, Subgraph, Tensor
 
 METADATA_NAME = "dnnfusion.fingerprint"  # delegate/include/dnnfusion/bundle.h: kFingerprintMetadata
+FORM_VERSION = 3  # bump when the canonical form changes
+
+# (operator position, input index) -> the bound value's text (constant_text, or a property).
+Bound = Mapping[tuple[int, int], str]
 
 
 def _canonical(value: Any) -> Any:
@@ -36,9 +51,8 @@ def _canonical(value: Any) -> Any:
     return {type(value).__name__: {k: _canonical(v) for k, v in sorted(vars(value).items())}}
 
 
-def _tensor_key(t) -> list:
-    """What a kernel depends on of a tensor (quantization only where there is some, so float
-    models keep the fingerprints they had)."""
+def _tensor_key(t: Tensor) -> list:
+    """What a kernel depends on of a tensor besides its value (quantization only where there is some)."""
     key = [t.dtype, list(t.shape), t.is_constant]
     q = t.quantization
     if q is not None and q.scale is not None and len(q.scale):
@@ -47,18 +61,49 @@ def _tensor_key(t) -> list:
     return key
 
 
-def subgraph_fingerprint(sg: Subgraph) -> str:
-    """The hex SHA-256 of the subgraph's structure (tensor indices are list positions, as the
-    writer saves them)."""
-    index = {id(t): i for i, t in enumerate(sg.tensors)}
-    text = json.dumps({
-        "tensors": [_tensor_key(t) for t in sg.tensors],
-        "operators": [[op.opcode.builtin, op.opcode.custom_code,
-                       [index[id(t)] if t is not None else -1 for t in op.inputs],
-                       [index[id(t)] for t in op.outputs],
+def constant_text(value: np.ndarray) -> str:
+    """A bound constant's value as identities record it: type, shape and a digest of its bytes."""
+    value = np.ascontiguousarray(value)
+    return f"{value.dtype.str}{list(value.shape)}:{hashlib.sha256(value.tobytes()).hexdigest()[:32]}"
+
+
+def _digest(operators: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
+            name_of: Callable[[Tensor], Any], bound: Bound) -> str:
+    """The hex SHA-256 of the canonical form: each operator with its operands (named by `name_of`,
+    each with its tensor key and, where bound, its value), then the inputs and outputs."""
+
+    def operand(n: int, i: int, t: Tensor | None) -> Any:
+        if t is None:
+            return None
+        return [name_of(t), _tensor_key(t), bound.get((n, i))]
+
+    form = {
+        "form": FORM_VERSION,
+        "operators": [[op.opcode.builtin, op.opcode.custom_code, op.opcode.version,
+                       [operand(n, i, t) for i, t in enumerate(op.inputs)],
+                       [operand(n, -1, t) for t in op.outputs],
                        _canonical(op.options), _canonical(op.options2), _canonical(op.custom_options)]
-                      for op in sg.operators],
-        "inputs": [index[id(t)] for t in sg.inputs],
-        "outputs": [index[id(t)] for t in sg.outputs],
-    }, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
+                      for n, op in enumerate(operators)],
+        "inputs": [name_of(t) for t in inputs],
+        "outputs": [name_of(t) for t in outputs],
+    }
+    return hashlib.sha256(json.dumps(form, sort_keys=True).encode()).hexdigest()
+
+
+def block_identity(operators: Sequence[Operator], outputs: Sequence[Tensor], bound: Bound | None = None) -> str:
+    """The identity of a kernel computing `outputs` (in order) from `operators` (in execution
+    order): tensors are named by first use, so identical blocks anywhere in any model agree.
+    `bound` keys an operator's position in `operators`."""
+    names: dict[int, int] = {}
+
+    def name_of(t: Tensor) -> int:
+        return names.setdefault(id(t), len(names))
+
+    return _digest(operators, [], outputs, name_of, bound or {})
+
+
+def subgraph_fingerprint(sg: Subgraph, bound: Bound | None = None) -> str:
+    """The fingerprint of a subgraph and the kernels built for it: tensors named by their index
+    (as the writer saves them and the delegate claims them), `bound` keyed by node index."""
+    index = {id(t): i for i, t in enumerate(sg.tensors)}
+    return _digest(sg.operators, sg.inputs, sg.outputs, lambda t: index[id(t)], bound or {})

@@ -97,7 +97,7 @@ struct ScratchSpec {
 // One fused block and its kernel.
 struct BlockSpec {
   const char* name;  // as in plan.json and report.md
-  const char* signature;  // the kernel's block signature (identical blocks share a kernel)
+  const char* signature;  // the kernel's entry point, named by its identity (blocks of one identity share it)
   KernelEntry kernel;  // Halide's `<name>_argv`: inputs, then outputs, as halide_buffer_t*
   int32_t profitable;  // measured (or estimated) faster than TFLite on the same nodes
   int32_t first_node;  // slice of Bundle::nodes
