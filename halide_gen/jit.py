@@ -54,7 +54,12 @@ class JitKernel:
     def inputs_from(self, feeds: dict[int, np.ndarray]) -> list[np.ndarray]:
         """Argument arrays from a map of id(tensor) -> array; constants supply their own (packed)
         data."""
-        arrays = []
-        for arg in self.kernel.arguments:
-            arrays.append(arg.data_from(arg.tensor.data if arg.tensor.is_constant else feeds[id(arg.tensor)]))
-        return arrays
+        return argument_arrays(self.kernel, feeds)
+
+
+def argument_arrays(kernel: BlockKernel, feeds: dict[int, np.ndarray]) -> list[np.ndarray]:
+    """The arrays to pass for `kernel`'s arguments, in order, from a map of id(tensor) -> array;
+    constants supply their own (packed) data. Any kernel of the same identity takes them: that is
+    how a bundle runs one kernel for every block it serves."""
+    return [arg.data_from(arg.tensor.data if arg.tensor.is_constant else feeds[id(arg.tensor)])
+            for arg in kernel.arguments]

@@ -20,7 +20,7 @@ from fusion.ecg import build_ecg
 from fusion.plan import plan_fusion
 from fusion.rewrite import rewrite
 from halide_gen.block import build_block
-from halide_gen.jit import JitKernel
+from halide_gen.jit import JitKernel, argument_arrays
 from halide_gen.lower import LoweringError
 from halide_gen.schedule import schedule_cpu
 from halide_gen.schedule.cpu import X86, CpuParams
@@ -52,7 +52,8 @@ def block_kind(names: list[str]) -> str:
 def check_model_blocks(model: Model | str | Path, precision: str = "fp32", params: CpuParams = X86,
                        seed: int = 3, allow_unlowered: bool = False, scale_floor: float = 1e-30) -> Counter:
     """Checks every planned block of `model` (a Model, or a path) against LiteRT under the CPU
-    schedule `params`; returns the block kinds checked. A block with no lowering fails the check
+    schedule `params`, one kernel per identity (each block runs the first kernel built for its
+    identity, on its own arguments, as in a bundle); returns the block kinds checked. A block with no lowering fails the check
     unless `allow_unlowered` (random graphs: fuse leaves such a block to TFLite). Float errors are
     relative to max(max|ref|, `scale_floor`): a graph built at unit scale passes 1.0, since one
     output element that cancels to near zero (a 100-term dot product summing to 0.05) has a rounding
@@ -67,6 +68,7 @@ def check_model_blocks(model: Model | str | Path, precision: str = "fp32", param
     runtime.run(interp, runtime.random_inputs(interp, seed))
     plan = plan_fusion(build_ecg(sg))
     kinds: Counter = Counter()
+    jits: dict[str, JitKernel] = {}  # one kernel per identity, run for every block of it, as a bundle does
     for block in plan.blocks:
         if block.opaque_reason:
             continue
@@ -77,8 +79,10 @@ def check_model_blocks(model: Model | str | Path, precision: str = "fp32", param
             if not allow_unlowered:
                 raise
             continue
-        jit = JitKernel(lowered, schedule=lambda k: schedule_cpu(k, params))
-        got = jit(jit.inputs_from({id(t): interp.get_tensor(index[id(t)]) for t in block.inputs}))
+        if lowered.identity not in jits:
+            jits[lowered.identity] = JitKernel(lowered, schedule=lambda k: schedule_cpu(k, params))
+        feeds = {id(t): interp.get_tensor(index[id(t)]) for t in block.inputs}
+        got = jits[lowered.identity](argument_arrays(lowered, feeds))
         for t, out in zip(block.outputs, got):
             ref = interp.get_tensor(index[id(t)])
             if ref.dtype.kind == "f":

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from tflite_tools.model.builder import ModelBuilder, quantization
 from tflite_tools.model.ir import Model, Tensor
+from twins import with_twins
 
 ACTIVATIONS = ("NONE", "RELU", "RELU6", "RELU_N1_TO_1")
 
@@ -472,8 +473,10 @@ class Drawn:
 
 
 @st.composite
-def graphs(draw, int8: bool = False, max_ops: int = 10) -> Drawn:
-    """A random valid model of 1 to `max_ops` ops (see the module docstring)."""
+def graphs(draw, int8: bool = False, max_ops: int = 10, twins: bool = False) -> Drawn:
+    """A random valid model of 1 to `max_ops` ops (see the module docstring); with `twins`, each op
+    repeated with other weights and other values of the constants its kernel bakes in
+    (tests/twins.py): block shapes that repeat with differing constants."""
     seed = draw(st.integers(0, 2**16))
     g = Graph(ModelBuilder(), np.random.default_rng(seed), int8)
     h, w, c = draw(st.integers(1, 20)), draw(st.integers(1, 20)), draw(st.integers(1, 12))
@@ -503,4 +506,5 @@ def graphs(draw, int8: bool = False, max_ops: int = 10) -> Drawn:
                                                             filter_height=1, filter_width=1)),
                                 quant=g.maps[-1].quantization)]
     g.builder.output(*outputs)
-    return Drawn(g.builder.build())
+    model = g.builder.build()
+    return Drawn(with_twins(model, g.rng) if twins else model)

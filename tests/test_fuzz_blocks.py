@@ -3,7 +3,9 @@ plan, compiled, and compared with LiteRT's reference kernels.
 
 Two checks per graph family:
 - `blocks`: every planned block JIT-compiled under the host CPU templates, with conv chains streamed
-  even when small (STREAM_ALWAYS), fed the block's inputs from LiteRT's run of the rewritten model.
+  even when small (STREAM_ALWAYS), fed the block's inputs from LiteRT's run of the rewritten model;
+  one kernel per identity, as in a bundle (the `twins` families repeat every op with other
+  constants, so blocks of one shape differ in what their kernels bake in).
 - `delegate`: the whole graph through `fuse` for the host and the delegate with claim:all, against
   LiteRT's reference kernels running the original model.
 
@@ -11,6 +13,7 @@ CI runs a fixed, derandomized budget. By hand, thousands (figures in bench/RESUL
 
     DNNFUSION_FUZZ_EXAMPLES=5000 python -m pytest tests/test_fuzz_blocks.py -k test_blocks_float -p no:cacheprovider
     DNNFUSION_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz_blocks.py -k test_blocks_int8
+    DNNFUSION_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz_blocks.py -k "blocks and twins"
 
 (add DNNFUSION_FUZZ_SEED=N for another derandomized sequence, or DNNFUSION_FUZZ_RANDOM=1 for a new
 one each run). A failure prints the shrunk graph's ops; save it with `DNNFUSION_FUZZ_SAVE=DIR`, then
@@ -82,6 +85,23 @@ def test_blocks_int8(model):
     _keep_on_failure(model, lambda m: check_model_blocks(m, params=STREAM_ALWAYS, allow_unlowered=True, scale_floor=1.0))
 
 
+# Twinned graphs: every op again with other weights and other baked-in constants (tests/twins.py).
+# Blocks of one identity run one kernel, in the per-block check as in a bundle, so a constant a
+# kernel bakes in without its identity covering it fails here.
+@seed(_SEED)
+@settings(**_budget(20))
+@given(model=graphs(twins=True))
+def test_blocks_float_twins(model):
+    _keep_on_failure(model, lambda m: check_model_blocks(m, params=STREAM_ALWAYS, allow_unlowered=True, scale_floor=1.0))
+
+
+@seed(_SEED)
+@settings(**_budget(12))
+@given(model=graphs(int8=True, twins=True))
+def test_blocks_int8_twins(model):
+    _keep_on_failure(model, lambda m: check_model_blocks(m, params=STREAM_ALWAYS, allow_unlowered=True, scale_floor=1.0))
+
+
 def _through_delegate(model: Model, cache: Path) -> None:
     with tempfile.TemporaryDirectory(prefix="dnnfusion-fuzz-") as tmp:
         source = Path(tmp) / "graph.tflite"
@@ -100,6 +120,13 @@ def test_delegate_float(model, tmp_path_factory):
 @settings(**_budget(4))
 @given(model=graphs(int8=True))
 def test_delegate_int8(model, tmp_path_factory):
+    _keep_on_failure(model, lambda m: _through_delegate(m, tmp_path_factory.getbasetemp() / "fuzz-cache"))
+
+
+@seed(_SEED)
+@settings(**_budget(3))
+@given(model=graphs(twins=True))
+def test_delegate_float_twins(model, tmp_path_factory):
     _keep_on_failure(model, lambda m: _through_delegate(m, tmp_path_factory.getbasetemp() / "fuzz-cache"))
 
 
