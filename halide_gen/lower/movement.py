@@ -44,7 +44,7 @@ def lower_transpose(ctx: OpContext) -> list[Value]:
             src[p] = i[a]
         return x.at(src)
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [dataclasses.replace(define(ctx.func_name(), ctx.out_shape(), body), perm=tuple(perm))]
 
 
 def _joined(ctx: OpContext) -> tuple[tuple[int, ...], int, list[Value]]:
