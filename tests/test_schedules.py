@@ -182,11 +182,27 @@ def test_transposed_matmul_operand_is_copied_in_square_tiles_and_exact():
     (block,) = plan.blocks
     ops = [plan.ecg.nodes[i].op for i in block.ops]
     kernel = build_block(block.name, ops, block.outputs)
-    tiled = [op for op in ops if op.name == "TRANSPOSE"
-             and _tile_transpose(kernel.values[id(op.outputs[0])].func, op, op.outputs[0].shape, 16)]
+    tiled = [op for op in ops if op.name == "TRANSPOSE" and _tile_transpose(kernel.values[id(op.outputs[0])], 16, set())]
     assert [list(op.inputs[1].data) for op in tiled] == [[0, 2, 3, 1]]  # K's, not Q's (innermost kept)
     for params in (X86, NEON):
         check_model_blocks(model, params=params)
+
+
+@pytest.mark.parametrize("rows, depth, key_output", [(128, 26, False), (16, 32, True), (40, 13, True)])
+def test_a_tiled_transpose_that_is_also_a_root_or_an_output_is_scheduled_once(rows, depth, key_output):
+    # K^T tiled for its matrix product, and also read broadcast (128 keys against a head of 26:
+    # a root of its own) or a block output (vectorized as one): a second schedule of the tiled axis
+    # was a Halide error that ended the fuse.
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule.cpu import NEON, X86
+
+    b = tflite_tools.ModelBuilder()
+    q, k = b.input("q", [1, rows, 2, depth]), b.input("k", [1, rows, 2, depth])
+    qt = b.op("TRANSPOSE", [q, b.const("pq", np.array([0, 2, 1, 3], np.int32))], [1, 2, rows, depth])
+    kt = b.op("TRANSPOSE", [k, b.const("pk", np.array([0, 2, 3, 1], np.int32))], [1, 2, depth, rows])
+    b.output(b.op("BATCH_MATMUL", [qt, kt], [1, 2, rows, rows]), *([kt] if key_output else []))
+    for params in (X86, NEON):
+        check_model_blocks(b.build(), params=params)
 
 
 def _realized_producers(model):

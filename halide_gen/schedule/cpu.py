@@ -746,24 +746,27 @@ def _materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuPara
             continue
         v.func.compute_root()
         fv = _vars(v.func)
-        if not _tile_transpose(v, params.lanes):
+        if not _tile_transpose(v, params.lanes, vectorized):
             _vectorize_inner(v.func, v.shape, params, vectorized, output=True, joins=v.joins)
         if len(fv) > 1 and _parallel_worthwhile(params, v.shape):
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
 
 
-def _tile_transpose(value: Value, lanes: int) -> bool:
+def _tile_transpose(value: Value, lanes: int, done: set[str]) -> bool:
     """Schedules a materialised TRANSPOSE that moves the innermost axis in square tiles of `lanes`:
     each output vector then comes from `lanes` unrolled reads along the input's own innermost axis,
     which LLVM turns into vector loads and shuffles, instead of one gather of `lanes` elements
     (bert's K^T, 128 x 64 per head: 28 us as gathers, 6 us in tiles: half its QK^T block). False
-    (nothing scheduled) for any other op, or a transpose that keeps the innermost axis."""
-    if not value.perm:
+    (nothing scheduled) for any other op, a transpose that keeps the innermost axis, or one
+    scheduled already (`done`, as _vectorize_inner takes it: a second split of an axis is an error,
+    and two reductions of a block may read one transpose)."""
+    if not value.perm or value.func.name() in done:
         return False
     f, shape, rank = value.func, value.shape, value.rank
     source_axis = value.perm.index(rank - 1)  # the output axis that walks the input's innermost one
     if source_axis == rank - 1 or shape[-1] < lanes or shape[source_axis] < lanes:
         return False
+    done.add(f.name())
     v = _vars(f)
     c, x = v[0], v[rank - 1 - source_axis]
     co, xo, ci, xi = (hl.Var(f"{name}_t") for name in ("co", "xo", "ci", "xi"))
