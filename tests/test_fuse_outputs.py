@@ -186,3 +186,37 @@ def test_unusable_cache_dir(capsys, tmp_path, model_path, monkeypatch):
     code, err = fuse_cli(capsys, model_path(MODEL), tmp_path / "out")
     assert code == 2 and "DNNFUSION_CACHE_DIR" in one_error_line(err)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("failure", ["halide", "python"])
+def test_a_block_the_generator_cannot_build_is_left_to_tflite(capsys, tmp_path, model_path, monkeypatch, failure):
+    # A fault of the code generator on one block (Halide refusing a schedule, a bug in a template)
+    # declines that block with one warning line and its reason in report.md and plan.json; the rest
+    # of the model is fused, claimed and matches LiteRT.
+    import halide as hl
+
+    import halide_gen.aot
+
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))  # nothing compiled before
+    schedule = halide_gen.aot.schedule_from
+
+    def failing(kernel, *args):
+        if any(op.name == "CONCATENATION" for op in kernel.ops):
+            raise (hl.HalideError("Error: In schedule for f, could not find split dimension: c") if failure == "halide"
+                   else IndexError("list index out of range"))
+        return schedule(kernel, *args)
+
+    monkeypatch.setattr(halide_gen.aot, "schedule_from", failing)
+    out = tmp_path / "out"
+    code, err = fuse_cli(capsys, model_path("unet_tiny"), out)
+    assert code == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("tflite_tools: warning: ")]
+    assert len(warnings) >= 1 and all("is left to TFLite: cannot be built" in w for w in warnings), err
+    plan = json.loads((out / "plan.json").read_text())
+    declined = [k for k in plan["kernels"] if "CONCATENATION" in k["ops"]]
+    built = [k for k in plan["kernels"] if k["kernel"]]
+    assert declined and all(k["kernel"] is None and "cannot be built" in k["skipped"] for k in declined)
+    assert built and "cannot be built" in (out / "report.md").read_text()
+    outcome = run(out / "model.fused.tflite", delegate=out / "libunet_tiny_dnnfusion.so", options={"claim": "all"})
+    assert outcome.ok, outcome.errors
+    assert outcome.claims["claimed_nodes"] == sorted(n for k in built for n in k["nodes"])

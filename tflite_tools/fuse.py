@@ -29,9 +29,12 @@ import os
 import re
 import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+
+import halide as hl
 
 from fusion.cost import default_cache_dir
 from fusion.pipeline import plan_model
@@ -235,10 +238,17 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
                 record.schedule = timings.best_schedule(lowered.identity, block, ops, job.spec.name)
             artifact = compile_kernel(ops, block.outputs, job.spec.name, job.cache_dir,
                                       emit_asm=job.emit_asm, schedule=record.schedule)
+            _check_interface(artifact, lowered)
         except LoweringError as exc:
             record.skipped = f"no lowering: {exc}"
             continue
-        _check_interface(artifact, lowered)
+        except BUILD_FAILURES as exc:
+            # A fault of the code generator on this block, not of the model: the block stays with
+            # TFLite and the rest of the model is fused.
+            record.skipped = f"cannot be built ({type(exc).__name__}): {_first_line(exc)}"
+            warnings.warn(f"{block.name} ({'+'.join(record.ops)}) is left to TFLite: {record.skipped}", BlockWarning,
+                          stacklevel=2)
+            continue
         record.kernel, record.cached = artifact.function, artifact.cached
         if job.measure:
             record.ratio = timings.ratio(artifact.identity, block, ops, record.schedule)
@@ -254,6 +264,23 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
     if timings is not None:
         timings.save()
     return records, blocks
+
+
+class BlockWarning(UserWarning):
+    """A block the code generator failed to build: it stays with TFLite (the CLI prints one line)."""
+
+
+# What building one block may raise besides LoweringError when the code generator has a fault: Halide's
+# own errors (a schedule it refuses) and Python's. The machine's faults (OSError: a full disk) and
+# bad input (ModelError) still end the fuse.
+BUILD_FAILURES = (hl.HalideError, ArithmeticError, AssertionError, AttributeError, LookupError, NotImplementedError,
+                  RuntimeError, TypeError, ValueError)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The first non-empty line of an error's message, without Halide's "Error: " prefix."""
+    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    return line.removeprefix("Error: ")
 
 
 def _restore_stored_weights(model: Model, records: list[KernelRecord], blocks: list[BundleBlock]) -> int:
