@@ -1,11 +1,12 @@
 """Random valid TFLite graphs for the fused-block fuzzer (tests/test_fuzz_blocks.py).
 
-`float_graphs()` and `int8_graphs()` are hypothesis strategies of `ModelBuilder` models: chains and
-DAGs of up to 10 ops drawn from the lowered ops, on feature maps of random sizes (1, odd and
-non-vector-multiple extents included), with SAME / VALID padding, strides, dilations, kernels of 1-7,
-depth multipliers, fused activations, broadcasts against constants and against extra block inputs of
-ranks 1-4, and residual edges from any earlier tensor (block inputs included). Every draw goes
-through hypothesis, so a failing graph shrinks to a small one.
+`graphs()` is a hypothesis strategy of `ModelBuilder` models: chains and DAGs of up to 10 ops drawn
+from the lowered ops, on feature maps of random sizes (1, odd and non-vector-multiple extents
+included, 1-100 channels), with SAME / VALID padding, strides, dilations, kernels of 1-7, depth
+multipliers, fused activations, broadcasts against constants and against extra block inputs of
+ranks 1-4, attention over a map's pixels split into heads of any size, and residual edges from any
+earlier tensor (block inputs included); with `twins`, every op repeated with other constants. Every
+draw goes through hypothesis, so a failing graph shrinks to a small one.
 
 Shapes are computed here, as TFLite's kernels compute them (the builder writes what it is told and
 LiteRT checks it): a graph LiteRT refuses is a bug of this module, not of the compiler.
@@ -411,6 +412,32 @@ def attention_ops(b: ModelBuilder, q: Tensor, k: Tensor, v: Tensor, mask: np.nda
     return b.op("BATCH_MATMUL", [weights, v], [*lead, rows, v.shape[-1]])
 
 
+def attention(draw, g: Graph, x: Tensor):
+    """Self-attention over a map's pixels as converters emit it: the channels split into heads
+    ([1, h, w, H*D] -> [1, T, H, D] -> [1, H, T, D], any H dividing them: head sizes of 1 to 100,
+    primes included), keys transposed to [1, H, D, T] or read with adj_y, softmax(Q K^T) V, and the
+    heads joined back into the map."""
+    _, h, w, c = x.shape
+    heads = draw(st.sampled_from([d for d in range(1, c + 1) if c % d == 0]))
+    depth, rows = c // heads, h * w
+    if heads * rows * rows > MAX_ELEMENTS:
+        return None
+    b = g.builder
+
+    def moved(op: str, t: Tensor, value: list[int], shape: list[int], **options) -> Tensor:
+        return b.op(op, [t, b.const(g.name(op.lower()), np.array(value, np.int32))], shape, **options)
+
+    split = moved("RESHAPE", x, [1, rows, heads, depth], [1, rows, heads, depth], new_shape=[1, rows, heads, depth])
+    q = moved("TRANSPOSE", split, [0, 2, 1, 3], [1, heads, rows, depth])
+    explicit = draw(st.booleans())
+    k = moved("TRANSPOSE", split, [0, 2, 3, 1], [1, heads, depth, rows]) if explicit else q
+    scores = b.op("BATCH_MATMUL", [q, k], [1, heads, rows, rows], adj_y=not explicit)
+    weights = b.op("SOFTMAX", [scores], scores.shape, beta=1.0)
+    mixed = b.op("BATCH_MATMUL", [weights, q], [1, heads, rows, depth])
+    joined = moved("TRANSPOSE", mixed, [0, 2, 1, 3], [1, rows, heads, depth])
+    return moved("RESHAPE", joined, [1, h, w, c], [1, h, w, c], new_shape=[1, h, w, c])
+
+
 def layer_norm(draw, g: Graph, x: Tensor):
     """A LayerNorm over the channels of each pixel (layer_norm_ops)."""
     c = x.shape[-1]
@@ -449,7 +476,7 @@ def fully_connected(draw, g: Graph, x: Tensor):
 # depthwise convolution, streamed through row buffers, once read its input out of bounds).
 _COMMON = (conv_2d, depthwise_conv_2d, unary, binary, residual_block)
 FLOAT_OPS = 3 * _COMMON + (transpose_conv, pool, pad, concatenation, reshape, transpose, resize, strided_slice,
-                           space_depth, mean, softmax, fully_connected, layer_norm)
+                           space_depth, mean, softmax, fully_connected, layer_norm, attention)
 # Ops with int8 kernels, and the data movement that keeps one scale (claimed as float lowerings);
 # pooling, padding and concatenation run on TFLite's kernels and cut blocks. Every int8 kernel here
 # equals LiteRT's reference kernels bit for bit, so any difference is a bug. Not SOFTMAX: it is
@@ -479,7 +506,10 @@ def graphs(draw, int8: bool = False, max_ops: int = 10, twins: bool = False) -> 
     (tests/twins.py): block shapes that repeat with differing constants."""
     seed = draw(st.integers(0, 2**16))
     g = Graph(ModelBuilder(), np.random.default_rng(seed), int8)
-    h, w, c = draw(st.integers(1, 20)), draw(st.integers(1, 20)), draw(st.integers(1, 12))
+    # Channels: mostly few, sometimes up to 100 (primes included) on a map small enough to hold them.
+    c = draw(st.one_of(st.integers(1, 12), st.integers(13, 100)))
+    h = draw(st.integers(1, max(1, min(20, MAX_ELEMENTS // c))))
+    w = draw(st.integers(1, max(1, min(20, MAX_ELEMENTS // (c * h)))))
     quant = _q(draw(st.sampled_from([0.02, 0.05, 0.1])), draw(st.integers(-10, 10))) if int8 else None
     g.maps.append(g.builder.input("x", [1, h, w, c], "int8" if int8 else "float32", quant=quant))
     if draw(st.booleans()):
