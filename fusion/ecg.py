@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from tflite_tools.model.ir import Operator, Subgraph, Tensor
+from tflite_tools.model.shapes import sized_at_run_time
 
 from .mapping import MappingType, Prop, edge_type, op_info, op_mapping
 
@@ -76,7 +77,7 @@ class ECG:
         return all(c in members for c in self.consumers.get(id(t), []))
 
 
-def _opaque_reason(op: Operator, mapping: MappingType | None) -> str | None:
+def _opaque_reason(op: Operator, mapping: MappingType | None, run_time_sized: set[int]) -> str | None:
     if mapping is None and op.opcode.is_custom:
         return f"custom op {op.opcode.custom_code}"
     if mapping is None:
@@ -85,6 +86,10 @@ def _opaque_reason(op: Operator, mapping: MappingType | None) -> str | None:
     for t in tensors:
         if t.is_dynamic:
             return f"dynamic shape on {t.name!r}"
+        if id(t) in run_time_sized:
+            return f"{t.name!r} is sized only when the model runs"
+        if t.num_elements == 0:  # nothing to compute, and no memory a kernel could be handed
+            return f"{t.name!r} holds no elements"
         if t.type_name not in FUSIBLE_TYPES:
             return f"{t.type_name} tensor {t.name!r}"
         if t.is_variable:
@@ -99,11 +104,13 @@ def build_ecg(sg: Subgraph) -> ECG:
     nodes = []
     producer: dict[int, int] = {}
     consumers: dict[int, list[int]] = {}
+    run_time_sized = sized_at_run_time(sg.operators)
     for i, op in enumerate(sg.operators):
         info = op_info(op)
         mapping = op_mapping(op)
         edges = [None if t is None else edge_type(op, k) for k, t in enumerate(op.inputs)]
-        nodes.append(Node(i, op, mapping, info.props if info else Prop.NONE, edges, _opaque_reason(op, mapping)))
+        nodes.append(Node(i, op, mapping, info.props if info else Prop.NONE, edges,
+                          _opaque_reason(op, mapping, run_time_sized)))
         for t in op.outputs:
             producer[id(t)] = i
         for t in op.inputs:

@@ -27,6 +27,7 @@ import halide as hl
 
 from tflite_tools.model.errors import ToolchainError
 from tflite_tools.model.ir import Operator, Tensor
+from tflite_tools.model.shapes import sized_at_run_time
 
 from .aot import KernelArtifact, compile_runtime, default_kernel_cache
 from .block import Argument
@@ -209,7 +210,8 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
             outputs="kOutputs", blocks="kBlocks", n_blocks=len(blocks),
             default_claim=CLAIM_POLICY.value(info.default_claim),
             default_claim_threaded=CLAIM_POLICY.value(info.default_claim_threaded),
-            has_custom_ops=int(any(op.opcode.is_custom for op in info.operators)),
+            allow_dynamic_tensors=int(any(op.opcode.is_custom for op in info.operators)
+                                      or bool(sized_at_run_time(info.operators))),
             gpu_api=GPU_API.code(spec.gpu_api), half_precision=int(spec.precision == "fp16"),
             vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG), scratch="kScratch",
             needs_dot_product=int(spec.dot_product), index_bounds="kIndexBounds") + ";",

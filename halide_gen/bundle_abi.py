@@ -183,7 +183,7 @@ BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
     Field("n_blocks", "int32_t"),
     Field("default_claim", "int32_t", "ClaimPolicy when the options name none (`fuse --measure` picks it)"),
     Field("default_claim_threaded", "int32_t", "the same where the interpreter runs more than one thread"),
-    Field("has_custom_ops", "int32_t", "1: only a delegate applied after this one may run some nodes (plugin.cc)"),
+    Field("allow_dynamic_tensors", "int32_t", "1: the model has custom ops or tensors sized only as it runs (plugin.cc)"),
     Field("gpu_api", "int32_t", "GpuApi"),
     Field("half_precision", "int32_t", "1: float tensors stored as fp16 (--gpu-precision fp16)"),
     Field("vulkan_alloc_config", "const char*", "HL_VK_ALLOC_CONFIG unless the environment sets one"),

@@ -96,11 +96,12 @@ def test_the_fused_model_is_no_larger_than_the_original(path, fused, tmp_path):
 
 
 @pytest.mark.parametrize("path", RUNNABLE + corpus_model_paths(), ids=model_id)
-@pytest.mark.parametrize("claim", ["default", "all"])
+@pytest.mark.parametrize("claim", ["none", "default", "all"])
 def test_never_worse(path, claim, fused, tmp_path):
-    # What stock LiteRT + XNNPACK runs (dynamic dimensions, several subgraphs and custom ops
-    # included), the fused model with the delegate runs and matches, under its default policy and
-    # claiming all it can; quantized outputs within a step, or no further off than stock LiteRT
+    # What stock LiteRT + XNNPACK runs (dynamic dimensions, tensors sized only as the model runs,
+    # tensors of no elements, several subgraphs and custom ops included), the fused model with the
+    # delegate loaded runs and matches, claiming nothing, under its default policy and claiming all
+    # it can; quantized outputs within a step, or no further off than stock LiteRT
     # (tflite_tools.run.never_worse). With DNNFUSION_CORPUS set, over the converter corpus too.
     result = fused(path)
     outcome = run(result.model, delegate=result.library, options={} if claim == "default" else {"claim": claim},

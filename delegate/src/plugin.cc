@@ -158,13 +158,16 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   delegate->data_ = state;
   delegate->Prepare = DelegatePrepare;
   // Without AllowDynamicTensors TFLite prepares every node before it lets this delegate claim any,
-  // and a custom op that only a delegate applied after user delegates can run (XNNPACK claims
-  // MediaPipe's Convolution2DTransposeBias) is then "unresolved": a model that ran in stock LiteRT
-  // would no longer load. The flag skips that early preparation. It also keeps the graph mutable,
-  // so a later resize_tensor_input re-prepares our kernels instead of re-running the claim, and
-  // Prepare refuses the new shape with a clear error (partition.cc). Only models with custom ops
-  // make that trade; the others keep TFLite's re-claim on resize, which declines and falls back.
-  delegate->flags = state->bundle->has_custom_ops ? kTfLiteDelegateFlagsAllowDynamicTensors : kTfLiteDelegateFlagsNone;
+  // and refuses the delegate outright where a tensor is sized only as the model runs (a RANGE to a
+  // computed limit), or where a custom op that only a delegate applied after user delegates can
+  // run (XNNPACK claims MediaPipe's Convolution2DTransposeBias) is "unresolved": a model that ran in
+  // stock LiteRT would no longer load. The flag skips that early preparation (the bundle holds no
+  // kernel for an op touching such a tensor: fusion/ecg.py). It also keeps the graph mutable, so a
+  // later resize_tensor_input re-prepares our kernels instead of re-running the claim, and Prepare
+  // refuses the new shape with a clear error (partition.cc). Only models that need the flag make
+  // that trade; the others keep TFLite's re-claim on resize, which declines and falls back.
+  delegate->flags =
+      state->bundle->allow_dynamic_tensors ? kTfLiteDelegateFlagsAllowDynamicTensors : kTfLiteDelegateFlagsNone;
   Log(LogLevel::kInfo, "loaded the kernel bundle for %s (%s, %d blocks), claim:%s", state->bundle->model,
       state->bundle->target, state->bundle->n_blocks, ClaimPolicyName(state->options.claim));
   return delegate;

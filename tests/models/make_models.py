@@ -111,6 +111,25 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         b.output(y)
         return b.build()
 
+    def dynamic_range():
+        # A tensor LiteRT sizes only as the model runs (a RANGE to an input's limit) beside a block
+        # that has static shapes: the delegate must load and claim the block.
+        b = ModelBuilder()
+        x = b.input("x", [1, 4, 4, 3])
+        n = b.input("n", [], "int32")
+        y = b.op("RELU", [b.op("ADD", [x, b.const("bias", weights(3))], [1, 4, 4, 3])], [1, 4, 4, 3])
+        r = b.op("RANGE", [b.const("start", np.array(0, np.int32)), n, b.const("delta", np.array(1, np.int32))], [1])
+        r.shape_signature = (-1,)
+        b.output(y, r)
+        return b.build()
+
+    def zero_size():
+        # A tensor of no elements: LiteRT runs the model; no kernel is built for it.
+        b = ModelBuilder()
+        x = b.input("x", [1, 0, 4, 3])
+        b.output(b.op("RELU", [b.op("ADD", [x, b.const("bias", weights(3))], [1, 0, 4, 3])], [1, 0, 4, 3]))
+        return b.build()
+
     def custom_op():
         b = ModelBuilder()
         x = b.input("x", [1, 4])
@@ -129,6 +148,8 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         "split_outputs": split_outputs,
         "int8_add": int8_add,
         "dynamic_batch": dynamic_batch,
+        "dynamic_range": dynamic_range,
+        "zero_size": zero_size,
         "custom_op": custom_op,
     }
 

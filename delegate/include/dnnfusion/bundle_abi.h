@@ -130,7 +130,7 @@ struct Bundle {
   int32_t n_blocks;
   int32_t default_claim;  // ClaimPolicy when the options name none (`fuse --measure` picks it)
   int32_t default_claim_threaded;  // the same where the interpreter runs more than one thread
-  int32_t has_custom_ops;  // 1: only a delegate applied after this one may run some nodes (plugin.cc)
+  int32_t allow_dynamic_tensors;  // 1: the model has custom ops or tensors sized only as it runs (plugin.cc)
   int32_t gpu_api;  // GpuApi
   int32_t half_precision;  // 1: float tensors stored as fp16 (--gpu-precision fp16)
   const char* vulkan_alloc_config;  // HL_VK_ALLOC_CONFIG unless the environment sets one
