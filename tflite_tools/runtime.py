@@ -103,4 +103,12 @@ def run(interp: Any, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     for detail, value in zip(interp.get_input_details(), inputs):
         interp.set_tensor(detail["index"], value)
     interp.invoke()
-    return [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]
+    return [_output(interp, d) for d in interp.get_output_details()]
+
+
+def _output(interp: Any, detail: dict) -> np.ndarray:
+    """A copy of an output. LiteRT refuses to read one of no elements (a RANGE to 0: "Invalid tensor
+    size"), so that is made here, of its current shape."""
+    if 0 in detail["shape"]:
+        return np.zeros(detail["shape"], detail["dtype"])
+    return interp.get_tensor(detail["index"]).copy()
