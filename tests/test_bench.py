@@ -139,3 +139,33 @@ def test_block_table_times_each_block_through_the_delegate(capsys, model_path):
     rows = [line.split("|") for line in out.splitlines() if line.startswith("| block_")]
     assert [row[2].strip() for row in rows] == ["FULLY_CONNECTED", "SOFTMAX"]
     assert all(float(row[-2]) > 0 for row in rows)
+
+
+def test_random_ids_stay_under_the_smallest_table_they_index(capsys, model_path, tmp_path):
+    # A BERT's segment ids index a table of 2 rows: ids drawn from [0, 16) failed every contender's
+    # invoke. run and bench draw the same inputs (runtime.model_inputs), under the table's size.
+    import numpy as np
+
+    from tflite_tools import runtime
+
+    model = model_path("segment_embeddings")
+    interp = runtime.make_interpreter(model, "reference")
+    ids, segments = runtime.random_inputs(interp, seed=1)
+    assert ids.max() < 16 and ids.max() >= 2 and segments.max() == 1 and segments.min() == 0
+    assert cli.main(["bench", str(model), "--runs", "2", "--warmup", "0"]) == 0
+    capsys.readouterr()
+    np.save(tmp_path / "ids.npy", np.full((1, 8), 29, np.int32))
+    np.save(tmp_path / "segments.npy", np.zeros((1, 8), np.int32))
+    assert cli.main(["bench", str(model), "--runs", "2", "--warmup", "0", "--json",
+                     "--inputs", str(tmp_path / "ids.npy"), str(tmp_path / "segments.npy")]) == 0
+    assert json.loads(capsys.readouterr().out)["contenders"]
+
+
+def test_bench_inputs_are_checked_as_runs_are(capsys, model_path, tmp_path):
+    import numpy as np
+
+    np.save(tmp_path / "wrong.npy", np.zeros((2, 8), np.int32))
+    code = cli.main(["bench", str(model_path("segment_embeddings")), "--runs", "2",
+                     "--inputs", str(tmp_path / "wrong.npy"), str(tmp_path / "wrong.npy")])
+    err = capsys.readouterr().err
+    assert code == 2 and "shape [2, 8]" in err and "Traceback" not in err

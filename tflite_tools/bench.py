@@ -125,38 +125,51 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     return value, (time.perf_counter() - start) * 1e6
 
 
-def _prepared(case: Contender, threads: int, seed: int) -> tuple[Any, Timings]:
+@dataclass(frozen=True)
+class Inputs:
+    """What every contender is fed: .npy files, one per model input, else seeded random arrays
+    (runtime.model_inputs, as `run` feeds a model)."""
+
+    paths: tuple[str, ...] = ()
+    seed: int = 0
+
+    def set(self, interp: Any) -> None:
+        """Sets the interpreter's inputs."""
+        for detail, value in zip(interp.get_input_details(), runtime.model_inputs(interp, self.paths, self.seed)):
+            interp.set_tensor(detail["index"], value)
+
+
+def _prepared(case: Contender, threads: int, inputs: Inputs) -> tuple[Any, Timings]:
     """The contender's interpreter with its inputs set, after one (timed) inference."""
     try:
         interp, init = _timed(lambda: case.interpreter(threads))
     except (ValueError, RuntimeError) as exc:
         raise ModelError(f"{case.model}: {case.name} cannot run the model: {exc}") from None
-    for detail, value in zip(interp.get_input_details(), runtime.random_inputs(interp, seed)):
-        interp.set_tensor(detail["index"], value)
+    inputs.set(interp)
     _, first = _timed(interp.invoke)
     return interp, Timings(case.name, init, first)
 
 
 def benchmark(model: str, delegate: str | None = None, threads: int = 1, runs: int = 50, warmup: int = 5,
-              progress: Callable[[int, int, str], None] | None = None, seed: int = 0,
+              progress: Callable[[int, int, str], None] | None = None, inputs: Inputs = Inputs(),
               cold: bool = False) -> list[Timings]:
-    """Times every contender on the same random inputs, interleaved (see the module's docstring;
-    `cold`: each invoke after another contender's)."""
+    """Times every contender on the same inputs, interleaved (see the module's docstring; `cold`:
+    each invoke after another contender's)."""
     if delegate is not None:
         check_unchanged(delegate)
         check_delegate_library(delegate)
-    return time_contenders(contenders(model, delegate), threads, runs, warmup, progress, seed, cold=cold)
+    return time_contenders(contenders(model, delegate), threads, runs, warmup, progress, inputs, cold=cold)
 
 
 def time_contenders(cases: Sequence[Contender], threads: int = 1, runs: int = 50, warmup: int = 5,
-                    progress: Callable[[int, int, str], None] | None = None, seed: int = 0,
+                    progress: Callable[[int, int, str], None] | None = None, inputs: Inputs = Inputs(),
                     isolated: bool | None = None, cold: bool = False) -> list[Timings]:
     """Times `cases` interleaved, taking turns (see the module's docstring): in one process, or
     (`isolated`; by default with more than one thread) each in a process of its own. `cold`: one
     invoke per turn, each after another contender's."""
     if isolated if isolated is not None else threads > 1:
-        return _time_isolated(cases, threads, runs, warmup, progress, seed, cold)
-    prepared = [_prepared(case, threads, seed) for case in cases]
+        return _time_isolated(cases, threads, runs, warmup, progress, inputs, cold)
+    prepared = [_prepared(case, threads, inputs) for case in cases]
 
     def batch(k: int, count: int) -> list[float]:
         invoke = prepared[k][0].invoke
@@ -204,11 +217,11 @@ def _take_turns(timings: Sequence[Timings], batch: Callable[[int, int], list[flo
             progress(done, total, f"turn {turn}")
 
 
-def _serve(conn: Any, case: Contender, threads: int, seed: int) -> None:
+def _serve(conn: Any, case: Contender, threads: int, inputs: Inputs) -> None:
     """A contender's own process: reports its Timings (or a ModelError's message), then answers
     each invoke count it is sent with that many invoke times in microseconds (0 ends it)."""
     try:
-        interp, timings = _prepared(case, threads, seed)
+        interp, timings = _prepared(case, threads, inputs)
     except ModelError as exc:
         conn.send(str(exc))
         return
@@ -218,7 +231,7 @@ def _serve(conn: Any, case: Contender, threads: int, seed: int) -> None:
 
 
 def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: int,
-                   progress: Callable[[int, int, str], None] | None, seed: int, cold: bool) -> list[Timings]:
+                   progress: Callable[[int, int, str], None] | None, inputs: Inputs, cold: bool) -> list[Timings]:
     context = multiprocessing.get_context("spawn")
     workers: list[tuple[Any, Any, Timings]] = []
 
@@ -233,7 +246,7 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
     try:
         for case in cases:
             ours, theirs = context.Pipe()
-            process = context.Process(target=_serve, args=(theirs, case, threads, seed), daemon=True)
+            process = context.Process(target=_serve, args=(theirs, case, threads, inputs), daemon=True)
             process.start()
             theirs.close()  # the child's end: once the child is gone, recv() raises instead of waiting
             reply = _answer(process, ours, case.name)
@@ -269,7 +282,7 @@ def _status_kib(field_name: str) -> int:
     raise OSError(f"/proc/self/status has no {field_name}")
 
 
-def _peak_memory_child(model: str, delegate: str | None, threads: int, name: str) -> int:
+def _peak_memory_child(model: str, delegate: str | None, threads: int, name: str, inputs: Inputs) -> int:
     """Peak resident growth (KiB) from building the interpreter through one inference."""
     # Reset the high-water mark left by imports (Linux: writing 5 to clear_refs), so the peak
     # read afterwards is this contender's.
@@ -277,18 +290,18 @@ def _peak_memory_child(model: str, delegate: str | None, threads: int, name: str
         refs.write("5")
     before = _status_kib("VmRSS")
     interp = next(c for c in contenders(model, delegate) if c.name == name).interpreter(threads)
-    for detail, value in zip(interp.get_input_details(), runtime.random_inputs(interp)):
-        interp.set_tensor(detail["index"], value)
+    inputs.set(interp)
     interp.invoke()
     return _status_kib("VmHWM") - before
 
 
-def measure_peak_memory(timings: Sequence[Timings], model: str, delegate: str | None, threads: int) -> None:
+def measure_peak_memory(timings: Sequence[Timings], model: str, delegate: str | None, threads: int,
+                        inputs: Inputs = Inputs()) -> None:
     """Fills each contender's peak_memory_kib, measured in a fresh process of its own."""
     context = multiprocessing.get_context("spawn")
     for t in timings:
         with context.Pool(1) as pool:
-            t.peak_memory_kib = pool.apply(_peak_memory_child, (model, delegate, threads, t.name))
+            t.peak_memory_kib = pool.apply(_peak_memory_child, (model, delegate, threads, t.name, inputs))
 
 
 def format_benchmark(timings: Sequence[Timings], model: str, threads: int, cold: bool = False) -> str:

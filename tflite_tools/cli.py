@@ -22,7 +22,7 @@ from halide_gen.profile import HostProfiler
 from halide_gen.targets import BASE_TARGETS, INT8_ROUNDINGS, with_int8_rounding, with_precision
 
 from .aar import package_aar
-from .bench import benchmark, format_benchmark, measure_peak_memory, ratios
+from .bench import Inputs, benchmark, format_benchmark, measure_peak_memory, ratios
 from .fuse import fuse
 from .info import format_info, model_info
 from .model.atomic import write_bytes_atomic
@@ -128,10 +128,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Times LiteRT + XNNPACK, LiteRT builtin and (with --delegate) our delegate, interleaved."""
     if args.runs < 1 or args.warmup < 0 or args.threads < 1:
         raise ModelError("bench: --runs and --threads must be at least 1, --warmup at least 0")
+    inputs = Inputs(tuple(args.inputs), args.seed)
     timings = benchmark(args.model, args.delegate, args.threads, args.runs, args.warmup, _progress_printer(),
-                        cold=args.cold)
+                        inputs, cold=args.cold)
     if args.memory:
-        measure_peak_memory(timings, args.model, args.delegate, args.threads)
+        measure_peak_memory(timings, args.model, args.delegate, args.threads, inputs)
     if args.json:
         rel = ratios(timings)
         print(json.dumps({"model": args.model, "threads": args.threads, "cold": args.cold, "contenders": [
@@ -213,7 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run a model, optionally with a delegate, and compare with LiteRT")
     run.add_argument("model", metavar="MODEL", help="path to a .tflite file (model.fused.tflite with a delegate)")
     run.add_argument("--delegate", metavar="LIB", help="a dnnfusion delegate library (lib<model>_dnnfusion.so)")
-    run.add_argument("--inputs", nargs="+", default=[], metavar="NPY", help="one .npy per input (default: random)")
+    run.add_argument("--inputs", nargs="+", default=[], metavar="NPY",
+                     help="one .npy per input (default: random, integers under any table they index)")
     run.add_argument("--compare", action="store_true", help="exit 1 when an output is outside the tolerance")
     run.add_argument("--threads", type=int, default=1, help="interpreter threads (default 1)")
     run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -231,6 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cold", action="store_true",
                        help="one invoke per turn, each after another contender's (default: turns of 10 invokes, "
                             "after one untimed, as an app running one model sees)")
+    bench.add_argument("--inputs", nargs="+", default=[], metavar="NPY",
+                       help="one .npy per input (default: random, integers under any table they index)")
+    bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     bench.add_argument("--memory", action="store_true", help="also measure peak memory, one process per contender")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.set_defaults(run=cmd_bench)

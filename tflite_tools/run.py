@@ -89,25 +89,6 @@ class RunResult:
         return all(e.ok for e in self.errors)
 
 
-def load_inputs(paths: Sequence[str | os.PathLike], interp) -> list[np.ndarray]:
-    """Arrays from .npy files, one per model input, checked against the input's shape and dtype."""
-    details = interp.get_input_details()
-    if len(paths) != len(details):
-        raise ModelError(f"the model has {len(details)} inputs, {len(paths)} .npy files given")
-    arrays = []
-    for path, detail in zip(paths, details):
-        if not Path(path).is_file():  # a device or a pipe would be read without end
-            raise ModelError(f"{path}: no such file (or not a regular file)")
-        try:
-            array = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise ModelError(f"{path}: not a readable .npy file ({exc})") from None
-        if tuple(array.shape) != tuple(detail["shape"]):
-            raise ModelError(f"{path}: shape {list(array.shape)}, input {detail['name']!r} takes {list(detail['shape'])}")
-        arrays.append(array.astype(detail["dtype"], copy=False))
-    return arrays
-
-
 def compare(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], names: Sequence[str],
             rtol: float = RTOL, quantized: Sequence[bool | float] = ()) -> list[OutputError]:
     """Per-output error against the reference: float outputs within `rtol` of the reference's
@@ -247,7 +228,7 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
             interp = runtime.make_interpreter(model, "xnnpack", threads, delegates=delegates)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"{model}: LiteRT cannot prepare the model: {exc}") from None
-        arrays = load_inputs(inputs, interp) if inputs else runtime.random_inputs(interp, seed)
+        arrays = runtime.model_inputs(interp, inputs, seed)
         try:
             result = RunResult(runtime.run(interp, arrays))
         except RuntimeError as exc:  # a kernel that fails reports through TFLite, never aborts

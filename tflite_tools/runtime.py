@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from .model.errors import ModelError
 
 
 def _import_interpreter() -> tuple[str, Any]:
@@ -73,14 +76,56 @@ def make_interpreter(
     return interp
 
 
+# Random integer inputs (other than quantized ones) lie in [0, SMALL_INTEGERS), under any table
+# they index (index_limits).
+SMALL_INTEGERS = 16
+# Ops reading an input as positions into another: op -> (positions input, table input).
+_POSITIONS = {"GATHER": (1, 0), "GATHER_ND": (1, 0), "EMBEDDING_LOOKUP": (0, 1)}
+# Ops whose first output holds their first input's values.
+_SAME_VALUES = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "CAST"}
+
+
+def index_limits(interp: Any) -> dict[int, int]:
+    """Per tensor the graph reads as positions into a table (directly or through a reshape or a
+    cast): a bound its values must stay under, the table's smallest extent (valid along any axis:
+    a BERT's segment ids index a table of 2 rows)."""
+    shapes = {d["index"]: d["shape"] for d in interp.get_tensor_details()}
+    ops = interp._get_ops_details()
+    readers: dict[int, list[dict]] = {}
+    for op in ops:
+        for t in op["inputs"]:
+            readers.setdefault(int(t), []).append(op)
+    limits: dict[int, int] = {}
+
+    def limit(t: int, seen: frozenset[int]) -> int | None:
+        found = []
+        for op in readers.get(t, []):
+            ins = [int(i) for i in op["inputs"]]
+            if op["op_name"] in _POSITIONS:
+                at, table = _POSITIONS[op["op_name"]]
+                if len(ins) > max(at, table) and ins[at] == t and len(shapes[ins[table]]):
+                    found.append(int(min(shapes[ins[table]])))
+            elif op["op_name"] in _SAME_VALUES and ins[0] == t and op["outputs"][0] not in seen:
+                found.append(limit(int(op["outputs"][0]), seen | {t}))
+        found = [f for f in found if f is not None]
+        return min(found) if found else None
+
+    for d in interp.get_input_details():
+        if (bound := limit(d["index"], frozenset())) is not None:
+            limits[d["index"]] = bound
+    return limits
+
+
 def random_inputs(interp: Any, seed: int = 0) -> list[np.ndarray]:
     """One random array per model input, in the input's dtype and shape.
 
     Floats are standard normal; int8/uint8, and quantized int16 (16x8 activations), span their
     whole range; other integers are small and non-negative (they are usually indices: token ids,
-    gather positions), bools are coin flips.
+    gather positions), and stay under the smallest table the graph reads them as positions into
+    (index_limits); bools are coin flips.
     """
     rng = np.random.default_rng(seed)
+    limits = index_limits(interp)
     arrays = []
     for detail in interp.get_input_details():
         shape, dtype = tuple(detail["shape"]), np.dtype(detail["dtype"])
@@ -90,7 +135,8 @@ def random_inputs(interp: Any, seed: int = 0) -> list[np.ndarray]:
             info = np.iinfo(dtype)
             arrays.append(rng.integers(info.min, info.max, size=shape, endpoint=True, dtype=dtype))
         elif dtype.kind in "iu":
-            arrays.append(rng.integers(0, 16, size=shape).astype(dtype))
+            top = max(1, min(SMALL_INTEGERS, limits.get(detail["index"], SMALL_INTEGERS)))
+            arrays.append(rng.integers(0, top, size=shape).astype(dtype))
         elif dtype == np.bool_:
             arrays.append(rng.integers(0, 2, size=shape).astype(np.bool_))
         else:
@@ -112,3 +158,27 @@ def _output(interp: Any, detail: dict) -> np.ndarray:
     if 0 in detail["shape"]:
         return np.zeros(detail["shape"], detail["dtype"])
     return interp.get_tensor(detail["index"]).copy()
+
+
+def load_inputs(paths: Sequence[str | os.PathLike], interp: Any) -> list[np.ndarray]:
+    """Arrays from .npy files, one per model input, checked against the input's shape and dtype."""
+    details = interp.get_input_details()
+    if len(paths) != len(details):
+        raise ModelError(f"the model has {len(details)} inputs, {len(paths)} .npy files given")
+    arrays = []
+    for path, detail in zip(paths, details):
+        if not Path(path).is_file():  # a device or a pipe would be read without end
+            raise ModelError(f"{path}: no such file (or not a regular file)")
+        try:
+            array = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"{path}: not a readable .npy file ({exc})") from None
+        if tuple(array.shape) != tuple(detail["shape"]):
+            raise ModelError(f"{path}: shape {list(array.shape)}, input {detail['name']!r} takes {list(detail['shape'])}")
+        arrays.append(array.astype(detail["dtype"], copy=False))
+    return arrays
+
+
+def model_inputs(interp: Any, paths: Sequence[str | os.PathLike] = (), seed: int = 0) -> list[np.ndarray]:
+    """The inputs `run` and `bench` feed a model: the .npy files given, else seeded random ones."""
+    return load_inputs(paths, interp) if paths else random_inputs(interp, seed)

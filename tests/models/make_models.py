@@ -130,6 +130,17 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         b.output(b.op("RELU", [b.op("ADD", [x, b.const("bias", weights(3))], [1, 0, 4, 3])], [1, 0, 4, 3]))
         return b.build()
 
+    def segment_embeddings():
+        # Token and segment ids as a BERT takes them: the segment table has 2 rows, so random ids
+        # must stay under 2 for the model to run at all.
+        b = ModelBuilder()
+        ids = b.input("ids", [1, 8], "int32")
+        segments = b.input("segments", [1, 8], "int32")
+        tokens = b.op("GATHER", [b.const("token_table", weights(30, 4)), ids], [1, 8, 4], dtype="float32", axis=0)
+        kinds = b.op("GATHER", [b.const("segment_table", weights(2, 4)), segments], [1, 8, 4], dtype="float32", axis=0)
+        b.output(b.op("TANH", [b.op("ADD", [tokens, kinds], [1, 8, 4])], [1, 8, 4]))
+        return b.build()
+
     def custom_op():
         b = ModelBuilder()
         x = b.input("x", [1, 4])
@@ -150,6 +161,7 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         "dynamic_batch": dynamic_batch,
         "dynamic_range": dynamic_range,
         "zero_size": zero_size,
+        "segment_embeddings": segment_embeddings,
         "custom_op": custom_op,
     }
 
