@@ -16,8 +16,9 @@ from tflite_tools.fuse import fuse
 # chain with depthwise convs, a transformer layer (matmuls, softmax, layer norm, GELU), and the int8
 # MobileNetV2, U-Net (integer requantization on NEON, int8 transposed convs) and transformer layer
 # (int8 matmuls of two activations, layer norm's SQUARED_DIFFERENCE and RSQRT, a float output), a
-# 16x8 CNN (int16 activations: 64-bit sums) and a 16x8 attention layer (int16 BATCH_MATMUL, SoftmaxInt16).
-MODELS_ARM64 = ["unet_tiny", "depthwise_residual", "transformer_encoder", "fc_softmax", "mobilenet_v2_035_96_int8",
+# 16x8 CNN (int16 activations: 64-bit sums), a 16x8 attention layer (int16 BATCH_MATMUL, SoftmaxInt16) and a
+# video CNN (3-D convolutions).
+MODELS_ARM64 = ["unet_tiny", "depthwise_residual", "transformer_encoder", "fc_softmax", "video_cnn", "mobilenet_v2_035_96_int8",
                 "unet_tiny_int8", "transformer_encoder_int8", "cnn_16x8", "attention_16x8"]
 
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import gpu_counts  # noqa: E402
 
-GPU_MODELS = ["unet_tiny", "transformer_encoder", "depthwise_residual", "fc_softmax"]
+GPU_MODELS = ["unet_tiny", "transformer_encoder", "depthwise_residual", "fc_softmax", "video_cnn"]
 
 
 def gpu_env(api: str) -> dict[str, str]:

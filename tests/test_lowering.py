@@ -196,6 +196,37 @@ def test_conv2d_dilated():
     compare(conv_model((1, 9, 9, 3), 4, 3, 1, "SAME", dilation=2))
 
 
+def conv3d_model(shape, cout, k, strides, padding, act="NONE", dilations=(1, 1, 1), then=None):
+    """A CONV_3D (a video CNN's layer: [N, D, H, W, C] in, [kd, kh, kw, Cin, Cout] filter), and
+    `then`, an elementwise op on its result (C3D's RELU after each convolution)."""
+    b = ModelBuilder()
+    n, *spatial, cin = shape
+    x = b.input("x", shape)
+    out = []
+    for size, kk, s, d in zip(spatial, k, strides, dilations):
+        eff = (kk - 1) * d + 1
+        out.append(-(-size // s) if padding == "SAME" else (size - eff) // s + 1)
+    y = b.op("CONV_3D", [x, b.const("w", w(*k, cin, cout)), b.const("b", w(cout))], [n, *out, cout],
+             padding=padding, stride_d=strides[0], stride_h=strides[1], stride_w=strides[2],
+             dilation_d_factor=dilations[0], dilation_h_factor=dilations[1], dilation_w_factor=dilations[2],
+             fused_activation_function=act)
+    if then is not None:
+        y = b.op(then, [y], [n, *out, cout])
+    b.output(y)
+    return b.build()
+
+
+@pytest.mark.parametrize("shape, cout, k, strides, padding, act, dilations, then", [
+    ((1, 4, 6, 6, 3), 16, (3, 3, 3), (1, 1, 1), "SAME", "NONE", (1, 1, 1), "RELU"),  # C3D's first layer
+    ((1, 5, 7, 5, 8), 7, (3, 3, 3), (2, 2, 2), "SAME", "RELU6", (1, 1, 1), None),
+    ((2, 4, 5, 6, 5), 9, (2, 3, 1), (1, 2, 1), "VALID", "NONE", (1, 1, 1), None),  # batch 2, uneven kernel
+    ((1, 6, 6, 6, 4), 33, (3, 3, 3), (1, 1, 1), "SAME", "RELU", (2, 1, 2), None),  # dilated, 32 + 1 channels
+    ((1, 3, 3, 3, 17), 8, (1, 1, 1), (1, 1, 1), "VALID", "NONE", (1, 1, 1), "TANH"),  # pointwise
+])
+def test_conv3d(shape, cout, k, strides, padding, act, dilations, then):
+    compare(conv3d_model(shape, cout, k, strides, padding, act, dilations, then))
+
+
 def depthwise_model(shape, k, stride, padding, mult=1, act="NONE"):
     b = ModelBuilder()
     n, h, wd, c = shape

@@ -378,3 +378,18 @@ def test_data_movement_keeps_the_consumers_block():
     joined = b.op("CONCATENATION", [conv(x, 4, "1"), x], [1, 6, 6, 8], axis=3)
     b.output(conv(joined, 4, "2"))
     assert _block_ops(plan_fusion(build_ecg(b.build().main), FixedCost(True))) == [["CONV_2D"], ["CONCATENATION", "CONV_2D"]]
+
+
+def test_a_video_cnns_3d_convolutions_take_their_activations_in():
+    # C3D converts as CONV_3D then a RELU op of its own: each RELU joins a convolution's block, so
+    # the model runs in one kernel per convolution, not one more per activation.
+    from conftest import MODELS
+    from halide_gen.block import build_block
+
+    model = tflite_tools.load(MODELS / "video_cnn.tflite")
+    plan = plan_fusion(build_ecg(model.main))
+    blocks = [[plan.ecg.nodes[i].op.name for i in b.ops] for b in plan.blocks]
+    assert len(blocks) == 2 and all(names.count("CONV_3D") == 1 for names in blocks)
+    assert sum(names.count("RELU") for names in blocks) == 2
+    for b in plan.blocks:  # and each block lowers: CONV_3D has a mapping type and a lowering
+        build_block(b.name, [plan.ecg.nodes[i].op for i in b.ops], b.outputs)

@@ -30,7 +30,7 @@ def same_padding(in_size: int, out_size: int, stride: int, dilation: int, kernel
 def _padding(ctx: OpContext, in_hw, out_hw, strides, dilations, kernel) -> tuple[int, int]:
     mode = ctx.option("padding", 0)
     if mode == 1:  # VALID
-        return 0, 0
+        return (0,) * len(kernel)
     return tuple(same_padding(i, o, s, d, k) for i, o, s, d, k in zip(in_hw, out_hw, strides, dilations, kernel))
 
 
@@ -63,28 +63,28 @@ def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
 
 
 def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
-    """`x` read with zeros (or `fill`) outside its H and W extent (the conv's implicit padding).
+    """`x` read with zeros (or `fill`) outside its spatial extent (the conv's implicit padding):
+    every axis between the batch and the channels (H and W; D, H and W for a 3-D conv).
 
     The bounds test is marked `likely`, so where a schedule inlines this into the convolution's
     taps, Halide's loop partitioning splits each row and column loop into border iterations that
     keep the test and interior ones that read `x` directly: no zero-padded copy, no test inside.
     """
-    n, h, w, c = x.shape
+    spatial = x.shape[1:-1]
     zero = hl.cast(x.read_type, fill)
     # The channel clamp lets a schedule round channel loops up past the last channel; where `x`
     # can be read past it (Value.readable_channels), only as far as that, which no tile reaches:
     # Halide then drops the clamp, which would otherwise make every tap's vector load a gather.
-    channels = max(c, x.readable_channels)
-
-    def body(b, y, xx, ch):
-        inside = (y >= 0) & (y < h) & (xx >= 0) & (xx < w)
-        at = x(b, hl.clamp(hl.likely(y), 0, h - 1), hl.clamp(hl.likely(xx), 0, w - 1), hl.clamp(ch, 0, channels - 1))
-        return hl.select(hl.likely(inside), at, zero)
-
+    channels = max(x.shape[-1], x.readable_channels)
+    b, ch = hl.Var("n"), hl.Var("c")
+    at = [hl.Var(v) for v in ("z", "y", "x")[-len(spatial):]]
+    inside = (at[0] >= 0) & (at[0] < spatial[0])
+    for v, extent in zip(at[1:], spatial[1:]):
+        inside = inside & (v >= 0) & (v < extent)
+    value = x(b, *(hl.clamp(hl.likely(v), 0, extent - 1) for v, extent in zip(at, spatial)), hl.clamp(ch, 0, channels - 1))
     f = hl.Func(name)
-    b, y, xx, ch = (hl.Var(v) for v in ("n", "y", "x", "c"))
-    f[ch, xx, y, b] = body(b, y, xx, ch)
-    return Value(f, (n, h, w, c), f.type(), x.readable_channels, x.joins)
+    f[[ch, *reversed(at), b]] = hl.select(hl.likely(inside), value, zero)
+    return Value(f, tuple(x.shape), f.type(), x.readable_channels, x.joins)
 
 
 def _conv_geometry(ctx: OpContext, x: Value, kh: int, kw: int):
@@ -223,6 +223,40 @@ def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: 
 
     acc = accumulate(ctx, out, lambda n_, y_, xx, o: arith.init(o), update, AccumulatorKind.CONV, r, dot=arith.dot)
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+
+
+@register("CONV_3D")
+def lower_conv3d(ctx: OpContext) -> list[Value]:
+    """out[n,z,y,x,o] = act(bias[o] + sum_{kz,ky,kx,i} in[n, z*s-p+kz*d, y*s-p+ky*d, x*s-p+kx*d, i] * w[kz,ky,kx,i,o]).
+
+    TFLite's filter is [kd, kh, kw, Cin, Cout]: a register tile's output channels are contiguous
+    in it as stored, so it is read with only the channels padded (as a register tile rounds them
+    up). The accumulator is CONV_2D's with one more spatial axis and one more tap loop, and takes
+    the same register-tile template."""
+    arith = float_arithmetic(ctx, 2)
+    x = ctx.value(0)
+    kd, kh, kw, cin, _ = ctx.op.inputs[1].shape
+    if x.shape[4] != cin:
+        raise LoweringError("CONV_3D with groups")
+    out = ctx.out_shape()
+    strides = tuple(int(ctx.option(f"stride{a}", 1)) for a in "DHW")
+    dilations = tuple(int(ctx.option(f"dilation{a}Factor", 1)) for a in "DHW")
+    pads = _padding(ctx, x.shape[1:4], out[1:4], strides, dilations, (kd, kh, kw))
+    w = ctx.packed(1, "pad_channels") or ctx.value(1)
+    src = _zero_outside(x, ctx.func_name("padded"), arith.fill)
+    ctx.materialize.append(src)
+    ctx.padded.append((src, x))
+    r = hl.RDom([(0, kd), (0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
+
+    def update(n, *at):
+        *spatial, o = at
+        pixel = src(n, *(i * s - p + r[k] * d for k, (i, s, p, d) in enumerate(zip(spatial, strides, pads, dilations))),
+                    r[3])
+        return arith.term(pixel, w(r[0], r[1], r[2], r[3], o))
+
+    acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r, source=src.func,
+                     source_stride=cin * strides[2] * x.type.bytes())
+    return _readable_past_last_channel(ctx, [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))])
 
 
 @register("DEPTHWISE_CONV_2D")

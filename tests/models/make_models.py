@@ -141,6 +141,19 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         b.output(b.op("TANH", [b.op("ADD", [tokens, kinds], [1, 8, 4])], [1, 8, 4]))
         return b.build()
 
+    def video_cnn():
+        # C3D's layers: 3x3x3 convolutions over [frames, height, width, channels], each followed by
+        # a RELU op of its own (as Keras' Conv3D + ReLU convert), the second strided.
+        b = ModelBuilder()
+        x = b.input("x", [1, 4, 8, 8, 3])
+        y = b.op("CONV_3D", [x, b.const("w1", weights(3, 3, 3, 3, 8)), b.const("b1", weights(8))], [1, 4, 8, 8, 8],
+                 padding="SAME", stride_d=1, stride_h=1, stride_w=1)
+        y = b.op("RELU", [y], [1, 4, 8, 8, 8])
+        y = b.op("CONV_3D", [y, b.const("w2", weights(3, 3, 3, 8, 16)), b.const("b2", weights(16))], [1, 2, 4, 4, 16],
+                 padding="SAME", stride_d=2, stride_h=2, stride_w=2)
+        b.output(b.op("RELU", [y], [1, 2, 4, 4, 16]))
+        return b.build()
+
     def custom_op():
         b = ModelBuilder()
         x = b.input("x", [1, 4])
@@ -162,6 +175,7 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         "dynamic_range": dynamic_range,
         "zero_size": zero_size,
         "segment_embeddings": segment_embeddings,
+        "video_cnn": video_cnn,
         "custom_op": custom_op,
     }
 
