@@ -124,6 +124,7 @@ OPS: dict[str, OpInfo] = {
     "RESIZE_BILINEAR": OpInfo(OtM), "RESIZE_NEAREST_NEIGHBOR": OpInfo(OtM),
     # Many-to-Many
     "CONV_2D": OpInfo(MtM), "DEPTHWISE_CONV_2D": OpInfo(MtM), "TRANSPOSE_CONV": OpInfo(MtM), "CONV_3D": OpInfo(MtM),
+    "CONV_3D_TRANSPOSE": OpInfo(MtM),
     "FULLY_CONNECTED": OpInfo(MtM), "BATCH_MATMUL": OpInfo(MtM),
     "AVERAGE_POOL_2D": OpInfo(MtM), "MAX_POOL_2D": OpInfo(MtM),
     "MEAN": OpInfo(MtM), "SUM": OpInfo(MtM, C), "REDUCE_MAX": OpInfo(MtM), "REDUCE_MIN": OpInfo(MtM),

@@ -227,6 +227,24 @@ def test_conv3d(shape, cout, k, strides, padding, act, dilations, then):
     compare(conv3d_model(shape, cout, k, strides, padding, act, dilations, then))
 
 
+@pytest.mark.parametrize("shape, cout, k, strides, padding, act, bias", [
+    ((1, 2, 3, 3, 4), 5, (2, 2, 2), (2, 2, 2), "VALID", "NONE", True),   # 3-D U-Net's upsampling
+    ((1, 3, 4, 3, 6), 3, (3, 3, 3), (2, 2, 2), "SAME", "RELU", True),
+    ((2, 2, 3, 4, 3), 17, (3, 2, 1), (1, 2, 1), "SAME", "NONE", False),  # batch 2, uneven, no bias
+    ((1, 2, 2, 2, 8), 4, (1, 3, 2), (1, 1, 3), "VALID", "RELU6", True),
+])
+def test_conv3d_transpose(shape, cout, k, strides, padding, act, bias):
+    b = ModelBuilder()
+    n, *spatial, cin = shape
+    out = [size * s if padding == "SAME" else size * s + max(kk - s, 0) for size, kk, s in zip(spatial, k, strides)]
+    ins = [b.const("shape", np.array([n, *out, cout], np.int32)), b.const("w", w(*k, cout, cin)), b.input("x", shape)]
+    if bias:
+        ins.append(b.const("b", w(cout)))
+    b.output(b.op("CONV_3D_TRANSPOSE", ins, [n, *out, cout], dtype="float32", padding=padding, stride_d=strides[0],
+                  stride_h=strides[1], stride_w=strides[2], fused_activation_function=act))
+    compare(b.build())
+
+
 def depthwise_model(shape, k, stride, padding, mult=1, act="NONE"):
     b = ModelBuilder()
     n, h, wd, c = shape

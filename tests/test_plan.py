@@ -381,15 +381,16 @@ def test_data_movement_keeps_the_consumers_block():
 
 
 def test_a_video_cnns_3d_convolutions_take_their_activations_in():
-    # C3D converts as CONV_3D then a RELU op of its own: each RELU joins a convolution's block, so
-    # the model runs in one kernel per convolution, not one more per activation.
+    # C3D converts as CONV_3D then a RELU op of its own (and a 3-D U-Net's CONV_3D_TRANSPOSE too):
+    # each RELU joins a convolution's block, so the model runs in one kernel per convolution, not
+    # one more per activation.
     from conftest import MODELS
     from halide_gen.block import build_block
 
     model = tflite_tools.load(MODELS / "video_cnn.tflite")
     plan = plan_fusion(build_ecg(model.main))
     blocks = [[plan.ecg.nodes[i].op.name for i in b.ops] for b in plan.blocks]
-    assert len(blocks) == 2 and all(names.count("CONV_3D") == 1 for names in blocks)
-    assert sum(names.count("RELU") for names in blocks) == 2
+    assert len(blocks) == 3 and all(names.count("CONV_3D") + names.count("CONV_3D_TRANSPOSE") == 1 for names in blocks)
+    assert sum(names.count("RELU") for names in blocks) == 3
     for b in plan.blocks:  # and each block lowers: CONV_3D has a mapping type and a lowering
         build_block(b.name, [plan.ecg.nodes[i].op for i in b.ops], b.outputs)

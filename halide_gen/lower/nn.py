@@ -357,6 +357,38 @@ def transpose_conv(ctx: OpContext, data: int, weights: int, geometry: tuple[tupl
     return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
 
 
+@register("CONV_3D_TRANSPOSE", shape_inputs=(0,))
+def lower_conv3d_transpose(ctx: OpContext) -> list[Value]:
+    """TFLite's CONV_3D_TRANSPOSE (inputs: output shape, weights [kd, kh, kw, O, I], input, bias),
+    in TRANSPOSE_CONV's gather form over three spatial axes: each output voxel sums the input voxels
+    whose stride-spaced footprint covers it, ceil(k / s) taps per axis."""
+    arith = float_arithmetic(ctx, 3)
+    x = ctx.value(2)
+    kd, kh, kw, cout, cin = ctx.op.inputs[1].shape
+    if any(int(ctx.option(f"dilation{a}Factor", 1)) != 1 for a in "DHW"):
+        raise LoweringError("CONV_3D_TRANSPOSE with dilation")
+    out, kernel, sizes = ctx.out_shape(), (kd, kh, kw), x.shape[1:4]
+    strides = tuple(int(ctx.option(f"stride{a}", 1)) for a in "DHW")
+    # The padding of the forward conv whose input is this op's output.
+    pads = _padding(ctx, out[1:4], sizes, strides, (1, 1, 1), kernel)
+    w = ctx.value(1)  # as stored: a register tile rounds its channels up, so they are clamped
+    r = hl.RDom([(0, -(-k // s)) for k, s in zip(kernel, strides)] + [(0, cin)], ctx.func_name("r"))
+
+    def update(n, *at):
+        *pos, o = at
+        taps = [(p + pad) % s + r[k] * s for k, (p, pad, s) in enumerate(zip(pos, pads, strides))]
+        src = [(p + pad - t) / s for p, pad, t, s in zip(pos, pads, taps, strides)]  # exact: multiples
+        valid = hl.Expr(True)
+        for t, k, i, size in zip(taps, kernel, src, sizes):
+            valid = valid & (t < k) & (i >= 0) & (i < size)
+        term = arith.term(x(n, *(hl.clamp(i, 0, size - 1) for i, size in zip(src, sizes)), r[3]),
+                          w(*(hl.min(t, k - 1) for t, k in zip(taps, kernel)), hl.min(o, cout - 1), r[3]))
+        return hl.select(valid, term, hl.cast(term.type(), 0))
+
+    acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r)
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+
+
 @register("FULLY_CONNECTED")
 def lower_fully_connected(ctx: OpContext) -> list[Value]:
     """out[b,u] = act(bias[u] + sum_k in_flat[b, k] * w[u, k]); the input is read as [batch, in]."""

@@ -143,7 +143,8 @@ def _builder_models() -> dict[str, Callable[[], object]]:
 
     def video_cnn():
         # C3D's layers: 3x3x3 convolutions over [frames, height, width, channels], each followed by
-        # a RELU op of its own (as Keras' Conv3D + ReLU convert), the second strided.
+        # a RELU op of its own (as Keras' Conv3D + ReLU convert), the second strided; then a 3-D
+        # U-Net's upsampling (a strided CONV_3D_TRANSPOSE, and its RELU).
         b = ModelBuilder()
         x = b.input("x", [1, 4, 8, 8, 3])
         y = b.op("CONV_3D", [x, b.const("w1", weights(3, 3, 3, 3, 8)), b.const("b1", weights(8))], [1, 4, 8, 8, 8],
@@ -151,7 +152,11 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         y = b.op("RELU", [y], [1, 4, 8, 8, 8])
         y = b.op("CONV_3D", [y, b.const("w2", weights(3, 3, 3, 8, 16)), b.const("b2", weights(16))], [1, 2, 4, 4, 16],
                  padding="SAME", stride_d=2, stride_h=2, stride_w=2)
-        b.output(b.op("RELU", [y], [1, 2, 4, 4, 16]))
+        y = b.op("RELU", [y], [1, 2, 4, 4, 16])
+        y = b.op("CONV_3D_TRANSPOSE", [b.const("up_shape", np.array([1, 4, 8, 8, 8], np.int32)),
+                                       b.const("w3", weights(2, 2, 2, 8, 16)), y, b.const("b3", weights(8))],
+                 [1, 4, 8, 8, 8], dtype="float32", padding="SAME", stride_d=2, stride_h=2, stride_w=2)
+        b.output(b.op("RELU", [y], [1, 4, 8, 8, 8]))
         return b.build()
 
     def custom_op():
