@@ -169,3 +169,39 @@ def test_bench_inputs_are_checked_as_runs_are(capsys, model_path, tmp_path):
                      "--inputs", str(tmp_path / "wrong.npy"), str(tmp_path / "wrong.npy")])
     err = capsys.readouterr().err
     assert code == 2 and "shape [2, 8]" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("threads", ["0", "100000"])
+def test_thread_counts_past_the_delegates_cap_are_refused(capsys, model_path, command, threads):
+    # 100,000 interpreter threads exhausted the machine's thread limit: refused, as the delegate's
+    # own num_threads is past 256, in one line before anything starts.
+    code = cli.main([command, str(model_path("add_relu")), "--threads", threads])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip() == f"tflite_tools: error: {command}: --threads must be from 1 to 256, got {threads}"
+
+
+def test_ctrl_c_during_a_threaded_bench_ends_it_without_a_traceback(model_path):
+    # Ctrl-C reaches the whole process group: only the parent answers it (exit 130, one line), and
+    # the contenders' processes, started deaf to it, end with it instead of printing tracebacks.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "tflite_tools", "bench", str(model_path("add_relu")), "--threads", "2",
+                             "--runs", "1000000"], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        # Interrupt once the contenders' processes are timing (progress lines: "[n/total] turn k").
+        while time.monotonic() < deadline and "turn" not in (line := proc.stderr.readline()):
+            assert line or proc.poll() is None, "bench ended before it was interrupted"
+        os.killpg(proc.pid, signal.SIGINT)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1] == "tflite_tools: interrupted"

@@ -345,6 +345,8 @@ def test_invoke_leaves_the_callers_floating_point_mode_alone(fused, tmp_path):
     ({"claim": "some"}, "claim: expected profitable, all or none"),
     ({"colour": "blue"}, "unknown option 'colour'"),
     ({"blocks": "block_000,no_such_block"}, "blocks: no block 'no_such_block' in this bundle (its blocks: block_000"),
+    ({"blocks": ""}, "blocks: expected block names separated by commas, got ''"),
+    ({"blocks": ","}, "blocks: expected block names separated by commas, got ','"),
 ])
 def test_bad_options_are_refused_with_a_message(fused, options, message):
     # LiteRT passes the plugin's report_error text on in the exception it raises.

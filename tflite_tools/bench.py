@@ -247,7 +247,7 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
         for case in cases:
             ours, theirs = context.Pipe()
             process = context.Process(target=_serve, args=(theirs, case, threads, inputs), daemon=True)
-            process.start()
+            _start_deaf_to_ctrl_c(process.start)
             theirs.close()  # the child's end: once the child is gone, recv() raises instead of waiting
             reply = _answer(process, ours, case.name)
             if isinstance(reply, str):
@@ -262,6 +262,17 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
                 conn.send(0)
                 process.join(timeout=10)
     return [t for _, _, t in workers]
+
+
+def _start_deaf_to_ctrl_c(start: Callable[[], Any]) -> Any:
+    """Starts a contender's process with SIGINT ignored (a child Python then installs no
+    KeyboardInterrupt handler): Ctrl-C reaches the whole process group, and only this process
+    should answer it, ending its children as it unwinds, without a traceback from each."""
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _answer(process: Any, conn: Any, name: str) -> Any:
@@ -300,7 +311,7 @@ def measure_peak_memory(timings: Sequence[Timings], model: str, delegate: str | 
     """Fills each contender's peak_memory_kib, measured in a fresh process of its own."""
     context = multiprocessing.get_context("spawn")
     for t in timings:
-        with context.Pool(1) as pool:
+        with _start_deaf_to_ctrl_c(lambda: context.Pool(1)) as pool:
             t.peak_memory_kib = pool.apply(_peak_memory_child, (model, delegate, threads, t.name, inputs))
 
 

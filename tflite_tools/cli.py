@@ -93,8 +93,19 @@ def _progress_printer() -> Callable[[int, int, str], None]:
     return show
 
 
+# The most interpreter threads `run` and `bench` start: the delegate's own num_threads cap
+# (delegate/src/options.cc). Thousands exhausted the machine's thread limit.
+MAX_THREADS = 256
+
+
+def _check_threads(command: str, threads: int) -> None:
+    if not 1 <= threads <= MAX_THREADS:
+        raise ModelError(f"{command}: --threads must be from 1 to {MAX_THREADS}, got {threads}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Runs a model (through a delegate if given) and compares its outputs with LiteRT's reference."""
+    _check_threads("run", args.threads)
     options = {}
     for item in args.option:
         key, sep, value = item.partition("=")
@@ -126,8 +137,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Times LiteRT + XNNPACK, LiteRT builtin and (with --delegate) our delegate, interleaved."""
-    if args.runs < 1 or args.warmup < 0 or args.threads < 1:
-        raise ModelError("bench: --runs and --threads must be at least 1, --warmup at least 0")
+    _check_threads("bench", args.threads)
+    if args.runs < 1 or args.warmup < 0:
+        raise ModelError("bench: --runs must be at least 1, --warmup at least 0")
     inputs = Inputs(tuple(args.inputs), args.seed)
     timings = benchmark(args.model, args.delegate, args.threads, args.runs, args.warmup, _progress_printer(),
                         inputs, cold=args.cold)

@@ -79,6 +79,11 @@ bool ParseOptions(const char* const* keys, const char* const* values, size_t cou
         if (end > start) out->blocks.push_back(list.substr(start, end - start));
         start = end + 1;
       }
+      // An empty list would mean "no restriction" (claim every block): refused as claim="" is.
+      if (out->blocks.empty()) {
+        *error = "blocks: expected block names separated by commas, got '" + list + "'";
+        return false;
+      }
     } else {
       *error = "unknown option '" + key + "' (known: num_threads, log_level, claim, blocks, report, profile)";
       return false;
