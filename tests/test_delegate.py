@@ -212,16 +212,19 @@ def test_library_of_another_model_declines_everything(fused, tmp_path, capfd):
     claims = read_claims(report)
     assert claims["claimed_nodes"] == [] and not claims["graph_matches"]
     assert "built for unet_tiny.tflite" in claims["declined"][0]["reason"]
+    # Said at the default log level: nothing of the library runs, and the user should know why.
+    assert "dnnfusion: warning: declined *: this library was built for unet_tiny.tflite" in capfd.readouterr().err
     inputs = runtime.random_inputs(interp)
     assert_close(runtime.run(interp, inputs), reference_outputs(model.model, inputs))
 
 
-def test_unfused_model_is_declined_for_its_missing_fingerprint(fused, tmp_path):
+def test_unfused_model_is_declined_for_its_missing_fingerprint(fused, tmp_path, capfd):
     result = fused("swish_chain")
     original = Path(__file__).parent / "models" / "swish_chain.tflite"
     d, report = delegate(result, tmp_path, claim="all")
     runtime.make_interpreter(original, delegates=[d])
     assert "no dnnfusion fingerprint" in read_claims(report)["declined"][0]["reason"]
+    assert "no dnnfusion fingerprint" in capfd.readouterr().err  # a warning, at the default log level
 
 
 def test_recalibrated_int8_model_has_another_fingerprint():

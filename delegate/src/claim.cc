@@ -35,8 +35,8 @@ bool SameList(const TfLiteIntArray* list, const int32_t* expected, int count) {
   return std::equal(expected, expected + count, list->data);
 }
 
-// Why the whole graph is not the one the bundle was built for, or "" when it is.
-std::string CheckGraph(TfLiteContext* context, const Bundle& bundle) {
+// Why the model is not the one the bundle was built for (its fingerprint), or "" when it is.
+std::string CheckModel(TfLiteContext* context, const Bundle& bundle) {
   if (context->GetModelMetadata != nullptr) {
     const char* data = nullptr;
     size_t bytes = 0;
@@ -50,6 +50,11 @@ std::string CheckGraph(TfLiteContext* context, const Bundle& bundle) {
              std::string(data, std::min<size_t>(bytes, 12));
     }
   }
+  return "";
+}
+
+// Why this subgraph of the model is not the one the bundle was built for, or "" when it is.
+std::string CheckGraph(TfLiteContext* context, const Bundle& bundle) {
   TfLiteIntArray* plan = nullptr;
   if (context->GetExecutionPlan(context, &plan) != kTfLiteOk || plan == nullptr) {
     return "TFLite gave no execution plan";
@@ -189,11 +194,15 @@ const TensorSpec* FindTensorSpec(const Bundle& bundle, int index) {
 
 Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& options) {
   Claim claim;
-  std::string why = CheckGraph(context, bundle);
+  // Another model, or a machine the kernels cannot run on, is the user's to know (a warning);
+  // another subgraph of the right model (a control-flow body) is expected.
+  std::string why = CheckModel(context, bundle);
   if (why.empty()) why = CpuProblem(bundle);
   if (why.empty()) why = GpuDeviceProblem(bundle);
+  const bool expected = why.empty();
+  if (why.empty()) why = CheckGraph(context, bundle);
   if (!why.empty()) {
-    claim.declined.push_back({-1, why});
+    claim.declined.push_back({-1, why, expected});
     return claim;
   }
   claim.graph_matches = true;

@@ -15,6 +15,7 @@ namespace dnnfusion {
 struct Decline {
   int block;  // index into bundle().blocks, or -1 for the whole bundle
   std::string reason;
+  bool expected = false;  // another subgraph of the model (a control-flow body): logged at info only
 };
 
 struct Claim {

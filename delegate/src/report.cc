@@ -30,12 +30,13 @@ const char* BlockName(const Bundle& bundle, int block) { return block < 0 ? "*" 
 }  // namespace
 
 void LogClaim(const Bundle& bundle, const Claim& claim, ClaimPolicy policy) {
-  // A foreign subgraph (a control-flow body) is expected: info. A block that does not match is a
-  // warning, the first few by name (a resized input declines them all for one reason).
+  // A foreign subgraph (a control-flow body) is expected: info. Another model, a machine the kernels
+  // cannot run on, or a block that does not match is a warning, the first few blocks by name (a
+  // resized input declines them all for one reason).
   constexpr size_t kNamed = 3;
   size_t shown = 0;
   for (const Decline& d : claim.declined) {
-    const LogLevel level = d.block < 0 || shown >= kNamed ? LogLevel::kInfo : LogLevel::kWarning;
+    const LogLevel level = d.expected || shown >= kNamed ? LogLevel::kInfo : LogLevel::kWarning;
     shown += d.block >= 0;
     Log(level, "declined %s: %s", BlockName(bundle, d.block), d.reason.c_str());
   }
