@@ -589,7 +589,10 @@ def _padding_inlined(kernel: BlockKernel, params: CpuParams) -> set[int]:
       clamp that keeps those reads inside the input turns every tap's vector load into a gather
       (2-5x slower); a copy clamps once per element. A convolution's result in the block can be
       read past its last channel (Value.readable_channels): no clamp, no copy (MobileNetV3's
-      56x56x72 expand -> stride-2 depthwise -> project block: 0.193 -> 0.107 ms, XNNPACK 0.096)."""
+      56x56x72 expand -> stride-2 depthwise -> project block: 0.193 -> 0.107 ms, XNNPACK 0.096);
+    - the filter's window is wider or taller than the map it slides over (a 6x6 int8 depthwise on a
+      1x3 map): Halide's bounds inference then asked the input for a column before its first, and
+      the kernel could only fail its bounds check."""
     copied = set()
     for acc in kernel.accumulators:
         helpers = kernel.op_helpers[acc.op_index]
@@ -597,9 +600,19 @@ def _padding_inlined(kernel: BlockKernel, params: CpuParams) -> set[int]:
         tile = _depthwise_tile(acc, params)[0]
         ragged = (acc.kind == AccumulatorKind.DEPTHWISE and channels % tile
                   and any(h.readable_channels < -(-channels // tile) * tile for h in helpers))
-        if ragged or _reads_in_groups(acc, params):
+        if ragged or _reads_in_groups(acc, params) or _window_outgrows_map(kernel.ops[acc.op_index]):
             copied |= {id(h.func) for h in helpers}
     return kernel.padding_read_in_place() - copied
+
+
+def _window_outgrows_map(op) -> bool:
+    """Whether a 2-D convolution's (dilated) filter is wider or taller than its input map."""
+    if op.name not in ("CONV_2D", "DEPTHWISE_CONV_2D"):
+        return False
+    _, kh, kw, _ = op.inputs[1].shape
+    _, h, w, _ = op.inputs[0].shape
+    dh, dw = (int(getattr(op.options, f"dilation{a}Factor", 1) or 1) for a in "HW")
+    return (kh - 1) * dh + 1 > h or (kw - 1) * dw + 1 > w
 
 
 def _parallel_with_channel_groups(home: hl.Func, co: hl.Var, outer: hl.Var, tiles: int, extent: int) -> None:
