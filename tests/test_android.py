@@ -195,10 +195,24 @@ def test_aar_refuses_what_it_cannot_package(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("ANDROID_NDK", raising=False)
     fuse(MODELS / "add_relu.tflite", tmp_path / "host", cache_dir=tmp_path / "k")
     fuse(MODELS / "add_relu.tflite", tmp_path / "android", target="arm64-android", cache_dir=tmp_path / "k")
-    for out, message in [(tmp_path / "host", "an AAR takes the arm64-android* targets"),
-                         (tmp_path / "android", "the library is not built yet"),
-                         (tmp_path / "nowhere", "not a `tflite_tools fuse` output folder")]:
-        assert cli.main(["aar", str(out), "-o", str(tmp_path / "x.aar")]) == 2
+    cases = [(tmp_path / "host", "an AAR takes the arm64-android* targets"),
+             (tmp_path / "android", "the library is not built yet"),
+             (tmp_path / "nowhere", "not a `tflite_tools fuse` output folder")]
+    for k, text in enumerate(['{"target": "arm64-android"}', "[]", "null", '{"target": 3}']):
+        (tmp_path / f"plan{k}").mkdir()
+        (tmp_path / f"plan{k}" / "plan.json").write_text(text)
+        cases.append((tmp_path / f"plan{k}", "not a `tflite_tools fuse` output folder"))
+    for out, message in cases:
+        code = cli.main(["aar", str(out), "-o", str(tmp_path / "x.aar")])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and "Traceback" not in err, err
+    # A library of another machine, an empty one, or one cmake left where docs/android.md builds it.
+    library = tmp_path / "android" / "android" / "arm64-v8a" / "build" / "libadd_relu_dnnfusion.so"
+    library.parent.mkdir()
+    for content, message in [(fuse(MODELS / "add_relu.tflite", tmp_path / "x86", cache_dir=tmp_path / "k").library
+                              .read_bytes(), "built for EM_X86_64, it must be for aarch64"), (b"", "not an ELF file")]:
+        library.write_bytes(content)
+        assert cli.main(["aar", str(tmp_path / "android"), "-o", str(tmp_path / "x.aar")]) == 2
         assert message in capsys.readouterr().err
     assert not (tmp_path / "x.aar").exists()
 

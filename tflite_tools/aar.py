@@ -32,6 +32,7 @@ from halide_gen.targets import ANDROID_MIN_SDK, target_spec
 
 from .model.atomic import write_bytes_atomic
 from .model.errors import ModelError, ToolchainError
+from .sharedlib import check_delegate_library
 
 ABI = "arm64-v8a"
 JAVA_SOURCE = DELEGATE_DIR / "android" / "DnnFusionDelegate.java"
@@ -100,16 +101,22 @@ def _built_library(out: Path) -> tuple[Path, str | None, str]:
     """The built library of one fuse output folder, its GPU API (None for the CPU) and the model."""
     try:
         plan = json.loads((out / "plan.json").read_text())
+        if not isinstance(plan, dict) or not all(isinstance(plan.get(key), str) for key in ("target", "model")):
+            raise ValueError("plan.json names no target or model")
         spec = target_spec(plan["target"])
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError) as exc:
         raise ModelError(f"{out}: not a `tflite_tools fuse` output folder ({exc})") from None
     if spec.packaging != "android-cmake":
         raise ModelError(f"{out}: built for {spec.name}; an AAR takes the arm64-android* targets")
+    if not isinstance(plan.get("android_project"), str):
+        raise ModelError(f"{out}: not a `tflite_tools fuse` output folder (plan.json names no android_project)")
     project = out / plan["android_project"]
-    built = sorted(project.glob("lib*_dnnfusion*.so"))
+    # Where fuse leaves it (with $ANDROID_NDK), or where docs/android.md's cmake commands build it.
+    built = sorted(project.glob("lib*_dnnfusion*.so")) or sorted((project / "build").glob("lib*_dnnfusion*.so"))
     if not built:
         raise ModelError(f"{out}: the library is not built yet; build {project} with the NDK "
                          "(docs/android.md), or fuse with $ANDROID_NDK set")
+    check_delegate_library(built[0], machine="aarch64")  # not an x86-64 build, a 0-byte or cut-off file
     return built[0], spec.gpu_api, Path(plan["model"]).stem
 
 

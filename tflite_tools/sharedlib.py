@@ -23,9 +23,10 @@ ENTRY_POINTS = ("tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate
 _MACHINES = {"x86_64": "EM_X86_64", "aarch64": "EM_AARCH64", "arm64": "EM_AARCH64"}
 
 
-def check_delegate_library(path: str | os.PathLike) -> None:
-    """Raises ModelError (one line) unless `path` is a complete ELF shared library for this
-    machine that exports the TFLite external-delegate entry points."""
+def check_delegate_library(path: str | os.PathLike, machine: str | None = None) -> None:
+    """Raises ModelError (one line) unless `path` is a complete ELF shared library for `machine`
+    (Python's platform.machine() name; default: this machine) that exports the TFLite
+    external-delegate entry points."""
     path = Path(path)
     if not path.is_file():
         raise ModelError(f"{path}: no such delegate library")
@@ -33,7 +34,7 @@ def check_delegate_library(path: str | os.PathLike) -> None:
     try:
         with open(path, "rb") as handle:
             elf = ELFFile(handle)
-            problem = _problem(elf, size)
+            problem = _problem(elf, size, machine or platform.machine())
     except ELFError as exc:
         problem = f"not an ELF file ({exc})"
     except Exception as exc:  # pyelftools raises what its parsers raise on cut-off tables
@@ -42,13 +43,14 @@ def check_delegate_library(path: str | os.PathLike) -> None:
         raise ModelError(f"{path}: not a delegate library: {problem}")
 
 
-def _problem(elf: ELFFile, size: int) -> str | None:
-    """What is wrong with an opened ELF file as a delegate library here, or None."""
+def _problem(elf: ELFFile, size: int, machine: str) -> str | None:
+    """What is wrong with an opened ELF file as a delegate library for `machine`, or None."""
     if elf["e_type"] != "ET_DYN":
         return f"an ELF file of type {elf['e_type']}, not a shared library"
-    expected = _MACHINES.get(platform.machine())
+    expected = _MACHINES.get(machine)
     if expected and elf["e_machine"] != expected:
-        return f"built for {elf['e_machine']}, this machine is {platform.machine()}"
+        here = "this machine is" if machine == platform.machine() else "it must be for"
+        return f"built for {elf['e_machine']}, {here} {machine}"
     for segment in elf.iter_segments():
         if segment["p_type"] == "PT_LOAD" and segment["p_offset"] + segment["p_filesz"] > size:
             return f"truncated: a loadable segment ends at byte {segment['p_offset'] + segment['p_filesz']}, the file at {size}"
