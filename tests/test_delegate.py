@@ -506,18 +506,26 @@ def test_nan_and_inf_inputs_come_out_as_from_litert(fused, tmp_path, stem):
     assert any(np.isnan(r).any() for r in reference)  # the check is not vacuous
 
 
+@pytest.mark.parametrize("where", ["a missing folder", "a full disk", "a FIFO nobody reads"])
 @pytest.mark.parametrize("option", ["profile", "report"])
-def test_unwritable_profile_or_report_warns_alike(fused, tmp_path, capfd, option):
-    result = fused("add_relu")
-    d = runtime.load_delegate(str(result.library), options={option: str(tmp_path / "missing" / "x.jsonl"),
-                                                            "claim": "all"})
-    interp = runtime.make_interpreter(result.model, delegates=[d])
-    runtime.run(interp, runtime.random_inputs(interp))
-    del interp
+def test_unwritable_profile_or_report_warns_alike(fused, tmp_path, capfd, option, where):
+    # Never blocks the host (a FIFO without a reader), never fails silently (/dev/full: every write
+    # is ENOSPC), and says so once per delegate, however many partitions and interpreters write.
     import gc
+    import os
 
-    gc.collect()
-    assert f"dnnfusion: warning: cannot write the {option} to " in capfd.readouterr().err
+    path = {"a missing folder": tmp_path / "missing" / "x.jsonl", "a full disk": Path("/dev/full"),
+            "a FIFO nobody reads": tmp_path / "fifo"}[where]
+    if where == "a FIFO nobody reads":
+        os.mkfifo(path)
+    result = fused("add_relu")
+    d = runtime.load_delegate(str(result.library), options={option: str(path), "claim": "all"})
+    for _ in range(2):
+        interp = runtime.make_interpreter(result.model, delegates=[d])
+        runtime.run(interp, runtime.random_inputs(interp))
+        del interp
+        gc.collect()
+    assert capfd.readouterr().err.count(f"dnnfusion: warning: cannot write the {option} to {path}") == 1
 
 
 def _delegate_library_variants(library: Path, tmp_path: Path) -> dict[str, Path]:

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "memory_plan.h"
 #include "pack.h"
+#include "report.h"
 #include "thread_pool.h"
 
 namespace dnnfusion {
@@ -110,19 +111,17 @@ Partition::~Partition() {
 void Partition::WriteProfile() const {
   // One JSON line per block: what `tflite_tools bench` and people read to find the slow blocks
   // in the model's own context (TFLite's op profiler is not reachable from Python).
-  std::lock_guard<std::mutex> lock(state_.report_mutex);
-  FILE* f = std::fopen(state_.options.profile.c_str(), "a");
-  if (f == nullptr) {
-    Log(LogLevel::kWarning, "cannot write the profile to %s", state_.options.profile.c_str());
-    return;
-  }
+  std::string text;
   for (const Step& step : steps_) {
     if (step.calls == 0) continue;
-    std::fprintf(f, "{\"block\": \"%s\", \"calls\": %lld, \"total_us\": %.3f, \"mean_us\": %.3f}\n",
-                 state_.bundle->blocks[step.block].name, static_cast<long long>(step.calls), step.seconds * 1e6,
-                 step.seconds * 1e6 / step.calls);
+    char line[512];
+    std::snprintf(line, sizeof(line), "{\"block\": \"%s\", \"calls\": %lld, \"total_us\": %.3f, \"mean_us\": %.3f}\n",
+                  state_.bundle->blocks[step.block].name, static_cast<long long>(step.calls), step.seconds * 1e6,
+                  step.seconds * 1e6 / step.calls);
+    text += line;
   }
-  std::fclose(f);
+  std::lock_guard<std::mutex> lock(state_.report_mutex);
+  AppendOrWarn(state_.options.profile, text, "profile", &state_.profile_warned);
 }
 
 TfLiteStatus Partition::Fail(TfLiteContext* context, const std::string& message) {

@@ -1,6 +1,11 @@
 #include "report.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <string>
 
 #include "log.h"
@@ -67,14 +72,24 @@ void RecordReport(DelegateState& state, const Claim& claim) {
   std::lock_guard<std::mutex> lock(state.report_mutex);
   state.last_report = line;
   if (state.options.report.empty()) return;
-  line += "\n";
-  FILE* f = std::fopen(state.options.report.c_str(), "a");
-  if (f == nullptr) {
-    Log(LogLevel::kWarning, "cannot write the report to %s", state.options.report.c_str());
-    return;
+  AppendOrWarn(state.options.report, line + "\n", "report", &state.report_warned);
+}
+
+void AppendOrWarn(const std::string& path, const std::string& text, const char* what, bool* warned) {
+  // O_NONBLOCK: opening a FIFO nobody reads fails (ENXIO) instead of hanging the host's invoke.
+  const int fd = open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_CLOEXEC, 0644);
+  bool ok = fd >= 0;
+  for (size_t done = 0; ok && done < text.size();) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    ok = n > 0;
+    done += ok ? static_cast<size_t>(n) : 0;
   }
-  std::fputs(line.c_str(), f);
-  std::fclose(f);
+  if (fd >= 0 && close(fd) != 0) ok = false;  // NFS and some filesystems report ENOSPC only here
+  if (!ok && !*warned) {
+    *warned = true;
+    Log(LogLevel::kWarning, "cannot write the %s to %s (%s)", what, path.c_str(), std::strerror(errno));
+  }
 }
 
 std::string LastReport(DelegateState& state) {

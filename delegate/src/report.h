@@ -19,4 +19,9 @@ void RecordReport(DelegateState& state, const Claim& claim);
 // The last report's JSON line (without its newline); "" before any Prepare.
 std::string LastReport(DelegateState& state);
 
+// Appends `text` to the file at `path` (created if missing) without ever blocking the host: a FIFO
+// with no reader, a full disk or a short write fail it. The first failure per option is a warning
+// ("cannot write the <what> to <path>"), later ones are silent. The caller holds report_mutex.
+void AppendOrWarn(const std::string& path, const std::string& text, const char* what, bool* warned);
+
 }  // namespace dnnfusion
