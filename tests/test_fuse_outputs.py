@@ -220,3 +220,18 @@ def test_a_block_the_generator_cannot_build_is_left_to_tflite(capsys, tmp_path, 
     outcome = run(out / "model.fused.tflite", delegate=out / "libunet_tiny_dnnfusion.so", options={"claim": "all"})
     assert outcome.ok, outcome.errors
     assert outcome.claims["claimed_nodes"] == sorted(n for k in built for n in k["nodes"])
+
+
+def test_a_model_name_past_the_file_name_limit_gets_a_shortened_library(capsys, tmp_path, model_path):
+    # 245 characters of model name made a library name over the filesystem's 255-byte limit: the
+    # link failed with only "ld returned 1 exit status". The name keeps its start and a digest.
+    import shutil
+
+    model = tmp_path / ("m" * 245 + ".tflite")
+    shutil.copy(model_path(MODEL), model)
+    out = tmp_path / "out"
+    code, err = fuse_cli(capsys, model, out)
+    assert code == 0, err
+    (library,) = out.glob("lib*_dnnfusion.so")
+    assert len(library.name) <= 255 and library.name.startswith("lib" + "m" * 100)
+    assert run(out / "model.fused.tflite", delegate=library, options={"claim": "all"}).ok

@@ -24,6 +24,7 @@ step once everything succeeded, and is never a folder with files fuse did not wr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -103,10 +104,19 @@ class FuseResult:
         return sum(len(k.nodes) for k in self.kernels if k.kernel)
 
 
+# The longest model stem a library name keeps: file names stop at 255 bytes on every filesystem
+# an app or a phone uses, and `lib` + `_dnnfusion_vulkan_fp16.so` take 28 of them.
+MAX_STEM = 200
+
+
 def library_name(model_path: str | os.PathLike, spec: TargetSpec) -> str:
     """`lib<model>_dnnfusion.so` (the stem made a safe file name), with the GPU API for GPU
-    targets (`lib<model>_dnnfusion_opencl.so`): one app can ship the CPU and GPU builds side by side."""
+    targets (`lib<model>_dnnfusion_opencl.so`): one app can ship the CPU and GPU builds side by side.
+    A stem past MAX_STEM keeps its start and a digest of the whole (a 245-character model name made a
+    name the linker could not create)."""
     stem = re.sub(r"[^0-9A-Za-z_]", "_", Path(model_path).stem) or "model"
+    if len(stem) > MAX_STEM:
+        stem = f"{stem[:MAX_STEM - 9]}_{hashlib.sha256(stem.encode()).hexdigest()[:8]}"
     return f"lib{stem}_dnnfusion{spec.library_suffix}.so"
 
 
