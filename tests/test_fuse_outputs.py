@@ -86,11 +86,19 @@ def test_a_foreign_folder_is_refused_an_empty_one_taken(capsys, tmp_path, model_
     assert (empty / LIBRARY).exists()
 
 
-@pytest.mark.parametrize("where", ["at a file", "under a file", "unwritable"])
+@pytest.mark.parametrize("where", ["at a file", "under a file", "unwritable", "a dangling link", "a link loop",
+                                   "a mount point"])
 def test_bad_output_location_fails_before_compiling(capsys, tmp_path, model_path, monkeypatch, where):
     (tmp_path / "file").write_text("x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nothing")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
     out = {"at a file": tmp_path / "file", "under a file": tmp_path / "file" / "out",
-           "unwritable": Path("/proc/dnnfusion-test/out")}[where]
+           "unwritable": Path("/proc/dnnfusion-test/out"), "a dangling link": tmp_path / "dangling",
+           "a link loop": tmp_path / "loop", "a mount point": tmp_path / "volume"}[where]
+    if where == "a mount point":  # a Docker volume or a tmpfs (mounting one needs privileges tests lack)
+        out.mkdir()
+        real = os.path.ismount
+        monkeypatch.setattr(os.path, "ismount", lambda p: Path(p) == out or real(p))
     import tflite_tools.fuse
 
     def no_compiling(*args, **kwargs):

@@ -123,9 +123,16 @@ class OutputFolder:
         out = Path(out_dir)
         if out.is_symlink() and out.is_dir():
             out = out.resolve()  # write where the link points; the link stays
+        elif out.is_symlink():
+            raise ModelError(f"-o {out_dir}: a symbolic link to no folder (dangling, or a loop)")
         out = Path(os.path.abspath(out))
         if out.exists() and not out.is_dir():
             raise ModelError(f"-o {out_dir}: a file is in the way (OUT must be a folder)")
+        if os.path.ismount(out):
+            # A Docker volume or a tmpfs: the rename that swaps OUT's contents in one step cannot
+            # move a mount point (EBUSY), and would fail only after every kernel compiled.
+            raise ModelError(f"-o {out_dir}: a mount point, which fuse cannot replace in one step; "
+                             f"name a folder inside it (-o {Path(out_dir) / 'out'})")
         parent = out.parent
         for ancestor in [parent, *parent.parents]:
             if ancestor.exists():
