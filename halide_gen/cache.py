@@ -15,6 +15,7 @@ delegate. Temporary folders that a killed process left behind are removed on a l
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -129,6 +130,7 @@ def cached_entry(root: Path, name: str, build: Callable[[Path], None]) -> tuple[
         entry.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise CacheLocationError(entry.parent, exc) from None
+    _check_free_space(entry.parent)
     try:
         tmp = temporary_folder(entry.parent, "build")
     except OSError as exc:
@@ -146,6 +148,20 @@ def cached_entry(root: Path, name: str, build: Callable[[Path], None]) -> tuple[
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return entry, False
+
+
+# Free space an entry is built in only above: LLVM, writing a kernel's object file onto a full disk,
+# ends the whole process (exit 1, "IO failure on output stream") where no error can be caught. The
+# largest entries (a multitarget host kernel of a big block, the delegate's runtime objects) stay
+# under a few MiB.
+MIN_FREE_BYTES = 64 << 20
+
+
+def _check_free_space(folder: Path) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < MIN_FREE_BYTES:
+        raise CacheLocationError(folder, OSError(errno.ENOSPC, f"{free >> 20} MiB free, under the "
+                                                 f"{MIN_FREE_BYTES >> 20} MiB a compile may need"))
 
 
 class CacheLocationError(OSError):

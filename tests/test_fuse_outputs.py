@@ -196,6 +196,38 @@ def test_unusable_cache_dir(capsys, tmp_path, model_path, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_full_cache_disk_is_one_line_before_llvm_writes_to_it(capsys, tmp_path, model_path, monkeypatch):
+    # LLVM writing a kernel onto a full disk ends the process (exit 1, "IO failure on output
+    # stream"), leaving a build folder behind: too little free space is refused before a compile.
+    import shutil
+
+    import halide_gen.cache
+
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    real = shutil.disk_usage
+    full = lambda p: real(p)._replace(free=5 << 20) if str(p).startswith(str(tmp_path / "cache")) else real(p)  # noqa: E731
+    monkeypatch.setattr(halide_gen.cache.shutil, "disk_usage", full)
+    code, err = fuse_cli(capsys, model_path(MODEL), tmp_path / "out")
+    line = one_error_line(err)
+    assert code == 2 and "5 MiB free" in line and "DNNFUSION_CACHE_DIR" in line
+    assert not (tmp_path / "out").exists()
+    assert not [p for p in (tmp_path / "cache").rglob(".tmp-*")]
+
+
+def test_a_full_output_disk_is_one_line_before_compiling(capsys, tmp_path, model_path, monkeypatch):
+    # A disk that filled while the delegate linked said only "ld returned 1 exit status".
+    import shutil
+
+    import tflite_tools.fuse
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(tflite_tools.fuse.shutil, "disk_usage", lambda p: usage._replace(free=3 << 20))
+    monkeypatch.setattr(tflite_tools.fuse, "compile_kernel", lambda *a, **k: pytest.fail("compiled first"))
+    code, err = fuse_cli(capsys, model_path(MODEL), tmp_path / "out")
+    assert code == 2 and "3 MiB free on its disk" in one_error_line(err)
+    assert [p.name for p in tmp_path.iterdir()] == []  # no staging folder left
+
+
 @pytest.mark.parametrize("failure", ["halide", "python"])
 def test_a_block_the_generator_cannot_build_is_left_to_tflite(capsys, tmp_path, model_path, monkeypatch, failure):
     # A fault of the code generator on one block (Halide refusing a schedule, a bug in a template)

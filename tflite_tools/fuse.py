@@ -52,7 +52,7 @@ from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
 
 from .bench import benchmark
 from .model.atomic import load_json_table, save_json_table
-from .model.errors import ModelError
+from .model.errors import ModelError, ToolchainError
 from .model.fingerprint import METADATA_NAME, subgraph_fingerprint
 from .model.ir import Model
 from .model.reader import load
@@ -157,6 +157,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         raise ModelError(f"{model_path}: the model has no subgraph")
     # The output location is checked before hours of compiling, not after.
     staging = OutputFolder.prepare(out_dir)
+    _check_room(staging, Path(model_path))
     job = _Job(Path(model_path), spec, cache_dir, progress, measure, autoschedulers, emit_asm, debug_runtime)
     try:
         summary = plan_model(model, fast_math=fast_math, cost=cost,
@@ -183,6 +184,20 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
 
 
 ANDROID_PROJECT = Path("android") / "arm64-v8a"  # where an Android target's CMake project goes in OUT
+
+# Room OUT needs beyond the fused model (which is at most the original's size): the delegate library
+# and the reports. A disk that fills while linking said only "ld returned 1 exit status".
+LIBRARY_ROOM = 64 << 20
+
+
+def _check_room(staging: OutputFolder, model: Path) -> None:
+    """Refuses (ToolchainError, one line) an OUT whose disk cannot hold the outputs, before compiling."""
+    need = model.stat().st_size + LIBRARY_ROOM
+    free = shutil.disk_usage(staging.path).free
+    if free < need:
+        staging.discard()
+        raise ToolchainError(f"-o {staging.out}: {free >> 20} MiB free on its disk; the fused model and the delegate "
+                             f"need about {need >> 20} MiB")
 
 
 @dataclass
