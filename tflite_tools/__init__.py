@@ -4,15 +4,28 @@ The file-format stage of dnnfusion: it knows the `.tflite` flatbuffer and nothin
 
     model = tflite_tools.load("model.tflite")   # graph IR (tflite_tools.model.ir)
     tflite_tools.save(model, "copy.tflite")      # atomic write
+
+The names below load on first use (PEP 562): the console script imports this package first, and
+Ctrl-C while numpy loads would otherwise end it with a traceback (tflite_tools.console).
 """
 
-from .model.builder import ModelBuilder
-from .model.errors import ModelError
-from .model.ir import Model, OpCode, Operator, Quantization, Signature, Subgraph, Tensor
-from .model.reader import load, parse
-from .model.writer import save, serialize
+from __future__ import annotations
 
-__all__ = [
-    "Model", "ModelBuilder", "ModelError", "OpCode", "Operator", "Quantization", "Signature",
-    "Subgraph", "Tensor", "load", "parse", "save", "serialize",
-]
+import importlib
+from typing import Any
+
+_API = {
+    "ModelBuilder": "builder", "ModelError": "errors", "Model": "ir", "OpCode": "ir", "Operator": "ir",
+    "Quantization": "ir", "Signature": "ir", "Subgraph": "ir", "Tensor": "ir", "load": "reader", "parse": "reader",
+    "save": "writer", "serialize": "writer",
+}
+
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _API:
+        raise AttributeError(f"module 'tflite_tools' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".model.{_API[name]}", __name__), name)
+    globals()[name] = value
+    return value

@@ -1,3 +1,5 @@
-from .cli import main
 import sys
+
+from .console import main
+
 sys.exit(main())

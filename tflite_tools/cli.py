@@ -261,12 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `tflite_tools` console script; returns the exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    run: Callable[[argparse.Namespace], int] = args.run
     with warnings.catch_warnings():
         warnings.showwarning = _show_warning
         try:
+            args = build_parser().parse_args(argv)
+            run: Callable[[argparse.Namespace], int] = args.run
             return run(args)
         except ModelError as exc:
             print(f"tflite_tools: error: {exc}", file=sys.stderr)
