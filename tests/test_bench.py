@@ -168,7 +168,7 @@ def test_bench_inputs_are_checked_as_runs_are(capsys, model_path, tmp_path):
     code = cli.main(["bench", str(model_path("segment_embeddings")), "--runs", "2",
                      "--inputs", str(tmp_path / "wrong.npy"), str(tmp_path / "wrong.npy")])
     err = capsys.readouterr().err
-    assert code == 2 and "shape [2, 8]" in err and "Traceback" not in err
+    assert code == 2 and "shape [2, 8], input 'ids' takes [1, 8]" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("command", ["run", "bench"])

@@ -174,7 +174,7 @@ def load_inputs(paths: Sequence[str | os.PathLike], interp: Any) -> list[np.ndar
         except (OSError, ValueError) as exc:
             raise ModelError(f"{path}: not a readable .npy file ({exc})") from None
         if tuple(array.shape) != tuple(detail["shape"]):
-            raise ModelError(f"{path}: shape {list(array.shape)}, input {detail['name']!r} takes {list(detail['shape'])}")
+            raise ModelError(f"{path}: shape {list(array.shape)}, input {detail['name']!r} takes {detail['shape'].tolist()}")
         arrays.append(array.astype(detail["dtype"], copy=False))
     return arrays
 
