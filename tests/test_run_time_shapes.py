@@ -1,7 +1,7 @@
 """Tensors LiteRT sizes only as the model runs (tflite_tools.model.shapes): no kernel touches them,
 and a bundle of a model holding them lets LiteRT apply it (kTfLiteDelegateFlagsAllowDynamicTensors),
 since without the flag LiteRT refuses the delegate and a model that runs in stock LiteRT would not
-load (tests/test_delegate.py's never-worse test runs tests/models/dynamic_range.tflite)."""
+load (tests/test_delegate.py's never-worse test runs tests/models/run_time_shape.tflite)."""
 
 from __future__ import annotations
 

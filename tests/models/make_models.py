@@ -111,16 +111,17 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         b.output(y)
         return b.build()
 
-    def dynamic_range():
-        # A tensor LiteRT sizes only as the model runs (a RANGE to an input's limit) beside a block
-        # that has static shapes: the delegate must load and claim the block.
+    def run_time_shape():
+        # A tensor LiteRT sizes only as the model runs (a TILE by an input's multiples) beside a
+        # block that has static shapes: the delegate must load and claim the block.
         b = ModelBuilder()
         x = b.input("x", [1, 4, 4, 3])
-        n = b.input("n", [], "int32")
+        v = b.input("v", [2])
+        n = b.input("n", [1], "int32")
         y = b.op("RELU", [b.op("ADD", [x, b.const("bias", weights(3))], [1, 4, 4, 3])], [1, 4, 4, 3])
-        r = b.op("RANGE", [b.const("start", np.array(0, np.int32)), n, b.const("delta", np.array(1, np.int32))], [1])
-        r.shape_signature = (-1,)
-        b.output(y, r)
+        tiled = b.op("TILE", [v, n], [2])
+        tiled.shape_signature = (-1,)
+        b.output(y, tiled)
         return b.build()
 
     def zero_size():
@@ -177,7 +178,7 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         "split_outputs": split_outputs,
         "int8_add": int8_add,
         "dynamic_batch": dynamic_batch,
-        "dynamic_range": dynamic_range,
+        "run_time_shape": run_time_shape,
         "zero_size": zero_size,
         "segment_embeddings": segment_embeddings,
         "video_cnn": video_cnn,
