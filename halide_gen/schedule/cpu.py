@@ -591,8 +591,10 @@ def _padding_inlined(kernel: BlockKernel, params: CpuParams) -> set[int]:
       read past its last channel (Value.readable_channels): no clamp, no copy (MobileNetV3's
       56x56x72 expand -> stride-2 depthwise -> project block: 0.193 -> 0.107 ms, XNNPACK 0.096);
     - the filter's window is wider or taller than the map it slides over (a 6x6 int8 depthwise on a
-      1x3 map): Halide's bounds inference then asked the input for a column before its first, and
-      the kernel could only fail its bounds check."""
+      1x3 map), or an int8 depthwise filter that sums its taps in pairs has an even side (4x4,
+      6x6): Halide's bounds inference then asked the input for a column before its first (from a
+      select whose condition it had used to drop the clamp), and the kernel could only fail its
+      bounds check. Odd filters, the ones models use, keep their padding inline."""
     copied = set()
     for acc in kernel.accumulators:
         helpers = kernel.op_helpers[acc.op_index]
@@ -600,9 +602,15 @@ def _padding_inlined(kernel: BlockKernel, params: CpuParams) -> set[int]:
         tile = _depthwise_tile(acc, params)[0]
         ragged = (acc.kind == AccumulatorKind.DEPTHWISE and channels % tile
                   and any(h.readable_channels < -(-channels // tile) * tile for h in helpers))
-        if ragged or _reads_in_groups(acc, params) or _window_outgrows_map(kernel.ops[acc.op_index]):
+        op = kernel.ops[acc.op_index]
+        if ragged or _reads_in_groups(acc, params) or _window_outgrows_map(op) or (acc.narrow and _even_filter(op)):
             copied |= {id(h.func) for h in helpers}
     return kernel.padding_read_in_place() - copied
+
+
+def _even_filter(op) -> bool:
+    """Whether a 2-D convolution's filter has an even height or width."""
+    return op.name in ("CONV_2D", "DEPTHWISE_CONV_2D") and any(k % 2 == 0 for k in op.inputs[1].shape[1:3])
 
 
 def _window_outgrows_map(op) -> bool:
