@@ -103,3 +103,15 @@ def test_info_runs_on_every_model(path, capsys):
     assert cli.main(["info", "--json", str(path)]) == 0
     out = capsys.readouterr().out
     assert "operators:" in out
+
+
+def test_a_reader_that_goes_away_ends_info_quietly(model_path):
+    # `tflite_tools info MODEL | head -1`: the pipe closes early; no error line, a shell's SIGPIPE status.
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "tflite_tools", "info", str(model_path("transformer_encoder"))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before anything is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141 and err == "", err

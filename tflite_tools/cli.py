@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -266,10 +267,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             args = build_parser().parse_args(argv)
             run: Callable[[argparse.Namespace], int] = args.run
-            return run(args)
+            code = run(args)
+            sys.stdout.flush()  # here, where a reader gone away is handled, not at the interpreter's exit
+            return code
         except ModelError as exc:
             print(f"tflite_tools: error: {exc}", file=sys.stderr)
             return 2
+        except BrokenPipeError:
+            # The reader went away (`| head`): nothing is wrong and no one is left to tell. Python would
+            # flush stdout again at exit and complain: it goes to /dev/null. 141: a shell's SIGPIPE status.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 141
         except OSError as exc:  # the machine's side: a cache or output folder, a full disk, no compiler
             print(f"tflite_tools: error: {_os_error_line(exc)}", file=sys.stderr)
             return 2
