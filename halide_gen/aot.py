@@ -155,8 +155,7 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
     except hl.HalideError as exc:
         # What the target cannot express (64-bit integers on Vulkan, say) leaves the block to
         # TFLite, as an op without a lowering does.
-        reason = next((line for line in str(exc).splitlines() if line.strip()), "Halide error")
-        raise LoweringError(f"{spec.name} cannot compile it: {reason.removeprefix('Error: ')}") from None
+        raise LoweringError(f"{spec.name} cannot compile it: {error_line(exc)}") from None
     header = next(folder.glob("*.h"))
     match = re.search(r"int (\w+)_argv\(void \*\*args\);", header.read_text())
     if match is None:
@@ -181,6 +180,13 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
         "extra": extra,
     }
     (folder / "kernel.json").write_text(json.dumps(meta, indent=1))
+
+
+def error_line(exc: BaseException) -> str:
+    """The first non-empty line of an error's message (Halide's run to dozens), without Halide's
+    "Error: " prefix: what a declined block's reason says."""
+    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    return line.removeprefix("Error: ")
 
 
 def _load(entry: Path, cached: bool, identity: str) -> KernelArtifact:

@@ -42,7 +42,7 @@ from fusion.pipeline import plan_model
 from fusion.plan import PlanConfig
 from fusion.report import format_summary
 from fusion.rewrite.fold import restore_decoded
-from halide_gen.aot import compile_kernel, generator_digest
+from halide_gen.aot import compile_kernel, error_line, generator_digest
 from halide_gen.block import build_block_for
 from halide_gen.bundle import (BundleBlock, BundleInfo, bound_constants, build_cmake_project, bundle_source,
                                claim_groups, link_delegate, write_cmake_project)
@@ -157,9 +157,9 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         raise ModelError(f"{model_path}: the model has no subgraph")
     # The output location is checked before hours of compiling, not after.
     staging = OutputFolder.prepare(out_dir)
-    _check_room(staging, Path(model_path))
     job = _Job(Path(model_path), spec, cache_dir, progress, measure, autoschedulers, emit_asm, debug_runtime)
     try:
+        _check_room(staging, job.model_path)
         summary = plan_model(model, fast_math=fast_math, cost=cost,
                              config=plan_config(spec))
         records, blocks = _compile_blocks(job, model.main, summary.plan.blocks)
@@ -195,7 +195,6 @@ def _check_room(staging: OutputFolder, model: Path) -> None:
     need = model.stat().st_size + LIBRARY_ROOM
     free = shutil.disk_usage(staging.path).free
     if free < need:
-        staging.discard()
         raise ToolchainError(f"-o {staging.out}: {free >> 20} MiB free on its disk; the fused model and the delegate "
                              f"need about {need >> 20} MiB")
 
@@ -270,7 +269,7 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
         except BUILD_FAILURES as exc:
             # A fault of the code generator on this block, not of the model: the block stays with
             # TFLite and the rest of the model is fused.
-            record.skipped = f"cannot be built ({type(exc).__name__}): {_first_line(exc)}"
+            record.skipped = f"cannot be built ({type(exc).__name__}): {error_line(exc)}"
             warnings.warn(f"{block.name} ({'+'.join(record.ops)}) is left to TFLite: {record.skipped}", BlockWarning,
                           stacklevel=2)
             continue
@@ -300,12 +299,6 @@ class BlockWarning(UserWarning):
 # bad input (ModelError) still end the fuse.
 BUILD_FAILURES = (hl.HalideError, ArithmeticError, AssertionError, AttributeError, LookupError, NotImplementedError,
                   RuntimeError, TypeError, ValueError)
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first non-empty line of an error's message, without Halide's "Error: " prefix."""
-    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-    return line.removeprefix("Error: ")
 
 
 def _restore_stored_weights(model: Model, records: list[KernelRecord], blocks: list[BundleBlock]) -> int:
