@@ -219,6 +219,18 @@ def test_unusual_models_load_and_are_flagged(capsys, model_path, stem, flag):
     assert flags and flag in flags[0]
 
 
+@pytest.mark.parametrize("command", [["run"], ["bench", "--runs", "1"]])
+def test_model_stock_litert_cannot_prepare_is_one_line(capsys, model_path, command):
+    # LiteRT's unresolved-custom-op text runs over two lines; the tools print one.
+    line = assert_one_line_error(capsys, [command[0], str(model_path("custom_op")), *command[1:]],
+                                 "unresolved custom op: DnnfTestCustom", "failed to prepare")
+    assert "  " not in line
+
+
+def test_model_error_texts_are_folded_onto_one_line():
+    assert str(ModelError("first line\n  second\tline ")) == "first line second line"
+
+
 # -- writes are atomic -----------------------------------------------------------------------
 
 

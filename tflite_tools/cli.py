@@ -27,7 +27,7 @@ from .bench import Inputs, benchmark, format_benchmark, measure_peak_memory, rat
 from .fuse import fuse
 from .info import format_info, model_info
 from .model.atomic import write_bytes_atomic
-from .model.errors import ModelError
+from .model.errors import ModelError, one_line
 from .model.reader import load
 from .run import REFERENCE_NAMES, run
 
@@ -288,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Warnings as one line each (a damaged cache entry being rebuilt, say), not Python's two."""
-    print(f"tflite_tools: warning: {message}", file=sys.stderr)
+    print(f"tflite_tools: warning: {one_line(str(message))}", file=sys.stderr)
 
 
 def _os_error_line(exc: OSError) -> str:

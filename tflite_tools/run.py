@@ -232,7 +232,7 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
         try:
             result = RunResult(runtime.run(interp, arrays))
         except RuntimeError as exc:  # a kernel that fails reports through TFLite, never aborts
-            raise ModelError(f"{model}: invoke failed: {' '.join(str(exc).split())}") from None
+            raise ModelError(f"{model}: invoke failed: {exc}") from None
         result.claims = read_claims(report) if delegate is not None else None
     if compare_reference:
         result.reference = reference_resolver(parsed)
