@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,29 @@ import pytest
 from conftest import MODELS
 
 MODEL = MODELS / "unet_tiny.tflite"
+EM_AARCH64 = 183
 
 
-def _commands(tmp_path: Path) -> dict[str, list[str]]:
+@pytest.fixture(scope="module")
+def android_out(tmp_path_factory) -> Path:
+    """An arm64-android fuse output whose library is built (a host build relabelled aarch64: aar
+    reads the ELF header and packs the bytes, which is all an interrupted aar needs)."""
+    from tflite_tools.fuse import fuse
+
+    work = tmp_path_factory.mktemp("android")
+    model = MODELS / "add_relu.tflite"
+    library = fuse(model, work / "host", cache_dir=work / "cache").library.read_bytes()
+    out = work / "out"
+    fuse(model, out, target="arm64-android", cache_dir=work / "cache")
+    built = out / "android" / "arm64-v8a" / "build" / "libadd_relu_dnnfusion.so"
+    built.parent.mkdir(parents=True)
+    built.write_bytes(library[:18] + EM_AARCH64.to_bytes(2, "little") + library[20:])
+    return out
+
+
+def _commands(tmp_path: Path, android_out: Path) -> dict[str, list[str]]:
     return {
+        "aar": ["aar", str(android_out), "-o", str(tmp_path / "out.aar")],
         "info": ["info", str(MODEL)],
         "fuse": ["fuse", str(MODEL), "-o", str(tmp_path / "out")],
         "run": ["run", str(MODEL), "--compare"],
@@ -29,10 +49,10 @@ def _commands(tmp_path: Path) -> dict[str, list[str]]:
 
 
 @pytest.mark.parametrize("after", [0.3, 1.2, 3.0])
-@pytest.mark.parametrize("command", ["info", "fuse", "run", "bench", "bench --threads 2"])
-def test_ctrl_c_at_any_point_ends_a_command_cleanly(command, after, tmp_path):
+@pytest.mark.parametrize("command", ["info", "fuse", "run", "bench", "bench --threads 2", "aar"])
+def test_ctrl_c_at_any_point_ends_a_command_cleanly(command, after, tmp_path, android_out):
     env = {**os.environ, "DNNFUSION_CACHE_DIR": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "tflite_tools", *_commands(tmp_path)[command]], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "tflite_tools", *_commands(tmp_path, android_out)[command]], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         time.sleep(after)
@@ -46,8 +66,10 @@ def test_ctrl_c_at_any_point_ends_a_command_cleanly(command, after, tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     if proc.returncode == 130:
         assert err.strip().splitlines()[-1] == "tflite_tools: interrupted"
-    leftovers = [p for p in tmp_path.rglob(".tmp-*")]
+    leftovers = [p for p in tmp_path.rglob(".*") if p.name.startswith(".tmp-") or p.suffix == ".tmp"]
     assert leftovers == [], leftovers
     out = tmp_path / "out"
     if out.exists():  # all or nothing: a complete fuse output
         assert (out / "model.fused.tflite").exists() and (out / "plan.json").exists()
+    aar = tmp_path / "out.aar"
+    assert not aar.exists() or zipfile.ZipFile(aar).testzip() is None  # all or nothing
