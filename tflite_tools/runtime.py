@@ -81,13 +81,15 @@ def make_interpreter(
 SMALL_INTEGERS = 16
 # Ops reading an input as positions into another: op -> (positions input, table input).
 _POSITIONS = {"GATHER": (1, 0), "GATHER_ND": (1, 0), "EMBEDDING_LOOKUP": (0, 1)}
-# Ops whose first output holds their first input's values.
-_SAME_VALUES = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "CAST"}
+# Ops whose first output holds the values of some of their inputs: op -> those inputs. SELECT
+# passes its branches' (Keras 3's Embedding wraps negative ids: SELECT(ids < 0, ids + n, ids)).
+_SAME_VALUES = {"RESHAPE": (0,), "SQUEEZE": (0,), "EXPAND_DIMS": (0,), "CAST": (0,), "SELECT": (1, 2),
+                "SELECT_V2": (1, 2)}
 
 
 def index_limits(interp: Any) -> dict[int, int]:
-    """Per tensor the graph reads as positions into a table (directly or through a reshape or a
-    cast): a bound its values must stay under, the table's smallest extent (valid along any axis:
+    """Per tensor the graph reads as positions into a table (directly or through a reshape, a cast
+    or a select): a bound its values must stay under, the table's smallest extent (valid along any axis:
     a BERT's segment ids index a table of 2 rows)."""
     shapes = {d["index"]: d["shape"] for d in interp.get_tensor_details()}
     ops = interp._get_ops_details()
@@ -105,7 +107,8 @@ def index_limits(interp: Any) -> dict[int, int]:
                 at, table = _POSITIONS[op["op_name"]]
                 if len(ins) > max(at, table) and ins[at] == t and len(shapes[ins[table]]):
                     found.append(int(min(shapes[ins[table]])))
-            elif op["op_name"] in _SAME_VALUES and ins[0] == t and op["outputs"][0] not in seen:
+            elif (any(k < len(ins) and ins[k] == t for k in _SAME_VALUES.get(op["op_name"], ()))
+                  and op["outputs"][0] not in seen):
                 found.append(limit(int(op["outputs"][0]), seen | {t}))
         found = [f for f in found if f is not None]
         return min(found) if found else None

@@ -133,10 +133,14 @@ def _builder_models() -> dict[str, Callable[[], object]]:
 
     def segment_embeddings():
         # Token and segment ids as a BERT takes them: the segment table has 2 rows, so random ids
-        # must stay under 2 for the model to run at all.
+        # must stay under 2 for the model to run at all. The segment ids reach it as Keras 3's
+        # Embedding passes them, negative ones wrapped: SELECT_V2(ids < 0, ids + 2, ids).
         b = ModelBuilder()
         ids = b.input("ids", [1, 8], "int32")
-        segments = b.input("segments", [1, 8], "int32")
+        given = b.input("segments", [1, 8], "int32")
+        negative = b.op("LESS", [given, b.const("zero", np.array(0, np.int32))], [1, 8], dtype="bool")
+        wrapped = b.op("ADD", [given, b.const("rows", np.array(2, np.int32))], [1, 8], dtype="int32")
+        segments = b.op("SELECT_V2", [negative, wrapped, given], [1, 8], dtype="int32")
         tokens = b.op("GATHER", [b.const("token_table", weights(30, 4)), ids], [1, 8, 4], dtype="float32", axis=0)
         kinds = b.op("GATHER", [b.const("segment_table", weights(2, 4)), segments], [1, 8, 4], dtype="float32", axis=0)
         b.output(b.op("TANH", [b.op("ADD", [tokens, kinds], [1, 8, 4])], [1, 8, 4]))
