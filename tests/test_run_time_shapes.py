@@ -5,7 +5,12 @@ load (tests/test_delegate.py's never-worse test runs tests/models/run_time_shape
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
+import pytest
+
+import tflite_tools
 
 from fusion.ecg import build_ecg
 from tflite_tools.model.builder import ModelBuilder
@@ -45,3 +50,50 @@ def test_a_tensor_of_no_elements_stays_with_tflite():
     b.output(b.op("RELU", [x], [1, 0, 4]))
     (node,) = build_ecg(b.build().main).nodes
     assert node.opaque_reason == "'x' holds no elements"
+
+
+def _conv_model_with_a_run_time_shape(path):
+    """Two convolutions and a residual ADD (one block: kernels with internal tensors, and TFLite
+    kernels with temporaries) beside a TILE LiteRT sizes only as the model runs."""
+    rng = np.random.default_rng(0)
+    b = ModelBuilder()
+    x = b.input("x", [1, 8, 8, 3])
+    v, n = b.input("v", [2]), b.input("n", [1], "int32")
+    first = b.op("CONV_2D", [x, b.const("w1", rng.standard_normal((8, 3, 3, 3)).astype(np.float32)),
+                             b.const("b1", rng.standard_normal(8).astype(np.float32))], [1, 8, 8, 8],
+                 padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU")
+    second = b.op("CONV_2D", [first, b.const("w2", rng.standard_normal((8, 3, 3, 8)).astype(np.float32)),
+                              b.const("b2", rng.standard_normal(8).astype(np.float32))], [1, 8, 8, 8],
+                  padding="SAME", stride_h=1, stride_w=1)
+    tiled = b.op("TILE", [v, n], [2])
+    tiled.shape_signature = (-1,)
+    b.output(b.op("ADD", [first, second], [1, 8, 8, 8]), tiled)
+    path.write_bytes(tflite_tools.serialize(b.build()))
+    return path
+
+
+@pytest.mark.parametrize("claim", ["all", None, "none"])
+def test_a_resized_input_runs_through_tflites_kernels_and_back(claim, tmp_path):
+    # A bundle that allows dynamic tensors stays in the graph across a resize (TFLite re-prepares
+    # the partition instead of claiming again): the partition runs TFLite's kernels for its nodes
+    # at the new shape, and its own again once the shape is back.
+    from tflite_tools import runtime
+    from tflite_tools.fuse import fuse
+    from tflite_tools.run import compare, reference_resolver
+
+    result = fuse(_conv_model_with_a_run_time_shape(tmp_path / "m.tflite"), tmp_path / "out",
+                  cache_dir=tmp_path / "cache")
+    report = tmp_path / "claims.jsonl"
+    options = {"report": str(report), **({"claim": claim} if claim else {})}
+    interp = runtime.make_interpreter(result.model, delegates=[runtime.load_delegate(str(result.library), options)])
+    reference = runtime.make_interpreter(result.model, reference_resolver(result.model))
+    for shape in ([2, 12, 10, 3], [1, 8, 8, 3], [3, 5, 9, 3]):
+        for it in (interp, reference):
+            it.resize_tensor_input(it.get_input_details()[0]["index"], shape)
+            it.allocate_tensors()
+        inputs = runtime.random_inputs(interp, seed=sum(shape))
+        got, want = runtime.run(interp, inputs), runtime.run(reference, inputs)
+        assert got[0].shape == tuple(shape[:3]) + (8,)
+        assert all(e.ok for e in compare(got, want, ["sum", "tiled"])), shape
+    claimed = json.loads(report.read_text().splitlines()[-1])["claimed_nodes"]
+    assert len(claimed) == (0 if claim == "none" else 3)

@@ -69,7 +69,8 @@ std::string IndexOutOfBounds(halide_buffer_t& raw, const int32_t* bounds, int n_
 
 }  // namespace
 
-Partition::Partition(DelegateState& state, const TfLiteDelegateParams& params) : state_(state) {
+Partition::Partition(TfLiteContext* context, DelegateState& state, const TfLiteDelegateParams& params)
+    : state_(state) {
   const Bundle& bundle = *state.bundle;
   nodes_.assign(params.nodes_to_replace->data, params.nodes_to_replace->data + params.nodes_to_replace->size);
   outputs_.assign(params.output_tensors->data, params.output_tensors->data + params.output_tensors->size);
@@ -92,6 +93,7 @@ Partition::Partition(DelegateState& state, const TfLiteDelegateParams& params) :
   size_t covered = 0;
   for (const Step& s : steps_) covered += bundle.blocks[s.block].n_nodes;
   if (error_.empty() && covered != nodes_.size()) error_ = "the partition holds nodes of no bundle block";
+  if (error_.empty()) error_ = fallback_.Capture(context, *params.nodes_to_replace, outputs_);
 }
 
 Partition::~Partition() {
@@ -286,7 +288,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
   return kTfLiteOk;
 }
 
-TfLiteStatus Partition::CheckShapes(TfLiteContext* context) const {
+std::string Partition::ShapeChange(TfLiteContext* context) const {
   const Bundle& bundle = *state_.bundle;
   for (const Buffer& b : buffers_) {
     if (!b.packed.empty() || b.role == Role::kScratch) continue;  // packed or scratch: shapes of our own
@@ -296,14 +298,10 @@ TfLiteStatus Partition::CheckShapes(TfLiteContext* context) const {
     for (int d = 0; same && d < spec->rank; ++d) same = dims->data[d] == spec->dims[d];
     if (!same) {
       const TfLiteTensor& t = context->tensors[b.tensor];
-      const std::string message = std::string("tensor '") + (t.name ? t.name : "?") + "' is now " + ShapeText(dims) +
-                                  "; the kernels are compiled for static shapes (re-run `tflite_tools fuse`)";
-      Log(LogLevel::kError, "%s", message.c_str());
-      context->ReportError(context, "dnnfusion: %s", message.c_str());
-      return kTfLiteError;
+      return std::string("tensor '") + (t.name ? t.name : "?") + "' is now " + ShapeText(dims);
     }
   }
-  return kTfLiteOk;
+  return "";
 }
 
 TfLiteStatus Partition::Prepare(TfLiteContext* context) {
@@ -312,10 +310,21 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
     if (Build(context) != kTfLiteOk) return kTfLiteError;
     built_ = true;
   }
-  return CheckShapes(context);
+  const std::string change = ShapeChange(context);
+  if (change.empty()) {
+    falling_back_ = false;
+    return kTfLiteOk;
+  }
+  if (!falling_back_) {
+    Log(LogLevel::kWarning, "a partition of %zu nodes runs TFLite's kernels: %s, and its kernels are compiled for "
+        "the shapes `tflite_tools fuse` saw", nodes_.size(), change.c_str());
+  }
+  falling_back_ = true;
+  return fallback_.Prepare(context);
 }
 
 TfLiteStatus Partition::Invoke(TfLiteContext* context) {
+  if (falling_back_) return fallback_.Invoke(context);
   const Bundle& bundle = *state_.bundle;
   SetThreadPoolSize(KernelThreads(state_.options, context->recommended_num_threads));
   // Whichever way this returns, the pool's workers stop spinning once the partition is done; after

@@ -23,21 +23,25 @@
 #include "HalideRuntime.h"
 #include "delegate_state.h"
 #include "dnnfusion/tflite_abi.h"
+#include "tflite_fallback.h"
 
 namespace dnnfusion {
 
 class Partition {
  public:
-  Partition(DelegateState& state, const TfLiteDelegateParams& params);
+  // Called from the partition's init, inside the delegate's Prepare (the nodes are read then).
+  Partition(TfLiteContext* context, DelegateState& state, const TfLiteDelegateParams& params);
   ~Partition();
   Partition(const Partition&) = delete;
   Partition& operator=(const Partition&) = delete;
 
   // Binds buffers, packs constants and plans the arena the first time; checks shapes every time
-  // (TFLite prepares a delegate kernel more than once, and again after a resize).
+  // (TFLite prepares a delegate kernel more than once, and again after a resize). Shapes the
+  // kernels were not built for hand the partition to TFLite's own kernels (tflite_fallback.h)
+  // until a resize brings them back.
   TfLiteStatus Prepare(TfLiteContext* context);
 
-  // Runs every block of the partition.
+  // Runs every block of the partition (or TFLite's kernels for its nodes, after such a resize).
   TfLiteStatus Invoke(TfLiteContext* context);
 
  private:
@@ -83,7 +87,8 @@ class Partition {
 
   TfLiteStatus Fail(TfLiteContext* context, const std::string& message);
   TfLiteStatus Build(TfLiteContext* context);
-  TfLiteStatus CheckShapes(TfLiteContext* context) const;
+  // "" when every tensor has the shape the kernels were built for; else which one differs.
+  std::string ShapeChange(TfLiteContext* context) const;
   void WriteProfile() const;
   // `stored_bytes`: the size of one element of `t` as TFLite holds it.
   bool PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const;
@@ -104,6 +109,8 @@ class Partition {
   uint8_t* arena_base_ = nullptr;               // that start: offsets count from here
   std::string error_;  // a problem found at construction, reported at Prepare
   bool built_ = false;
+  TfliteFallback fallback_;
+  bool falling_back_ = false;  // the last Prepare found shapes the kernels were not built for
 };
 
 }  // namespace dnnfusion

@@ -27,9 +27,9 @@ namespace {
 
 DelegateState* StateOf(TfLiteDelegate* delegate) { return static_cast<DelegateState*>(delegate->data_); }
 
-void* PartitionInit(TfLiteContext* /*context*/, const char* buffer, size_t /*length*/) {
+void* PartitionInit(TfLiteContext* context, const char* buffer, size_t /*length*/) {
   const auto* params = reinterpret_cast<const TfLiteDelegateParams*>(buffer);
-  return new (std::nothrow) Partition(*StateOf(params->delegate), *params);
+  return new (std::nothrow) Partition(context, *StateOf(params->delegate), *params);
 }
 
 void PartitionFree(TfLiteContext* /*context*/, void* buffer) { delete static_cast<Partition*>(buffer); }
@@ -163,9 +163,9 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   // run (XNNPACK claims MediaPipe's Convolution2DTransposeBias) is "unresolved": a model that ran in
   // stock LiteRT would no longer load. The flag skips that early preparation (the bundle holds no
   // kernel for an op touching such a tensor: fusion/ecg.py). It also keeps the graph mutable, so a
-  // later resize_tensor_input re-prepares our kernels instead of re-running the claim, and Prepare
-  // refuses the new shape with a clear error (partition.cc). Only models that need the flag make
-  // that trade; the others keep TFLite's re-claim on resize, which declines and falls back.
+  // later resize_tensor_input re-prepares our kernels instead of re-running the claim: a partition
+  // then runs TFLite's own kernels for its nodes (tflite_fallback.h). Models without run-time shapes
+  // keep TFLite's re-claim on resize, which declines and leaves the nodes to TFLite.
   delegate->flags =
       state->bundle->allow_dynamic_tensors ? kTfLiteDelegateFlagsAllowDynamicTensors : kTfLiteDelegateFlagsNone;
   Log(LogLevel::kInfo, "loaded the kernel bundle for %s (%s, %d blocks), claim:%s", state->bundle->model,
