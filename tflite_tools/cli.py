@@ -127,7 +127,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(f"  declined {d['block']}: {d['reason']}")
         for e in result.errors:
             stock = f" (LiteRT + XNNPACK alone: {e.stock_max_abs:.3g})" if e.stock_max_abs is not None else ""
-            print(f"{e.name}: max abs error {e.max_abs:.3g}, max rel error {e.max_rel:.3g} "
+            own = f", dynamic-range tolerance {e.rtol:.3g}" if e.rtol != result.rtol else ""
+            print(f"{e.name}: max abs error {e.max_abs:.3g}, max rel error {e.max_rel:.3g}{own} "
                   f"{'ok' if e.ok else 'OUTSIDE TOLERANCE'}{stock}")
         if result.reference:
             print(f"reference: {REFERENCE_NAMES[result.reference]}")
