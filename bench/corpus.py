@@ -3,8 +3,9 @@ then fused and run with the delegate, per model: does it fuse, does it match, wh
 what is declined and why.
 
     python bench/corpus.py build --out bench/corpus [--only NAME ...]    # needs TensorFlow
+    python bench/corpus.py build --set real [--only NAME ...]           # bench/real_size.py, into bench/corpus-real
     python bench/corpus.py build-torch --out bench/corpus [--only NAME ...]  # needs litert-torch
-    python bench/corpus.py check bench/corpus [--only NAME ...] [--write-results]
+    python bench/corpus.py check bench/corpus [--only NAME ...] [--write-results] [--set real]
     python bench/corpus.py speed bench/corpus [--only NAME ...] [--runs 30] [--threads 1 2]
 
 `build` needs only TensorFlow and numpy (`pip install -e '.[models]'`, or any venv with
@@ -32,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Sequence
+
+from real_size import REAL_SIZE  # beside this script
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -299,6 +302,11 @@ def _torch_resnet_int8(torch):
     return _torch_cnn(torch).eval(), (torch.randn(1, 3, 64, 64),), True
 
 
+# set -> (recipes, default folder, its RESULTS section's heading)
+SETS = {"small": (RECIPES, REPO / "bench" / "corpus", "## Converter corpus"),
+        "real": (REAL_SIZE, REPO / "bench" / "corpus-real", "## Real-size corpus")}
+
+
 def build_torch(out: Path, only: list[str]) -> None:
     """Converts the PyTorch recipes with litert-torch into `out` (skipping files already there)."""
     import litert_torch
@@ -345,19 +353,28 @@ def _pt2e_int8(torch, module, sample):
     return convert_pt2e(prepared, fold_quantize=False)
 
 
-def build(out: Path, only: list[str]) -> None:
+def build(out: Path, only: list[str], recipes: dict[str, Callable]) -> None:
     """Converts the recipes into `out` (skipping files already there)."""
     import tensorflow as tf
 
     def convert(name: str, path: Path) -> None:
         tf.keras.utils.set_random_seed(0)
-        model, settings = RECIPES[name](tf)
-        converter = tf.lite.TFLiteConverter.from_keras_model(model)
-        for key, value in settings.items():
-            setattr(converter, key, value)
-        path.write_bytes(converter.convert())
+        model, settings = recipes[name](tf)
+        with tempfile.TemporaryDirectory(prefix="dnnfusion-corpus-") as tmp:
+            converter = tf.lite.TFLiteConverter.from_saved_model(_saved_model(tf, model, Path(tmp) / "saved"))
+            for key, value in settings.items():
+                setattr(converter, key, value)
+            path.write_bytes(converter.convert())
 
-    _convert_each(out, only or list(RECIPES), convert)
+    _convert_each(out, only or list(recipes), convert)
+
+
+def _saved_model(tf, model, folder: Path) -> str:
+    """Exports the Keras model as a SavedModel at its inputs' fixed shapes (batch included), the
+    route Keras 3 documents for TFLite: keras-hub's models do not convert through from_keras_model."""
+    signature = tf.nest.map_structure(lambda t: tf.TensorSpec(t.shape, t.dtype, name=t.name), model.input)
+    model.export(str(folder), format="tf_saved_model", verbose=False, input_signature=[signature])
+    return str(folder)
 
 
 def check_model(path: Path, work: Path) -> dict:
@@ -456,8 +473,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build")
-    b.add_argument("--out", type=Path, default=REPO / "bench" / "corpus")
-    b.add_argument("--only", nargs="*", default=[], choices=sorted(RECIPES))
+    b.add_argument("--set", choices=sorted(SETS), default="small")
+    b.add_argument("--out", type=Path)
+    b.add_argument("--only", nargs="*", default=[], choices=sorted(RECIPES) + sorted(REAL_SIZE))
     t = sub.add_parser("build-torch")
     t.add_argument("--out", type=Path, default=REPO / "bench" / "corpus")
     t.add_argument("--only", nargs="*", default=[], choices=sorted(TORCH_RECIPES))
@@ -465,6 +483,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("folder", type=Path, nargs="?", default=REPO / "bench" / "corpus")
     c.add_argument("--only", nargs="*", default=[])
     c.add_argument("--write-results", action="store_true")
+    c.add_argument("--set", choices=sorted(SETS), default="small", help="whose section of RESULTS to write")
     v = sub.add_parser("speed")
     v.add_argument("folder", type=Path, nargs="?", default=REPO / "bench" / "corpus")
     v.add_argument("--only", nargs="*", default=[])
@@ -472,7 +491,11 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--threads", type=int, nargs="*", default=[1, 2])
     args = parser.parse_args(argv)
     if args.command == "build":
-        build(args.out, args.only)
+        recipes, folder, _ = SETS[args.set]
+        unknown = set(args.only) - set(recipes)
+        if unknown:
+            parser.error(f"not in the {args.set} set: {', '.join(sorted(unknown))}")
+        build(args.out or folder, args.only, recipes)
         return 0
     if args.command == "build-torch":
         build_torch(args.out, args.only)
@@ -493,22 +516,23 @@ def main(argv: list[str] | None = None) -> int:
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     print(table(rows))
     if args.write_results:
-        write_results(table(rows))
+        write_results(table(rows), args.set)
     return 0 if all(all(r["matches"].values()) for r in rows if r["fused"]) else 1
 
 
 RESULTS = REPO / "bench" / "RESULTS.md"
-HEADING = "## Converter corpus"
 
 
-def write_results(text: str) -> None:
-    """Replaces the corpus section of bench/RESULTS.md (appended when missing)."""
+def write_results(text: str, which: str) -> None:
+    """Replaces the set's corpus section of bench/RESULTS.md (appended when missing)."""
+    _, folder, heading = SETS[which]
     body = RESULTS.read_text()
-    section = f"{HEADING}\n\n`python bench/corpus.py build` (TensorFlow 2.21), then `python bench/corpus.py check " \
-              f"--write-results`:\n\n{text}\n"
-    if HEADING in body:
-        start = body.index(HEADING)
-        end = body.find("\n## ", start + len(HEADING))
+    flag = "" if which == "small" else f" --set {which}"
+    section = f"{heading}\n\n`python bench/corpus.py build{flag}` (TensorFlow 2.21), then `python bench/corpus.py " \
+              f"check {folder.relative_to(REPO)}{flag} --write-results`:\n\n{text}\n"
+    if heading in body:
+        start = body.index(heading)
+        end = body.find("\n## ", start + len(heading))
         body = body[:start] + section + (body[end + 1:] if end >= 0 else "")
     else:
         body = body.rstrip("\n") + "\n\n" + section
