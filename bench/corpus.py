@@ -26,7 +26,9 @@ geometric mean over the float models. Models are cached in the output folder (no
 from __future__ import annotations
 
 import argparse
+import collections
 import math
+import re
 import statistics
 import sys
 import tempfile
@@ -455,6 +457,17 @@ def speed_table(rows: list[dict], threads: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def _summary(reasons: list[str]) -> str:
+    """Reasons for a table cell: the block and tensor names left out, each kind once with its count
+    (a real-size model declines dozens of blocks for one reason)."""
+    def kind(reason: str) -> str:
+        reason = re.sub(r"\d+", "N", re.sub(r"'[^']*'", "'...'", re.sub(r"^block_\d+: ", "", reason)))
+        return re.sub(r"(node N \(builtin code N\)(, )?)+", "nodes ", reason)
+
+    kinds = collections.Counter(kind(r) for r in reasons)
+    return "; ".join(f"{n} x {kind}" if n > 1 else kind for kind, n in kinds.items()) or "-"
+
+
 def table(rows: list[dict]) -> str:
     """The Markdown table of check results."""
     lines = ["| model | fused | matches (claim:all / default) | nodes claimed (claim:all) / in blocks | "
@@ -462,7 +475,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         match = " / ".join({True: "yes", False: "NO"}[r["matches"].get(k)] if k in r["matches"] else "-"
                            for k in ("all", "default"))
-        why = "; ".join(r["declined"] + [f"no kernel: {s}" for s in r.get("blocks_without_kernel", [])]) or "-"
+        why = _summary(r["declined"] + [f"no kernel: {s}" for s in r.get("blocks_without_kernel", [])])
         lines.append(f"| {r['model']} | {'yes' if r['fused'] else 'no'} | {match} | {r['claimed']} / {r['ops']} | "
                      f"{why} | {r['note']} |")
     return "\n".join(lines)
