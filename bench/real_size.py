@@ -129,3 +129,23 @@ def _c3d(tf):
         x = pool(x, frames)
     x = layers.Dense(4096, activation="relu")(layers.Dense(4096, activation="relu")(layers.Flatten()(x)))
     return tf.keras.Model(clip, layers.Dense(487, activation="softmax")(x)), {}
+
+
+@_add("mobilenet_v2_sparse_fp16_224", dynamic_range=False)
+def _sparse_fp16(tf):
+    """MobileNetV2 at 224 stored as published pose and landmark detectors store theirs: pointwise
+    convolutions pruned to 1 weight in 5, converted with the sparsity optimization and fp16
+    weights (DENSIFY -> DEQUANTIZE in front of each)."""
+    import numpy as np
+
+    model = tf.keras.applications.MobileNetV2(input_tensor=tf.keras.Input((224, 224, 3), batch_size=1), weights=None,
+                                              classifier_activation=None)  # logits: a softmax of them is flat
+    rng = np.random.default_rng(0)
+    for layer in model.layers:
+        if isinstance(layer, tf.keras.layers.Conv2D) and layer.kernel_size == (1, 1):
+            w, *rest = layer.get_weights()
+            layer.set_weights([w * (rng.random(w.shape) < 0.2), *rest])
+    spec = tf.lite.TargetSpec()
+    spec.supported_types = [tf.float16]
+    return model, {"optimizations": [tf.lite.Optimize.EXPERIMENTAL_SPARSITY, tf.lite.Optimize.DEFAULT],
+                   "target_spec": spec}

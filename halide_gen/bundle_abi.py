@@ -88,8 +88,8 @@ PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_
 ARG_SOURCE = Enum("ArgSource", "Where a kernel argument's data comes from (ArgSpec::source).", (
     Member("computed", "kComputed", 0, "a partition input or a block's output: bound at every Invoke"),
     Member("constant", "kConstant", 1, "a constant of the model: checked at claim, packed once at Prepare"),
-    Member("decoded", "kDecoded", 2, "decoded by TFLite (DEQUANTIZE, DENSIFY) from the constant ArgSpec::stored "
-                                     "before the partition runs: packed once, at the first Invoke"),
+    Member("decoded", "kDecoded", 2, "decoded (DEQUANTIZE, DENSIFY: run by the delegate) from the constant "
+                                     "ArgSpec::stored before the blocks run: packed once, at the first Invoke"),
 ))
 
 GPU_API = Enum("GpuApi", "Where a bundle's kernels run (Bundle::gpu_api).", (

@@ -13,14 +13,23 @@ import numpy as np
 
 from tflite_tools import runtime
 from tflite_tools.fuse import FuseResult
+from tflite_tools.model.reader import load
 from tflite_tools.run import OutputError, compare, quantized_outputs, reference_resolver
 
 INVOKE = Path(__file__).parent / "invoke_with_delegate.py"
 
 
 def planned_nodes(result: FuseResult) -> list[int]:
-    """The nodes of every block that has a kernel: what the delegate claims with claim:all."""
-    return sorted(n for k in result.kernels if k.kernel for n in k.nodes)
+    """The nodes of every block that has a kernel, and the decoders of their stored weights (the
+    fused model's first `result.decoders` nodes; the delegate runs them): what it claims with
+    claim:all."""
+    nodes = {n for k in result.kernels if k.kernel for n in k.nodes}
+    operators = load(result.model).main.operators
+    for index in reversed(range(result.decoders)):  # a chain's later decoder first
+        readers = {id(t) for n in nodes for t in operators[n].inputs if t is not None}
+        if any(id(t) in readers for t in operators[index].outputs):
+            nodes.add(index)
+    return sorted(nodes)
 
 
 def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess], result: FuseResult, folder: Path,

@@ -1,7 +1,8 @@
 """Weights keep their stored form in the fused model: fp16 and sparse constants stay fp16 and
 sparse, with the DEQUANTIZE / DENSIFY nodes that decode them (fusion.rewrite.fold.restore_decoded),
 while the kernels are compiled from the decoded values and take them from TFLite at the first
-Invoke (delegate/src/partition.cc)."""
+Invoke (delegate/src/partition.cc); the decoders of claimed blocks' weights run in the delegate,
+once, with TFLite's kernels (delegate/src/claim.h)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def fp16_conv(w: np.ndarray, sparse: bool = True) -> bytes:
     return serialize(b.build())
 
 
+def stored_bytes(path) -> int:
+    """The bytes of a model's constants as stored (sparse, fp16, int8)."""
+    return sum(t.data.nbytes for t in load(path).main.tensors if t.data is not None)
+
+
 def weights(seed: int = 0) -> np.ndarray:
     w = np.random.default_rng(seed).standard_normal((16, 3, 3, 8)).astype(np.float16)
     w[:, :, :, ::3] = 0  # a third of the input channels pruned
@@ -46,31 +52,36 @@ def test_restore_decoded_puts_the_decoder_back_in_front(tmp_path):
     (conv,) = sg.operators  # both decoders folded: the compiler sees float32 weights
     w = conv.inputs[1]
     assert w.is_constant and w.type_name == "FLOAT32" and w.decoded_from.name == "DEQUANTIZE"
-    assert restore_decoded(sg) == 1
-    assert [op.name for op in sg.operators] == ["DEQUANTIZE", "CONV_2D"]
-    assert sg.operators[0].outputs == [w] and not w.is_constant
-    # Of a chain only the last decoder comes back (XNNPACK would take the first one and never
-    # write its output): the weights stay fp16, densified.
+    assert restore_decoded(sg) == 2
+    assert [op.name for op in sg.operators] == ["DENSIFY", "DEQUANTIZE", "CONV_2D"]
+    assert sg.operators[1].outputs == [w] and not w.is_constant
+    # The whole chain comes back: the weights stay sparse and fp16.
+    (dense16,) = sg.operators[1].inputs
+    assert sg.operators[0].outputs == [dense16] and not dense16.is_constant
     (stored,) = sg.operators[0].inputs
-    assert stored.is_constant and stored.type_name == "FLOAT16" and stored.data.shape == w.shape
-    assert stored in sg.tensors
+    assert stored.is_constant and stored.type_name == "FLOAT16" and stored.sparsity is not None
+    assert stored in sg.tensors and dense16 in sg.tensors
     assert restore_decoded(sg) == 0  # nothing left to restore
 
 
-def test_a_conv_on_sparse_fp16_weights_runs_from_half_precision_weights(tmp_path, monkeypatch):
+@pytest.mark.parametrize("claim", ["all", "none"])
+def test_a_conv_on_sparse_fp16_weights_keeps_them_sparse_and_runs_their_decoders_itself(tmp_path, monkeypatch, claim):
+    # XNNPACK takes a DENSIFY whose DEQUANTIZE feeds a node of ours and never writes its output:
+    # the delegate claims the decoders with the conv and runs TFLite's kernels for them.
     monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
     w = weights()
     (tmp_path / "m.tflite").write_bytes(fp16_conv(w))
     result = fuse(tmp_path / "m.tflite", tmp_path / "out")
-    assert result.decoders == 1
+    assert result.decoders == 2
     fused = load(result.model)
-    assert [op.name for op in fused.main.operators] == ["DEQUANTIZE", "CONV_2D"]
-    assert result.sizes["fused_model"] < result.sizes["original_model"] + w.size * 2  # not fp32: + 4 bytes each
+    assert [op.name for op in fused.main.operators] == ["DENSIFY", "DEQUANTIZE", "CONV_2D"]
+    assert stored_bytes(result.model) == stored_bytes(tmp_path / "m.tflite")
     (record,) = [k for k in result.kernels if k.kernel]
-    assert record.nodes == [1]  # the conv's index in the file, behind its decoder
-    outcome = run(result.model, delegate=result.library, options={"claim": "all"}, seed=3)
+    assert record.nodes == [2]  # the conv's index in the file, behind its decoders
+    outcome = run(result.model, delegate=result.library, options={"claim": claim}, seed=3)
     assert outcome.ok, outcome.errors
-    assert outcome.claims["claimed_nodes"] == [1] and outcome.claims["declined"] == []
+    assert outcome.claims["claimed_nodes"] == ([0, 1, 2] if claim == "all" else [])
+    assert outcome.claims["declined"] == []
 
 
 def test_infinity_in_stored_fp16_weights_leaves_the_block_to_tflite(tmp_path, monkeypatch):
@@ -90,10 +101,12 @@ def test_infinity_in_stored_fp16_weights_leaves_the_block_to_tflite(tmp_path, mo
 
 @pytest.mark.parametrize("stem, decoders", [("conv_fp16_weights", {"DEQUANTIZE": 3}),
                                             ("sparse_conv_densify", {"DENSIFY": 1}),
+                                            ("sparse_fp16_conv", {"DENSIFY": 2, "DEQUANTIZE": 4}),
                                             ("transformer_encoder_fp16", {"DEQUANTIZE": 11})])
 def test_converter_models_keep_their_stored_weights(stem, decoders, model_path, tmp_path, monkeypatch):
     monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
     result = fuse(model_path(stem), tmp_path / "out")
+    assert stored_bytes(result.model) == stored_bytes(model_path(stem))
     ops = [op.name for op in load(result.model).main.operators]
     counted = {name: ops.count(name) for name in decoders}
     assert counted == decoders and ops[:result.decoders] == [n for n in ops if n in decoders]

@@ -128,8 +128,8 @@ std::string CheckTensor(TfLiteContext* context, const Bundle& bundle, int index,
 }
 
 // Why the stored constant a decoded weight comes from (ArgSource::kDecoded) cannot back a kernel,
-// or "" when it can. TFLite decodes it only when the partition first runs, so its values are
-// judged here by what is stored (decoding fp16, int8 or sparse values keeps them finite).
+// or "" when it can. It is decoded only when the partition first runs, so its values are judged
+// here by what is stored (decoding fp16, int8 or sparse values keeps them finite).
 std::string CheckStored(TfLiteContext* context, int stored) {
   if (stored < 0 || static_cast<size_t>(stored) >= context->tensors_size) {
     return "stored weight " + std::to_string(stored) + " is not in this graph";
@@ -139,6 +139,52 @@ std::string CheckStored(TfLiteContext* context, int stored) {
   if (!IsConstant(t)) return "stored weight '" + name + "' is not a constant in this graph";
   if (!AllFinite(t)) return "stored weight '" + name + kNotFinite;
   return "";
+}
+
+// The graph's nodes as producers and consumers of tensors (node indices of the execution plan).
+struct Dataflow {
+  std::map<int, int> producer;                 // tensor -> node writing it
+  std::map<int, std::vector<int>> consumers;  // tensor -> nodes reading it
+  std::map<int, TfLiteNode*> nodes;
+  std::map<int, TfLiteRegistration*> registrations;
+};
+
+Dataflow ReadDataflow(TfLiteContext* context) {
+  Dataflow flow;
+  TfLiteIntArray* plan = nullptr;
+  if (context->GetExecutionPlan == nullptr || context->GetNodeAndRegistration == nullptr ||
+      context->GetExecutionPlan(context, &plan) != kTfLiteOk) {
+    return flow;
+  }
+  for (int i = 0; i < plan->size; ++i) {
+    TfLiteNode* node = nullptr;
+    TfLiteRegistration* registration = nullptr;
+    if (context->GetNodeAndRegistration(context, plan->data[i], &node, &registration) != kTfLiteOk) continue;
+    flow.nodes[plan->data[i]] = node;
+    flow.registrations[plan->data[i]] = registration;
+    for (int k = 0; k < node->outputs->size; ++k) flow.producer[node->outputs->data[k]] = plan->data[i];
+    for (int k = 0; k < node->inputs->size; ++k) {
+      if (node->inputs->data[k] >= 0) flow.consumers[node->inputs->data[k]].push_back(plan->data[i]);
+    }
+  }
+  return flow;
+}
+
+// The DEQUANTIZE / DENSIFY nodes decoding `block`'s stored weights (ArgSource::kDecoded), found by
+// walking back from each decoded tensor through the decoders that write it; in execution order.
+std::vector<int> DecoderNodes(const Dataflow& flow, const Bundle& bundle, const BlockSpec& block) {
+  std::set<int> found;
+  for (int k = 0; k < block.n_args; ++k) {
+    const ArgSpec& arg = bundle.args[block.first_arg + k];
+    if (arg.source != ArgSource::kDecoded) continue;
+    for (auto p = flow.producer.find(arg.tensor); p != flow.producer.end();) {
+      const int code = flow.registrations.at(p->second)->builtin_code;
+      if (code != kBuiltinDensify && code != kBuiltinDequantize) break;
+      found.insert(p->second);
+      p = flow.producer.find(flow.nodes.at(p->second)->inputs->data[0]);
+    }
+  }
+  return {found.begin(), found.end()};
 }
 
 // Why block `b` cannot run on this graph, or "" when it can.
@@ -178,6 +224,19 @@ std::string CheckBlock(TfLiteContext* context, const Bundle& bundle, const Block
   return "";
 }
 
+// Sets the claimed blocks, and the nodes the delegate replaces: theirs and their decoders.
+void SetBlocks(const Bundle& bundle, const std::vector<int>& blocks, Claim* claim) {
+  claim->blocks = blocks;
+  std::set<int> nodes;
+  for (int b : blocks) {
+    const BlockSpec& block = bundle.blocks[b];
+    for (int k = 0; k < block.n_nodes; ++k) nodes.insert(bundle.nodes[block.first_node + k].index);
+    const auto decoders = claim->decoders.find(b);
+    if (decoders != claim->decoders.end()) nodes.insert(decoders->second.begin(), decoders->second.end());
+  }
+  claim->nodes.assign(nodes.begin(), nodes.end());
+}
+
 }  // namespace
 
 std::string ShapeText(const TfLiteIntArray* dims) {
@@ -206,6 +265,7 @@ Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& o
     return claim;
   }
   claim.graph_matches = true;
+  const Dataflow flow = ReadDataflow(context);
   for (int b = 0; b < bundle.n_blocks; ++b) {
     const BlockSpec& block = bundle.blocks[b];
     why = CheckBlock(context, bundle, block);
@@ -221,42 +281,13 @@ Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& o
       continue;
     }
     claim.blocks.push_back(b);
-    for (int k = 0; k < block.n_nodes; ++k) claim.nodes.push_back(bundle.nodes[block.first_node + k].index);
+    claim.decoders[b] = DecoderNodes(flow, bundle, block);
   }
-  std::sort(claim.nodes.begin(), claim.nodes.end());
+  SetBlocks(bundle, claim.blocks, &claim);
   return claim;
 }
 
 namespace {
-
-// The graph's nodes as producers and consumers of tensors (node indices of the execution plan).
-struct Dataflow {
-  std::map<int, int> producer;                 // tensor -> node writing it
-  std::map<int, std::vector<int>> consumers;  // tensor -> nodes reading it
-  std::map<int, TfLiteNode*> nodes;
-  std::map<int, TfLiteRegistration*> registrations;
-};
-
-Dataflow ReadDataflow(TfLiteContext* context) {
-  Dataflow flow;
-  TfLiteIntArray* plan = nullptr;
-  if (context->GetExecutionPlan == nullptr || context->GetNodeAndRegistration == nullptr ||
-      context->GetExecutionPlan(context, &plan) != kTfLiteOk) {
-    return flow;
-  }
-  for (int i = 0; i < plan->size; ++i) {
-    TfLiteNode* node = nullptr;
-    TfLiteRegistration* registration = nullptr;
-    if (context->GetNodeAndRegistration(context, plan->data[i], &node, &registration) != kTfLiteOk) continue;
-    flow.nodes[plan->data[i]] = node;
-    flow.registrations[plan->data[i]] = registration;
-    for (int k = 0; k < node->outputs->size; ++k) flow.producer[node->outputs->data[k]] = plan->data[i];
-    for (int k = 0; k < node->inputs->size; ++k) {
-      if (node->inputs->data[k] >= 0) flow.consumers[node->inputs->data[k]].push_back(plan->data[i]);
-    }
-  }
-  return flow;
-}
 
 // Nodes reachable from `start` along the dataflow, forward (consumers) or backward (producers).
 std::set<int> Reachable(const Dataflow& flow, const std::vector<int>& start, bool forward) {
@@ -382,15 +413,6 @@ std::vector<int> WholeGroups(const Bundle& bundle, Claim* claim) {
   return kept;
 }
 
-void SetBlocks(const Bundle& bundle, const std::vector<int>& blocks, Claim* claim) {
-  claim->blocks = blocks;
-  claim->nodes.clear();
-  for (int b : blocks) {
-    const BlockSpec& block = bundle.blocks[b];
-    for (int k = 0; k < block.n_nodes; ++k) claim->nodes.push_back(bundle.nodes[block.first_node + k].index);
-  }
-  std::sort(claim->nodes.begin(), claim->nodes.end());
-}
 
 }  // namespace
 

@@ -3,6 +3,7 @@
 // whole bundle) with a reason, and those nodes stay with TFLite.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,9 @@
 #include "options.h"
 
 namespace dnnfusion {
+
+constexpr int kBuiltinDequantize = 6;  // BuiltinOperator_DEQUANTIZE
+constexpr int kBuiltinDensify = 124;   // BuiltinOperator_DENSIFY
 
 struct Decline {
   int block;  // index into bundle().blocks, or -1 for the whole bundle
@@ -21,7 +25,13 @@ struct Decline {
 struct Claim {
   bool graph_matches = false;   // the subgraph is the one the bundle was built for
   std::vector<int> blocks;      // claimed block indices, in bundle (execution) order
-  std::vector<int> nodes;       // their node indices, ascending
+  std::vector<int> nodes;       // their node indices and their decoders', ascending
+  // block -> the DEQUANTIZE / DENSIFY nodes decoding its stored weights (ArgSource::kDecoded),
+  // which the delegate runs itself with TFLite's kernels (once, into persistent memory): XNNPACK,
+  // applied after it, takes a DENSIFY whose DEQUANTIZE feeds a node it does not run and never
+  // writes its output (sparse fp16 weights), and decoders left to TFLite between claimed nodes
+  // would split partitions.
+  std::map<int, std::vector<int>> decoders;
   std::vector<Decline> declined;
   int skipped = 0;  // matching blocks left to TFLite by the claim policy or block list
 };

@@ -20,6 +20,7 @@
 namespace dnnfusion {
 namespace {
 
+
 bool HalideType(int tflite_type, halide_type_t* out) {
   switch (tflite_type) {
     case kTfLiteFloat32: *out = halide_type_t(halide_type_float, 32); return true;
@@ -90,10 +91,26 @@ Partition::Partition(TfLiteContext* context, DelegateState& state, const TfLiteD
       error_ = std::string("block ") + block.name + " was split across delegate partitions";
     }
   }
-  size_t covered = 0;
-  for (const Step& s : steps_) covered += bundle.blocks[s.block].n_nodes;
-  if (error_.empty() && covered != nodes_.size()) error_ = "the partition holds nodes of no bundle block";
-  if (error_.empty()) error_ = fallback_.Capture(context, *params.nodes_to_replace, outputs_);
+  // The other nodes must decode blocks' stored weights (claim.h): TFLite's kernels run them.
+  std::set<int> in_blocks;
+  for (const Step& s : steps_) {
+    const BlockSpec& block = bundle.blocks[s.block];
+    for (int k = 0; k < block.n_nodes; ++k) in_blocks.insert(bundle.nodes[block.first_node + k].index);
+  }
+  std::vector<int> decoders;
+  for (int n : nodes_) {
+    TfLiteNode* node = nullptr;
+    TfLiteRegistration* registration = nullptr;
+    if (in_blocks.count(n)) continue;
+    if (context->GetNodeAndRegistration(context, n, &node, &registration) == kTfLiteOk &&
+        (registration->builtin_code == kBuiltinDensify || registration->builtin_code == kBuiltinDequantize)) {
+      decoders.push_back(n);
+    } else if (error_.empty()) {
+      error_ = "the partition holds node " + std::to_string(n) + ", of no bundle block";
+    }
+  }
+  if (error_.empty()) error_ = decoders_.Capture(context, decoders, outputs_, /*persistent_outputs=*/true);
+  if (error_.empty()) error_ = fallback_.Capture(context, nodes_, outputs_);
 }
 
 Partition::~Partition() {
@@ -311,9 +328,10 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
     built_ = true;
   }
   const std::string change = ShapeChange(context);
+  decoded_ = false;  // a Prepare may move what the decoders wrote: decode again
   if (change.empty()) {
     falling_back_ = false;
-    return kTfLiteOk;
+    return decoders_.Prepare(context);
   }
   if (!falling_back_) {
     Log(LogLevel::kWarning, "a partition of %zu nodes runs TFLite's kernels: %s, and its kernels are compiled for "
@@ -325,6 +343,10 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
 
 TfLiteStatus Partition::Invoke(TfLiteContext* context) {
   if (falling_back_) return fallback_.Invoke(context);
+  if (!decoded_) {  // the weights, decoded once into persistent memory
+    if (decoders_.Invoke(context) != kTfLiteOk) return kTfLiteError;
+    decoded_ = true;
+  }
   const Bundle& bundle = *state_.bundle;
   SetThreadPoolSize(KernelThreads(state_.options, context->recommended_num_threads));
   // Whichever way this returns, the pool's workers stop spinning once the partition is done; after

@@ -9,9 +9,10 @@
 // cannot fail an invoke, so indices it reads from data (GATHER's) are checked here on the host
 // before it runs, as the CPU kernels check them themselves.
 //
-// Weights stored compactly (fp16, int8, sparse) reach the partition decoded by TFLite's own
-// DEQUANTIZE / DENSIFY nodes, which run before it and keep their result: the partition takes
-// them at its first Invoke (packing them, when the kernel wants another layout) and never again.
+// Weights stored compactly (fp16, int8, sparse) are decoded by their DEQUANTIZE / DENSIFY nodes,
+// which the delegate claims with the blocks and runs once with TFLite's kernels (claim.h), into
+// persistent memory: the partition takes them at its first Invoke (packing them, when the kernel
+// wants another layout) and again only after a Prepare.
 #pragma once
 
 #include <cstddef>
@@ -48,7 +49,7 @@ class Partition {
   enum class Role {
     kInput,     // read from TFLite's memory, written before the partition runs
     kConstant,  // a weight: TFLite's read-only data, or a packed copy the partition owns
-    kDecoded,   // a weight TFLite decodes before the partition first runs: taken then, as kConstant
+    kDecoded,   // a weight its decoders write before the partition first runs: taken then, as kConstant
     kInternal,  // written and read only inside the partition: lives in the arena
     kOutput,    // written here, read by TFLite after: TFLite's memory
     kScratch,   // a GPU kernel's own intermediate (ScratchSpec): allocated once, lives on the device
@@ -109,7 +110,9 @@ class Partition {
   uint8_t* arena_base_ = nullptr;               // that start: offsets count from here
   std::string error_;  // a problem found at construction, reported at Prepare
   bool built_ = false;
-  TfliteFallback fallback_;
+  TfliteFallback decoders_;  // the DEQUANTIZE / DENSIFY nodes decoding blocks' stored weights
+  bool decoded_ = false;     // they ran since the last Prepare
+  TfliteFallback fallback_;  // every node, after a resize to shapes the kernels were not built for
   bool falling_back_ = false;  // the last Prepare found shapes the kernels were not built for
 };
 

@@ -27,17 +27,17 @@ TfliteFallback::~TfliteFallback() {
   for (auto& [tensor, block] : memory_) std::free(block.data);
 }
 
-std::string TfliteFallback::Capture(TfLiteContext* context, const TfLiteIntArray& nodes,
-                                    const std::vector<int>& outputs) {
+std::string TfliteFallback::Capture(TfLiteContext* context, const std::vector<int>& nodes,
+                                    const std::vector<int>& outputs, bool persistent_outputs) {
   std::set<int> written;
-  for (int k = 0; k < nodes.size; ++k) {
+  for (int index : nodes) {
     TfLiteNode* node = nullptr;
     TfLiteRegistration* registration = nullptr;
-    if (context->GetNodeAndRegistration(context, nodes.data[k], &node, &registration) != kTfLiteOk) {
-      return "cannot read node " + std::to_string(nodes.data[k]);
+    if (context->GetNodeAndRegistration(context, index, &node, &registration) != kTfLiteOk) {
+      return "cannot read node " + std::to_string(index);
     }
     Node copy;
-    copy.index = nodes.data[k];
+    copy.index = index;
     copy.node = *node;
     copy.registration = *registration;
     // The original node keeps its own array (TFLite frees it); a kernel's prepare frees and
@@ -50,6 +50,7 @@ std::string TfliteFallback::Capture(TfLiteContext* context, const TfLiteIntArray
   const std::set<int> read_after(outputs.begin(), outputs.end());
   for (int t : written) {
     if (t >= 0 && read_after.count(t) == 0) internal_.insert(t);
+    if (t >= 0 && read_after.count(t) != 0 && persistent_outputs) outputs_.insert(t);
   }
   return "";
 }
@@ -93,6 +94,12 @@ TfLiteStatus TfliteFallback::Prepare(TfLiteContext* context) {
     }
     for (int t : OwnMemory(context, n.node)) {
       if (Bind(context, t) != kTfLiteOk) return kTfLiteError;
+    }
+    for (int j = 0; j < n.node.outputs->size; ++j) {
+      TfLiteTensor& t = context->tensors[n.node.outputs->data[j]];
+      if (outputs_.count(n.node.outputs->data[j]) && t.allocation_type == kTfLiteArenaRw) {
+        t.allocation_type = kTfLiteArenaRwPersistent;  // TFLite plans it after this Prepare
+      }
     }
   }
   return kTfLiteOk;

@@ -1,5 +1,6 @@
-// TFLite's own kernels for a partition's nodes, run in the partition's place when a resize gives
-// its tensors shapes the bundle's kernels were not built for.
+// TFLite's own kernels for some of a partition's nodes: all of them, in the partition's place,
+// when a resize gives its tensors shapes the bundle's kernels were not built for; the decoders of
+// its blocks' stored weights, always (claim.h says why the delegate runs them).
 //
 // A delegate that allows dynamic tensors (bundles of models with run-time shapes, plugin.cc) stays
 // in the graph across `resize_tensor_input`: TFLite re-prepares the partition instead of running
@@ -30,9 +31,12 @@ class TfliteFallback {
   TfliteFallback(const TfliteFallback&) = delete;
   TfliteFallback& operator=(const TfliteFallback&) = delete;
 
-  // Copies the nodes (in execution order) and their registrations; call from the partition's
-  // init, inside the delegate's Prepare. Returns an error message, or "".
-  std::string Capture(TfLiteContext* context, const TfLiteIntArray& nodes, const std::vector<int>& outputs);
+  // Copies the nodes (in execution order) and their registrations; `outputs`: the tensors read
+  // after the partition, kept in TFLite's persistent arena with `persistent_outputs` (decoded
+  // weights, written once). Call from the partition's init, inside the delegate's Prepare.
+  // Returns an error message, or "".
+  std::string Capture(TfLiteContext* context, const std::vector<int>& nodes, const std::vector<int>& outputs,
+                      bool persistent_outputs = false);
 
   // Prepares every node in order for the tensors' current shapes.
   TfLiteStatus Prepare(TfLiteContext* context);
@@ -57,6 +61,7 @@ class TfliteFallback {
 
   std::vector<Node> nodes_;
   std::set<int> internal_;  // tensors written and read only inside the partition
+  std::set<int> outputs_;   // with persistent_outputs: the nodes' outputs read after the partition
   std::map<int, Block> memory_;
 };
 

@@ -6,8 +6,9 @@ weights and DENSIFY of sparse weights, whose formats we then never have to decod
 
 Decoding is folded for the compiler only. A decoded weight is 2x (fp16), 4x (int8) or more
 (sparse) the bytes of its stored form, so `restore_decoded` puts the stored constant and its
-DEQUANTIZE / DENSIFY node back before the model is saved: TFLite decodes it once, before the
-delegate's partition first runs, and the delegate packs what TFLite decoded (delegate/src/partition.cc).
+DEQUANTIZE / DENSIFY nodes back before the model is saved: the delegate runs them once, with
+TFLite's kernels, and packs what they decoded (delegate/src/claim.h); TFLite runs them for what the
+delegate leaves.
 """
 
 from __future__ import annotations
@@ -90,31 +91,36 @@ def fold(op: Operator, graph_outputs: set[int]) -> bool:
 
 def restore_decoded(sg: Subgraph) -> int:
     """Gives every decoded constant that an operator still reads its stored form back: the stored
-    constant, and the DEQUANTIZE / DENSIFY node that decodes it, inserted at the front of the
-    operators. The decoded tensor keeps `decoded_from` and loses its data: TFLite computes it,
-    once, as the original model did.
+    constant, and the DEQUANTIZE / DENSIFY nodes that decode it (a whole chain: sparse fp16 weights
+    are DENSIFY, then DEQUANTIZE), inserted at the front of the operators. The decoded tensors keep
+    `decoded_from` and lose their data: TFLite computes them, once, as the original model did.
 
-    Only the last decoder of a chain is restored (DENSIFY -> DEQUANTIZE keeps the densified fp16
-    weights): XNNPACK, applied after the delegate, takes the first decoder of a chain whose last
-    one feeds a node it does not run, and never writes that decoder's output.
+    The delegate runs the DENSIFY nodes of the weights its blocks read itself, with TFLite's own
+    kernel (delegate/src/claim.cc): XNNPACK, applied after it, would take a DENSIFY whose DEQUANTIZE
+    feeds a node it does not run and never write its output.
 
     Returns how many nodes were inserted: every later node's index moves by that much. Call it
     after the compiler is done with the decoded values and before the graph is fingerprinted.
     """
     decoders: list[Operator] = []
     known = {id(t) for t in sg.tensors}
-    for op in list(sg.operators):
-        if any(t.decoded_from is op for t in op.outputs):
-            continue  # a decoder already restored: what it reads stays stored
-        for t in op.inputs:
-            if t is None or t.data is None or t.decoded_from is None:
+
+    def restore(t: Tensor) -> None:
+        decoder = t.decoded_from
+        for read in decoder.inputs:
+            if read is None:
                 continue
-            decoder = t.decoded_from
-            for stored in decoder.inputs:
-                if stored is not None and id(stored) not in known:
-                    known.add(id(stored))
-                    sg.tensors.append(stored)
-            decoders.append(decoder)
-            t.data = None
+            if read.decoded_from is not None and read.data is not None:
+                restore(read)  # itself decoded: its decoder goes first
+            if id(read) not in known:
+                known.add(id(read))
+                sg.tensors.append(read)
+        decoders.append(decoder)
+        t.data = None
+
+    for op in list(sg.operators):
+        for t in op.inputs:
+            if t is not None and t.data is not None and t.decoded_from is not None:
+                restore(t)
     sg.operators[:0] = decoders
     return len(decoders)

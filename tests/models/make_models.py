@@ -330,6 +330,19 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     write("sparse_conv_densify", sparse(keras.Input((8, 8, 16), batch_size=1),
                                         keras.layers.Conv2D(16, 3, padding="same"), (3, 3, 16, 16), conv_mask))
 
+    # Sparse fp16 weights, as published pose detectors ship their 1x1 convs: DENSIFY -> DEQUANTIZE.
+    inputs = keras.Input((8, 8, 16), batch_size=1)
+    convs = [keras.layers.Conv2D(32, 1, activation="relu"), keras.layers.Conv2D(16, 1)]
+    pointwise = keras.Model(inputs, convs[1](convs[0](inputs)))
+    rng = np.random.default_rng(5)
+    for conv, shape in zip(convs, [(1, 1, 16, 32), (1, 1, 32, 16)]):
+        w = rng.standard_normal(shape).astype(np.float32) * (rng.random(shape) < 0.2)
+        conv.set_weights([w, rng.standard_normal(shape[-1]).astype(np.float32)])
+    fp16 = tf.lite.TargetSpec()
+    fp16.supported_types = [tf.float16]
+    write("sparse_fp16_conv", from_keras(pointwise, target_spec=fp16, optimizations=[
+        tf.lite.Optimize.EXPERIMENTAL_SPARSITY, tf.lite.Optimize.DEFAULT]))
+
     # Control flow: a WHILE loop makes three subgraphs (main, cond, body).
     class Loop(tf.Module):
         @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32)])

@@ -40,7 +40,7 @@ enum class Pack : int32_t {
 enum class ArgSource : int32_t {
   kComputed = 0,  // a partition input or a block's output: bound at every Invoke
   kConstant = 1,  // a constant of the model: checked at claim, packed once at Prepare
-  kDecoded = 2,  // decoded by TFLite (DEQUANTIZE, DENSIFY) from the constant ArgSpec::stored before the partition runs: packed once, at the first Invoke
+  kDecoded = 2,  // decoded (DEQUANTIZE, DENSIFY: run by the delegate) from the constant ArgSpec::stored before the blocks run: packed once, at the first Invoke
 };
 
 // Where a bundle's kernels run (Bundle::gpu_api).
