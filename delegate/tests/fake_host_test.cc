@@ -139,6 +139,23 @@ static void ReportError(TfLiteContext*, const char* format, ...) {
   g_host->last_error = text;
 }
 
+// TFLite's own kernel for every node of the fake graph: its output is its input plus one, at
+// the input's shape (what the partition runs after a resize, tflite_fallback.h).
+static TfLiteStatus HostPrepare(TfLiteContext* context, TfLiteNode* node) {
+  const TfLiteTensor& in = context->tensors[node->inputs->data[0]];
+  TfLiteTensor& out = context->tensors[node->outputs->data[0]];
+  out.dims = in.dims;
+  out.bytes = in.bytes;
+  return kTfLiteOk;
+}
+static TfLiteStatus HostInvoke(TfLiteContext* context, TfLiteNode* node) {
+  const TfLiteTensor& in = context->tensors[node->inputs->data[0]];
+  TfLiteTensor& out = context->tensors[node->outputs->data[0]];
+  if (in.data.raw == nullptr || out.data.raw == nullptr) return kTfLiteError;
+  for (size_t i = 0; i < in.bytes / sizeof(float); ++i) out.data.f[i] = in.data.f[i] + 1.0f;
+  return kTfLiteOk;
+}
+
 static void SetUp(Host& h) {
   g_host = &h;
   for (int t = 0; t < 4; ++t) {
@@ -157,6 +174,8 @@ static void SetUp(Host& h) {
     h.nodes[n].inputs = IntArray({io[n][0]});
     h.nodes[n].outputs = IntArray({io[n][1]});
     h.regs[n].builtin_code = 0;
+    h.regs[n].prepare = HostPrepare;
+    h.regs[n].invoke = HostInvoke;
   }
   h.context.tensors_size = 4;
   h.context.tensors = h.tensors;
@@ -230,12 +249,24 @@ int main() {
     CHECK(h.last_error.find("block first failed") != std::string::npos);
     CHECK(h.last_error.find("simulated kernel failure") != std::string::npos);
     g_fail_next = false;
-    // A resized tensor after claiming: prepare refuses, naming the shape.
+    // A resized input after claiming: the partition runs TFLite's kernels for its nodes (each adds
+    // one) at the new shape, with memory of its own for the internal tensors; its blocks again
+    // once the shape is back.
     TfLiteIntArray* bigger = IntArray({2, 4});
-    h.tensors[3].dims = bigger;
-    CHECK(h.kernel.prepare(&h.context, &node) == kTfLiteError);
-    CHECK(h.last_error.find("[2,4]") != std::string::npos);
-    h.tensors[3].dims = h.dims;
+    h.tensors[0].dims = bigger;
+    h.tensors[0].bytes = 32;
+    for (int i = 4; i < 8; ++i) h.data[0][i] = static_cast<float>(i);
+    CHECK(h.kernel.prepare(&h.context, &node) == kTfLiteOk);
+    CHECK(h.tensors[3].dims == bigger && h.tensors[1].data.raw != nullptr && h.tensors[2].data.raw != nullptr);
+    CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteOk);
+    for (int i = 0; i < 8; ++i) CHECK(h.data[3][i] == h.data[0][i] + 3.0f);
+    for (int t : {0, 1, 2, 3}) {
+      h.tensors[t].dims = h.dims;
+      h.tensors[t].bytes = 16;
+    }
+    CHECK(h.kernel.prepare(&h.context, &node) == kTfLiteOk);
+    CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteOk);
+    for (int i = 0; i < 4; ++i) CHECK(h.data[3][i] == h.data[0][i] + 111.0f);
     h.kernel.free(&h.context, node.user_data);
     tflite_plugin_destroy_delegate(d);
   }
