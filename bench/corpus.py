@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
 import math
 import re
 import statistics
@@ -400,7 +401,7 @@ def check_model(path: Path, work: Path) -> dict:
         row["note"] = f"fuse refused it: {exc}"
         return row
     row["fused"], row["seconds"] = True, round(time.perf_counter() - start, 1)
-    row["ops"] = sum(len(k.nodes) for k in result.kernels)
+    row["ops"] = sum(len(k.nodes) for k in result.kernels) + result.decoders  # the delegate runs the decoders too
     row["blocks_without_kernel"] = sorted({k.skipped for k in result.kernels if not k.kernel})
     for claim in ("all", None):
         try:
@@ -468,10 +469,13 @@ def _summary(reasons: list[str]) -> str:
     return "; ".join(f"{n} x {kind}" if n > 1 else kind for kind, n in kinds.items()) or "-"
 
 
+TABLE_HEADER = ("| model | fused | matches (claim:all / default) | nodes claimed (claim:all) / in blocks and their "
+                "weights' decoders | declined, and blocks without a kernel | note |")
+
+
 def table(rows: list[dict]) -> str:
     """The Markdown table of check results."""
-    lines = ["| model | fused | matches (claim:all / default) | nodes claimed (claim:all) / in blocks | "
-             "declined, and blocks without a kernel | note |", "|---|---|---|---|---|---|"]
+    lines = [TABLE_HEADER, "|---|---|---|---|---|---|"]
     for r in rows:
         match = " / ".join({True: "yes", False: "NO"}[r["matches"].get(k)] if k in r["matches"] else "-"
                            for k in ("all", "default"))
@@ -537,15 +541,24 @@ RESULTS = REPO / "bench" / "RESULTS.md"
 
 
 def write_results(text: str, which: str) -> None:
-    """Replaces the set's corpus section of bench/RESULTS.md (appended when missing)."""
+    """Writes the set's corpus section of bench/RESULTS.md (appended when missing): the rows of
+    `text` (a `table`) replace those of the same models, the others stay as they were."""
     _, folder, heading = SETS[which]
     body = RESULTS.read_text()
+    start = body.find(heading + "\n")
+    end = body.find("\n## ", start + len(heading)) if start >= 0 else -1
+    old = body[start:end if end >= 0 else len(body)] if start >= 0 else ""
+    rows = {line.split("|")[1].strip(): line for line in old.splitlines()
+            if line.startswith("| ") and not line.startswith("| model |")}
+    rows.update({line.split("|")[1].strip(): line for line in text.splitlines()[2:]})
     flag = "" if which == "small" else f" --set {which}"
-    section = f"{heading}\n\n`python bench/corpus.py build{flag}` (TensorFlow 2.21), then `python bench/corpus.py " \
-              f"check {folder.relative_to(REPO)}{flag} --write-results`:\n\n{text}\n"
-    if heading in body:
-        start = body.index(heading)
-        end = body.find("\n## ", start + len(heading))
+    section = (f"{heading}\n\n`python bench/corpus.py build{flag}` (TensorFlow 2.21, its own venv), then `python "
+               f"bench/corpus.py check {folder.relative_to(REPO)}{flag} --write-results`, last on {datetime.date.today()}"
+               f" (a model not in that check keeps the row of its own last one): fused for the host, run with the "
+               f"delegate under claim:all and the default policy, compared with the kernels "
+               f"`tflite_tools.run.reference_resolver` names.\n\n"
+               + "\n".join([TABLE_HEADER, "|---|---|---|---|---|---|", *(rows[m] for m in sorted(rows))]) + "\n")
+    if start >= 0:
         body = body[:start] + section + (body[end + 1:] if end >= 0 else "")
     else:
         body = body.rstrip("\n") + "\n\n" + section
