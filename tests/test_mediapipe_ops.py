@@ -166,11 +166,13 @@ def test_argmax_pooling_and_its_unpooling_are_claimed_together(tmp_path):
 
 def test_resizing_a_custom_op_model_fails_with_the_reason(tmp_path):
     # Models with custom ops keep the graph mutable (see the delegate's flags), so a resize reaches
-    # the claimed kernels, whose shapes are fixed: Prepare refuses with the reason, nothing crashes.
+    # the claimed kernels, whose shapes are fixed. A partition holding MediaPipe's ops cannot run
+    # TFLite's kernels in their place (TFLite has none; only XNNPACK runs them): Prepare refuses
+    # with the reason, nothing crashes.
     source = segmenter(tmp_path / "segmenter.tflite")
     result = fuse(source, tmp_path / "out", cache_dir=tmp_path / "cache")
     d = runtime.load_delegate(str(result.library), options={"claim": "all"})
     interp = runtime.make_interpreter(result.model, delegates=[d])
     interp.resize_tensor_input(interp.get_input_details()[0]["index"], [1, 16, 16, 3])
-    with pytest.raises(RuntimeError, match="compiled for static shapes"):
+    with pytest.raises(RuntimeError, match="compiled for static shapes and the partition holds custom op"):
         interp.allocate_tensors()

@@ -14,6 +14,7 @@
 namespace dnnfusion {
 
 constexpr int kBuiltinDequantize = 6;  // BuiltinOperator_DEQUANTIZE
+constexpr int kBuiltinCustom = 32;     // BuiltinOperator_CUSTOM
 constexpr int kBuiltinDensify = 124;   // BuiltinOperator_DENSIFY
 
 struct Decline {

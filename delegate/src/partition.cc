@@ -101,9 +101,12 @@ Partition::Partition(TfLiteContext* context, DelegateState& state, const TfLiteD
   for (int n : nodes_) {
     TfLiteNode* node = nullptr;
     TfLiteRegistration* registration = nullptr;
+    const bool found = context->GetNodeAndRegistration(context, n, &node, &registration) == kTfLiteOk;
+    if (found && registration->builtin_code == kBuiltinCustom && custom_op_.empty()) {
+      custom_op_ = registration->custom_name != nullptr ? registration->custom_name : "?";
+    }
     if (in_blocks.count(n)) continue;
-    if (context->GetNodeAndRegistration(context, n, &node, &registration) == kTfLiteOk &&
-        (registration->builtin_code == kBuiltinDensify || registration->builtin_code == kBuiltinDequantize)) {
+    if (found && (registration->builtin_code == kBuiltinDensify || registration->builtin_code == kBuiltinDequantize)) {
       decoders.push_back(n);
     } else if (error_.empty()) {
       error_ = "the partition holds node " + std::to_string(n) + ", of no bundle block";
@@ -332,6 +335,11 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
   if (change.empty()) {
     falling_back_ = false;
     return decoders_.Prepare(context);
+  }
+  if (!custom_op_.empty()) {
+    // TFLite may hold no kernel of its own for it (MediaPipe's ops: only XNNPACK runs them).
+    return Fail(context, change + "; the kernels are compiled for static shapes and the partition holds custom op " +
+                             custom_op_ + ", which TFLite may not run itself (re-run `tflite_tools fuse`)");
   }
   if (!falling_back_) {
     Log(LogLevel::kWarning, "a partition of %zu nodes runs TFLite's kernels: %s, and its kernels are compiled for "

@@ -114,6 +114,7 @@ class Partition {
   bool decoded_ = false;     // they ran since the last Prepare
   TfliteFallback fallback_;  // every node, after a resize to shapes the kernels were not built for
   bool falling_back_ = false;  // the last Prepare found shapes the kernels were not built for
+  std::string custom_op_;      // a custom op among the nodes: no fallback to TFLite's kernels then
 };
 
 }  // namespace dnnfusion

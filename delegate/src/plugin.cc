@@ -55,7 +55,7 @@ TfLiteRegistration PartitionRegistration() {
   reg.free = PartitionFree;
   reg.prepare = PartitionPrepare;
   reg.invoke = PartitionInvoke;
-  reg.builtin_code = 32;  // BuiltinOperator_CUSTOM: what every delegate kernel reports
+  reg.builtin_code = kBuiltinCustom;  // what every delegate kernel reports
   reg.custom_name = "DnnFusion";
   reg.version = 1;
   return reg;

@@ -110,7 +110,7 @@ TfLiteStatus TfliteFallback::Invoke(TfLiteContext* context) {
     for (int t : OwnMemory(context, n.node)) {
       if (Bind(context, t) != kTfLiteOk) return kTfLiteError;
     }
-    if (n.registration.invoke(context, &n.node) != kTfLiteOk) {
+    if (n.registration.invoke != nullptr && n.registration.invoke(context, &n.node) != kTfLiteOk) {
       context->ReportError(context, "dnnfusion: TFLite's kernel for node %d failed", n.index);
       return kTfLiteError;
     }
