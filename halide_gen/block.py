@@ -325,9 +325,12 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
                 # XNNPACK's time for MobileNetV3's 14x14x240 HARD_SWISH MEAN). Halide reads it
                 # with aligned vector loads, as memory of its own: the delegate hands every kernel
                 # 64-byte-aligned outputs (delegate/src/memory_plan.h, kBufferAlignment).
+                # The buffer holds the tensor's channels and no more: not readable past the last
+                # one (Value.readable_channels), as the convolution's own result was.
                 index = output_index[id(t)]
                 wrappers[index] = _output_func(kernel, index, t, v)
-                kernel.values[id(t)] = dataclasses.replace(v, func=wrappers[index], type=wrappers[index].type())
+                kernel.values[id(t)] = dataclasses.replace(v, func=wrappers[index], type=wrappers[index].type(),
+                                                           readable_channels=0)
         kernel.op_values.append(results)
         kernel.materialize.extend(ctx.materialize)
         kernel.padded.extend(ctx.padded)

@@ -103,3 +103,22 @@ def test_layer_norm_is_one_block_that_matches_litert(rows, width):
     plan = plan_fusion(build_ecg(model.main), RooflineCost())
     assert len(plan.blocks) == 1
     compare(model, seeds=(0, 1))
+
+
+@pytest.mark.parametrize("channels, inputs", [(20, 24), (176, 528)])
+def test_a_block_output_a_depthwise_also_reads_is_not_read_past_its_last_channel(channels, inputs):
+    # A convolution's result may be read past its last channel (its padded weights give zeros
+    # there), but not once it is a block output that later ops read: they read the output
+    # buffer, which ends at the last channel. NASNet-mobile's reduction cell (176 channels, a 7x7
+    # depthwise on a 4x4 map): the kernel failed every run.
+    w = random_weights(seed=5, scale=0.2)
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 4, inputs])
+    c = b.op("CONV_2D", [x, b.const("wc", w(channels, 1, 1, inputs)), b.const("bc", w(channels))],
+             [1, 4, 4, channels], padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU")
+    d = b.op("DEPTHWISE_CONV_2D", [c, b.const("wd", w(1, 7, 7, channels)), b.const("bd", w(channels))],
+             [1, 2, 2, channels], padding="SAME", stride_h=2, stride_w=2, depth_multiplier=1)
+    p = b.op("CONV_2D", [d, b.const("wp", w(channels, 1, 1, channels)), b.const("bp", w(channels))],
+             [1, 2, 2, channels], padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU")
+    b.output(c, p)
+    compare(b.build())
