@@ -559,7 +559,7 @@ def write_results(text: str, which: str) -> None:
                f"`tflite_tools.run.reference_resolver` names.\n\n"
                + "\n".join([TABLE_HEADER, "|---|---|---|---|---|---|", *(rows[m] for m in sorted(rows))]) + "\n")
     if start >= 0:
-        body = body[:start] + section + (body[end + 1:] if end >= 0 else "")
+        body = body[:start] + section + ("\n" + body[end + 1:] if end >= 0 else "")
     else:
         body = body.rstrip("\n") + "\n\n" + section
     RESULTS.write_text(body)
