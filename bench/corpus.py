@@ -550,14 +550,15 @@ def write_results(text: str, which: str) -> None:
     old = body[start:end if end >= 0 else len(body)] if start >= 0 else ""
     rows = {line.split("|")[1].strip(): line for line in old.splitlines()
             if line.startswith("| ") and not line.startswith("| model |")}
-    rows.update({line.split("|")[1].strip(): line for line in text.splitlines()[2:]})
+    lines = text.splitlines()
+    rows.update({line.split("|")[1].strip(): line for line in lines[2:]})
     flag = "" if which == "small" else f" --set {which}"
     section = (f"{heading}\n\n`python bench/corpus.py build{flag}` (TensorFlow 2.21, its own venv), then `python "
                f"bench/corpus.py check {folder.relative_to(REPO)}{flag} --write-results`, last on {datetime.date.today()}"
                f" (a model not in that check keeps the row of its own last one): fused for the host, run with the "
                f"delegate under claim:all and the default policy, compared with the kernels "
                f"`tflite_tools.run.reference_resolver` names.\n\n"
-               + "\n".join([TABLE_HEADER, "|---|---|---|---|---|---|", *(rows[m] for m in sorted(rows))]) + "\n")
+               + "\n".join([*lines[:2], *(rows[m] for m in sorted(rows))]) + "\n")
     if start >= 0:
         body = body[:start] + section + ("\n" + body[end + 1:] if end >= 0 else "")
     else:

@@ -33,7 +33,7 @@ def kernel_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def fused(tmp_path_factory, kernel_cache):
-    """Fuses a project test model once per session."""
+    """Fuses a project test model once for the whole test run."""
     root = tmp_path_factory.mktemp("fused")
     results: dict[str, FuseResult] = {}
 

@@ -53,13 +53,14 @@ def test_tolerance_grows_with_the_square_root_of_the_depth():
 def test_stock_litert_meets_the_tolerance_and_a_wrong_answer_does_not(tmp_path, depth):
     # LiteRT + XNNPACK (asymmetric per-row quantization) and LiteRT's reference kernels (symmetric)
     # are two correct implementations: the rule passes both apart; 10 % off is caught.
+    model = _dynamic_range_model(depth)
     path = tmp_path / "m.tflite"
-    path.write_bytes(tflite_tools.serialize(_dynamic_range_model(depth)))
+    path.write_bytes(tflite_tools.serialize(model))
     stock = runtime.make_interpreter(path, "xnnpack", 1)
     inputs = runtime.random_inputs(stock, seed=3)
     got = runtime.run(stock, inputs)
     want = runtime.run(runtime.make_interpreter(path, reference_resolver(path), 1), inputs)
-    rtols = [hybrid_rtol(d) for d in hybrid_depths(_dynamic_range_model(depth).main)]
+    rtols = [hybrid_rtol(d) for d in hybrid_depths(model.main)]
     errors = compare(got, want, ["h", "relu", "dequantized"], rtols)
     assert errors[0].max_rel > RTOL  # the two round differently: the float tolerance would fail stock
     assert all(e.ok for e in errors), errors

@@ -107,8 +107,8 @@ class RunResult:
 def compare(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], names: Sequence[str],
             rtol: float | Sequence[float] = RTOL, quantized: Sequence[bool | float] = ()) -> list[OutputError]:
     """Per-output error against the reference: float outputs within `rtol` (one for all, or one per
-    output) of the reference's largest finite magnitude, with NaN and +-inf exactly where the reference has them (a NaN
-    matches a NaN); quantized outputs (where `quantized` says so) within 1 LSB, other integer
+    output) of the reference's largest finite magnitude, with NaN and +-inf exactly where the
+    reference has them (a NaN matches a NaN); quantized outputs (where `quantized` says so) within 1 LSB, other integer
     outputs exact. A float output whose `quantized` entry is a step (`quantized_outputs`: an int8
     tensor dequantized) may instead be within 1 LSB of that step."""
     errors = []
@@ -260,8 +260,7 @@ def run(model: str | os.PathLike, delegate: str | os.PathLike | None = None, inp
         try:
             expected = runtime.run(runtime.make_interpreter(model, result.reference, 1), arrays)
         except (ValueError, RuntimeError) as exc:
-            raise ModelError(f"{model}: the reference ({REFERENCE_NAMES[result.reference]}) failed: "
-                             f"{' '.join(str(exc).split())}") from None
+            raise ModelError(f"{model}: the reference ({REFERENCE_NAMES[result.reference]}) failed: {exc}") from None
         names = [d["name"] for d in interp.get_output_details()]
         result.rtol = tolerance(result.claims)
         quantized = quantized_outputs(interp, parsed)

@@ -413,7 +413,6 @@ std::vector<int> WholeGroups(const Bundle& bundle, Claim* claim) {
   return kept;
 }
 
-
 }  // namespace
 
 void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim) {

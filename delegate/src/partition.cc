@@ -20,7 +20,6 @@
 namespace dnnfusion {
 namespace {
 
-
 bool HalideType(int tflite_type, halide_type_t* out) {
   switch (tflite_type) {
     case kTfLiteFloat32: *out = halide_type_t(halide_type_float, 32); return true;

@@ -93,11 +93,11 @@ def restore_decoded(sg: Subgraph) -> int:
     """Gives every decoded constant that an operator still reads its stored form back: the stored
     constant, and the DEQUANTIZE / DENSIFY nodes that decode it (a whole chain: sparse fp16 weights
     are DENSIFY, then DEQUANTIZE), inserted at the front of the operators. The decoded tensors keep
-    `decoded_from` and lose their data: TFLite computes them, once, as the original model did.
+    `decoded_from` and lose their data: they are computed once, as in the original model.
 
-    The delegate runs the DENSIFY nodes of the weights its blocks read itself, with TFLite's own
-    kernel (delegate/src/claim.cc): XNNPACK, applied after it, would take a DENSIFY whose DEQUANTIZE
-    feeds a node it does not run and never write its output.
+    The delegate runs the decoders of the weights its blocks read itself, with TFLite's own kernels
+    (delegate/src/claim.h): XNNPACK, applied after it, would take a DENSIFY whose DEQUANTIZE feeds
+    a node it does not run and never write its output.
 
     Returns how many nodes were inserted: every later node's index moves by that much. Call it
     after the compiler is done with the decoded values and before the graph is fingerprinted.
