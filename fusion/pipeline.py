@@ -23,17 +23,20 @@ def plan_model(
     cost: CostSource | None = None,
     config: PlanConfig = PlanConfig(),
     trace: Callable[[str], None] | None = None,
+    subgraph: int = 0,
+    prefix: str = "",
 ) -> PlanSummary:
-    """Rewrites the entry subgraph of `model` in place and plans its fused blocks.
+    """Rewrites subgraph `subgraph` of `model` (the entry one by default) in place and plans its
+    fused blocks, named `<prefix>block_NNN`.
 
     Cost answers for yellow cells are cached on disk (see fusion.cost.default_cache_dir).
     """
-    sg = model.main
+    sg = model.subgraphs[subgraph]
     ops_before = len(sg.operators)
     intermediates_before = stats.activation_bytes(sg)
     peak_before = stats.peak_live_bytes(sg)
-    log = rewrite(model, fast_math=fast_math, trace=trace)
+    log = rewrite(model, fast_math=fast_math, trace=trace, subgraph=subgraph)
     cached = CachedCost(cost or RooflineCost())
-    plan = plan_fusion(build_ecg(model.main), cached, config)
+    plan = plan_fusion(build_ecg(sg), cached, config, prefix)
     cached.save()
     return PlanSummary(ops_before, log, plan, intermediates_before, peak_before)

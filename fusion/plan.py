@@ -322,12 +322,13 @@ def _describe(ecg: ECG, members: frozenset[int], name: str, fused_type: MappingT
     )
 
 
-def plan_fusion(ecg: ECG, cost: CostSource | None = None, config: PlanConfig = PlanConfig()) -> Plan:
-    """Partitions every op of `ecg` into blocks. Deterministic: same graph, same blocks, same names."""
+def plan_fusion(ecg: ECG, cost: CostSource | None = None, config: PlanConfig = PlanConfig(), prefix: str = "") -> Plan:
+    """Partitions every op of `ecg` into blocks named `<prefix>block_NNN`. Deterministic: same
+    graph, same blocks, same names."""
     planner = _Planner(ecg, cost or RooflineCost(), config)
     planner.run()
     blocks = []
     for k, g in enumerate(planner.ordered_groups()):
-        blocks.append(_describe(ecg, planner.groups[g], f"block_{k:03d}", planner.types[g]))
+        blocks.append(_describe(ecg, planner.groups[g], f"{prefix}block_{k:03d}", planner.types[g]))
     return Plan(ecg, blocks, config, planner.queries, planner.decisions)
 

@@ -3,13 +3,14 @@ kernels, the Halide runtime and the delegate runtime (`delegate/`) into one shar
 TFLite loads as an external delegate.
 
     blocks = [BundleBlock(...), ...]            # one per block that has a kernel
-    source = bundle_source(BundleInfo(...), blocks)
-    link_delegate(source, blocks, "host", out / "libmodel_dnnfusion.so")
+    info = BundleInfo(..., graphs=[BundleGraph(0, "main", tensors, operators, blocks), ...])
+    link_delegate(bundle_source(info), info.blocks, "host", out / "libmodel_dnnfusion.so")
 
-The table says, per block, which graph nodes it replaces (with their builtin codes and tensor
-indices), which tensors each kernel argument reads (and how constants are packed), and the
-kernel's Halide argv entry. The runtime checks all of it against the graph before it claims a
-block (delegate/src/claim.cc).
+The table holds one graph per fused subgraph (each signature's, each control-flow body's) and
+says, per block, which graph nodes it replaces (with their builtin codes and tensor indices),
+which tensors each kernel argument reads (and how constants are packed), and the kernel's Halide
+argv entry. The runtime picks the graph that matches the subgraph TFLite hands it and checks all
+of it before it claims a block (delegate/src/claim.cc).
 """
 
 from __future__ import annotations
@@ -26,32 +27,20 @@ from typing import Mapping, Sequence
 import halide as hl
 
 from tflite_tools.model.errors import ToolchainError
-from tflite_tools.model.ir import Operator, Tensor
+from tflite_tools.model.fingerprint import bound_values, subgraph_fingerprint
+from tflite_tools.model.ir import Operator, Subgraph, Tensor
 from tflite_tools.model.shapes import sized_at_run_time
 
 from .aot import KernelArtifact, compile_runtime, default_kernel_cache
 from .block import Argument
-from .bundle_abi import ARG_SOURCE, ARG_SPEC, BLOCK_SPEC, BUNDLE, CLAIM_POLICY, GPU_API, MAX_RANK, NODE_SPEC, PACK
-from .bundle_abi import SCRATCH_SPEC, TENSOR_SPEC, TFLITE_TYPES, initializer
+from .bundle_abi import ARG_SOURCE, ARG_SPEC, BLOCK_SPEC, BUNDLE, CLAIM_POLICY, GPU_API, GRAPH_SPEC, MAX_RANK, NODE_SPEC
+from .bundle_abi import PACK, SCRATCH_SPEC, TENSOR_SPEC, TFLITE_TYPES, initializer
 from .cache import cached_entry
 from .pack import CHANNEL_TILE
 from .targets import ANDROID_MIN_SDK, VULKAN_ALLOC_CONFIG, target_spec
 
 DELEGATE_DIR = Path(__file__).resolve().parent.parent / "delegate"
 HALIDE_INCLUDE = Path(hl.__file__).parent / "include"
-
-@dataclass
-class BundleInfo:
-    """What the bundle says about the model as a whole."""
-
-    model: str  # file name, for messages
-    target: str
-    fingerprint: str
-    tensors: Sequence[Tensor]  # the subgraph's tensors, in file order
-    operators: Sequence[Operator]  # the subgraph's operators, in file order
-    default_claim: str = "profitable"  # the delegate's claim policy when its options name none
-    default_claim_threaded: str = "profitable"  # the same at more than one thread
-
 
 @dataclass
 class BundleBlock:
@@ -69,11 +58,69 @@ class BundleBlock:
     bound: Mapping[tuple[int, int], str] = field(default_factory=dict)
 
 
+@dataclass
+class BundleGraph:
+    """One fused subgraph: its tensors and operators as the fused model holds them, and the blocks
+    that have a kernel."""
+
+    index: int  # in the model
+    name: str  # signature key, name or subgraph<N> (Model.subgraph_label)
+    tensors: Sequence[Tensor]  # in file order
+    operators: Sequence[Operator]  # in file order
+    blocks: Sequence[BundleBlock]
+
+
+@dataclass
+class BundleInfo:
+    """What the bundle says about the model as a whole, and its graphs."""
+
+    model: str  # file name, for messages
+    target: str
+    fingerprint: str
+    graphs: Sequence[BundleGraph]
+    # Some subgraph has custom ops or tensors sized only as it runs (delegate/src/plugin.cc).
+    dynamic: bool = False
+    default_claim: str = "profitable"  # the delegate's claim policy when its options name none
+    default_claim_threaded: str = "profitable"  # the same at more than one thread
+
+    @property
+    def blocks(self) -> list[BundleBlock]:
+        """Every graph's blocks, in graph order."""
+        return [b for g in self.graphs for b in g.blocks]
+
+
 def bound_constants(blocks: Sequence[BundleBlock]) -> dict[tuple[int, int], str]:
     """Every constant value the bundle's kernels bake in, keyed by (node index, input index): what
     the model fingerprint covers besides the graph's structure (tflite_tools.model.fingerprint), so
     a bundle never matches a model whose baked constants differ from its kernels'."""
     return {(b.nodes[k], i): text for b in blocks for (k, i), text in b.bound.items()}
+
+
+def taken_for(graph: BundleGraph, other: Subgraph) -> bool:
+    """True when the delegate's graph check (claim.cc CheckGraph) accepts `other` as `graph`'s
+    subgraph: as many nodes, with the same builtin codes in order, and no fewer tensors."""
+    return (len(other.operators) == len(graph.operators) and len(other.tensors) >= len(graph.tensors)
+            and all(a.opcode.builtin == b.opcode.builtin for a, b in zip(other.operators, graph.operators)))
+
+
+def indistinguishable(subgraphs: Sequence[Subgraph], graphs: Sequence[BundleGraph]) -> dict[int, str]:
+    """By subgraph index, why a graph cannot go in the bundle: the delegate would accept another
+    subgraph of the model as it (taken_for), and that subgraph computes something else (other
+    options, types, quantization or bound constants: its fingerprint without shapes differs), so
+    the graph's kernels, claimed there wherever shapes agree, would give a wrong answer. Subgraphs
+    that compute the same at other sizes (prefill signatures per length) may share kernels."""
+    withheld: dict[int, str] = {}
+    for graph in graphs:
+        keys = list(bound_constants(graph.blocks))
+        own = subgraphs[graph.index]
+        form = subgraph_fingerprint(own, bound_values(own, keys), shapes=False)
+        for c, other in enumerate(subgraphs):
+            if c != graph.index and taken_for(graph, other) and \
+                    subgraph_fingerprint(other, bound_values(other, keys), shapes=False) != form:
+                withheld[graph.index] = (f"the delegate could not tell this subgraph from subgraph {c}, which has "
+                                         "the same operators but computes something else")
+                break
+    return withheld
 
 
 # MediaPipe's argmax pooling writes indices in an encoding of its kernels' own (XNNPACK's and ours
@@ -134,20 +181,24 @@ def _source(t: Tensor) -> tuple[str, Tensor | None]:
     return "decoded", t
 
 
-def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
-    """C++ source defining `dnnfusion::bundle()` for `blocks`."""
-    spec = target_spec(info.target)
-    index = {id(t): i for i, t in enumerate(info.tensors)}
+def _table(ctype: str, name: str, items: list[str], empty: str) -> str:
+    body = ",\n    ".join(items or [empty])
+    return f"const {ctype} {name}[] = {{\n    {body}}};"
+
+
+def _graph_tables(graph: BundleGraph, suffix: str) -> tuple[list[str], str]:
+    """The C++ tables of one graph (names ending in `suffix`) and its GraphSpec initializer."""
+    index = {id(t): i for i, t in enumerate(graph.tensors)}
 
     def idx(t: Tensor | None) -> int:
         return -1 if t is None else index[id(t)]
 
     touched: dict[int, Tensor] = {}
     nodes, node_io, args, outputs, scratch, rows, index_bounds = [], [], [], [], [], [], []
-    for b in blocks:
+    for b in graph.blocks:
         first_node, first_arg, first_out, first_scratch = len(nodes), len(args), len(outputs), len(scratch)
         for n in b.nodes:
-            op = info.operators[n]
+            op = graph.operators[n]
             ins, outs = [idx(t) for t in op.inputs], [idx(t) for t in op.outputs]
             nodes.append(initializer(NODE_SPEC, index=n, builtin_code=op.opcode.builtin, first_io=len(node_io),
                                      n_inputs=len(ins), n_outputs=len(outs)))
@@ -174,12 +225,35 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
                                 group=b.group, first_scratch=first_scratch, n_scratch=len(b.artifact.scratch)))
     tensors = [initializer(TENSOR_SPEC, index=i, type=TFLITE_TYPES.value(t.type_name), rank=len(t.shape),
                            dims=_dims(t.shape)) for i, t in sorted(touched.items())]
-    functions = sorted({b.artifact.function for b in blocks})
+    tables = [
+        _table("int32_t", f"kGraphCodes{suffix}", [str(op.opcode.builtin) for op in graph.operators], "0"),
+        _table("TensorSpec", f"kTensors{suffix}", tensors, "{}"),
+        _table("NodeSpec", f"kNodes{suffix}", nodes, "{}"),
+        _table("int32_t", f"kNodeTensors{suffix}", [str(i) for i in node_io], "0"),
+        _table("ArgSpec", f"kArgs{suffix}", args, "{}"),
+        _table("int32_t", f"kOutputs{suffix}", outputs, "0"),
+        _table("ScratchSpec", f"kScratch{suffix}", scratch, "{}"),
+        _table("int32_t", f"kIndexBounds{suffix}", index_bounds, "0"),
+        _table("BlockSpec", f"kBlocks{suffix}", rows, "{}"),
+    ]
+    spec = initializer(
+        GRAPH_SPEC, subgraph=graph.index, name=_c_string(graph.name), n_tensors=len(graph.tensors),
+        n_graph_nodes=len(graph.operators), graph_codes=f"kGraphCodes{suffix}", tensors=f"kTensors{suffix}",
+        n_tensor_specs=len(tensors), nodes=f"kNodes{suffix}", node_tensors=f"kNodeTensors{suffix}",
+        args=f"kArgs{suffix}", outputs=f"kOutputs{suffix}", blocks=f"kBlocks{suffix}", n_blocks=len(graph.blocks),
+        scratch=f"kScratch{suffix}", index_bounds=f"kIndexBounds{suffix}")
+    return tables, spec
 
-    def table(ctype: str, name: str, items: list[str]) -> str:
-        body = ",\n    ".join(items) if items else "{}"
-        return f"const {ctype} {name}[] = {{\n    {body}}};"
 
+def bundle_source(info: BundleInfo) -> str:
+    """C++ source defining `dnnfusion::bundle()` for the graphs of `info`."""
+    spec = target_spec(info.target)
+    tables, graphs = [], []
+    for k, graph in enumerate(info.graphs):
+        graph_tables, graph_spec = _graph_tables(graph, f"_{k}")
+        tables += graph_tables
+        graphs.append(graph_spec)
+    functions = sorted({b.artifact.function for b in info.blocks})
     lines = [
         f"// Generated by halide_gen/bundle.py for {info.model} ({info.target}). Do not edit.",
         '#include "dnnfusion/bundle.h"',
@@ -190,31 +264,19 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         "",
         "namespace dnnfusion {",
         "namespace {",
-        table("int32_t", "kGraphCodes", [str(op.opcode.builtin) for op in info.operators] or ["0"]),
-        table("TensorSpec", "kTensors", tensors or ["{}"]),
-        table("NodeSpec", "kNodes", nodes or ["{}"]),
-        table("int32_t", "kNodeTensors", [str(i) for i in node_io] or ["0"]),
-        table("ArgSpec", "kArgs", args or ["{}"]),
-        table("int32_t", "kOutputs", outputs or ["0"]),
-        table("ScratchSpec", "kScratch", scratch or ["{}"]),
-        table("int32_t", "kIndexBounds", index_bounds or ["0"]),
-        table("BlockSpec", "kBlocks", rows or ["{}"]),
+        *tables,
+        _table("GraphSpec", "kGraphs", graphs, "{}"),
         "}  // namespace",
         "",
         "const Bundle& bundle() {",
         "  static const Bundle b = " + initializer(
             BUNDLE, model=_c_string(info.model), target=_c_string(info.target),
-            fingerprint=_c_string(info.fingerprint), channel_tile=CHANNEL_TILE, n_tensors=len(info.tensors),
-            n_graph_nodes=len(info.operators), graph_codes="kGraphCodes", tensors="kTensors",
-            n_tensor_specs=len(tensors), nodes="kNodes", node_tensors="kNodeTensors", args="kArgs",
-            outputs="kOutputs", blocks="kBlocks", n_blocks=len(blocks),
-            default_claim=CLAIM_POLICY.value(info.default_claim),
+            fingerprint=_c_string(info.fingerprint), channel_tile=CHANNEL_TILE, graphs="kGraphs",
+            n_graphs=len(info.graphs), default_claim=CLAIM_POLICY.value(info.default_claim),
             default_claim_threaded=CLAIM_POLICY.value(info.default_claim_threaded),
-            allow_dynamic_tensors=int(any(op.opcode.is_custom for op in info.operators)
-                                      or bool(sized_at_run_time(info.operators))),
-            gpu_api=GPU_API.code(spec.gpu_api), half_precision=int(spec.precision == "fp16"),
-            vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG), scratch="kScratch",
-            needs_dot_product=int(spec.dot_product), index_bounds="kIndexBounds") + ";",
+            allow_dynamic_tensors=int(info.dynamic), gpu_api=GPU_API.code(spec.gpu_api),
+            half_precision=int(spec.precision == "fp16"), vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG),
+            needs_dot_product=int(spec.dot_product)) + ";",
         "  return b;",
         "}",
         "",
@@ -222,6 +284,13 @@ def bundle_source(info: BundleInfo, blocks: Sequence[BundleBlock]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def dynamic_model(subgraphs: Sequence) -> bool:
+    """True when some subgraph has custom ops or tensors sized only as it runs: the delegate must
+    then let TFLite keep the graph dynamic (Bundle::allow_dynamic_tensors, delegate/src/plugin.cc)."""
+    return any(op.opcode.is_custom for sg in subgraphs for op in sg.operators) or \
+        any(sized_at_run_time(sg.operators) for sg in subgraphs)
 
 
 def runtime_sources() -> list[Path]:

@@ -165,11 +165,9 @@ BLOCK_SPEC = Struct("BlockSpec", "One fused block and its kernel.", (
     Field("n_scratch", "int32_t"),
 ))
 
-BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
-    Field("model", "const char*", "the model's file name, for messages"),
-    Field("target", "const char*", "halide_gen.targets name"),
-    Field("fingerprint", "const char*", "structure hash, also stored in the fused model's metadata"),
-    Field("channel_tile", "int32_t", "padding multiple of packed constants"),
+GRAPH_SPEC = Struct("GraphSpec", "One fused subgraph's table: the blocks the delegate may claim in it.", (
+    Field("subgraph", "int32_t", "index in the model"),
+    Field("name", "const char*", "its signature key, name or subgraph<N>, for messages"),
     Field("n_tensors", "int32_t", "tensors in the subgraph"),
     Field("n_graph_nodes", "int32_t", "nodes in the subgraph"),
     Field("graph_codes", "const int32_t*", "their builtin codes, in order"),
@@ -181,19 +179,29 @@ BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
     Field("outputs", "const int32_t*"),
     Field("blocks", "const BlockSpec*"),
     Field("n_blocks", "int32_t"),
+    Field("scratch", "const ScratchSpec*", "GPU kernels' scratch buffers (BlockSpec::first_scratch)"),
+    Field("index_bounds", "const int32_t*", "ArgSpec::first_index_bound"),
+))
+
+BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
+    Field("model", "const char*", "the model's file name, for messages"),
+    Field("target", "const char*", "halide_gen.targets name"),
+    Field("fingerprint", "const char*", "structure hash, also stored in the fused model's metadata"),
+    Field("channel_tile", "int32_t", "padding multiple of packed constants"),
+    Field("graphs", "const GraphSpec*", "one per fused subgraph; any two the delegate could mistake for each "
+                                        "other compute the same (halide_gen.bundle.indistinguishable)"),
+    Field("n_graphs", "int32_t"),
     Field("default_claim", "int32_t", "ClaimPolicy when the options name none (`fuse --measure` picks it)"),
     Field("default_claim_threaded", "int32_t", "the same where the interpreter runs more than one thread"),
     Field("allow_dynamic_tensors", "int32_t", "1: the model has custom ops or tensors sized only as it runs (plugin.cc)"),
     Field("gpu_api", "int32_t", "GpuApi"),
     Field("half_precision", "int32_t", "1: float tensors stored as fp16 (--gpu-precision fp16)"),
     Field("vulkan_alloc_config", "const char*", "HL_VK_ALLOC_CONFIG unless the environment sets one"),
-    Field("scratch", "const ScratchSpec*", "GPU kernels' scratch buffers (BlockSpec::first_scratch)"),
     Field("needs_dot_product", "int32_t", "1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)"),
-    Field("index_bounds", "const int32_t*", "ArgSpec::first_index_bound"),
 ))
 
 ENUMS = (PACK, ARG_SOURCE, GPU_API, CLAIM_POLICY)
-STRUCTS = (TENSOR_SPEC, NODE_SPEC, ARG_SPEC, SCRATCH_SPEC, BLOCK_SPEC, BUNDLE)
+STRUCTS = (TENSOR_SPEC, NODE_SPEC, ARG_SPEC, SCRATCH_SPEC, BLOCK_SPEC, GRAPH_SPEC, BUNDLE)
 
 
 def initializer(struct: Struct, **values: Any) -> str:

@@ -19,13 +19,14 @@ from tflite_tools.run import OutputError, compare, quantized_outputs, reference_
 INVOKE = Path(__file__).parent / "invoke_with_delegate.py"
 
 
-def planned_nodes(result: FuseResult) -> list[int]:
-    """The nodes of every block that has a kernel, and the decoders of their stored weights (the
-    fused model's first `result.decoders` nodes; the delegate runs them): what it claims with
+def planned_nodes(result: FuseResult, subgraph: int = 0) -> list[int]:
+    """The nodes of every block of `subgraph` that has a kernel, and the decoders of their stored
+    weights (the subgraph's first decoders; the delegate runs them): what it claims there with
     claim:all."""
-    nodes = {n for k in result.kernels if k.kernel for n in k.nodes}
-    operators = load(result.model).main.operators
-    for index in reversed(range(result.decoders)):  # a chain's later decoder first
+    nodes = {n for k in result.kernels if k.kernel and k.subgraph == subgraph for n in k.nodes}
+    operators = load(result.model).subgraphs[subgraph].operators
+    decoders = result.decoders if subgraph == 0 else next(s.decoders for s in result.subgraphs if s.index == subgraph)
+    for index in reversed(range(decoders)):  # a chain's later decoder first
         readers = {id(t) for n in nodes for t in operators[n].inputs if t is not None}
         if any(id(t) in readers for t in operators[index].outputs):
             nodes.add(index)

@@ -125,6 +125,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                   f"declined {len(c['declined'])}")
             for d in c["declined"]:
                 print(f"  declined {d['block']}: {d['reason']}")
+            others = {name: line for name, line in c.get("subgraphs", {}).items() if line.get("subgraph", 0) != 0}
+            if others:
+                print("  other subgraphs (prepared, not run): " + ", ".join(
+                    f"{name} {len(line['claimed_blocks'])} blocks" for name, line in others.items()))
         for e in result.errors:
             stock = f" (LiteRT + XNNPACK alone: {e.stock_max_abs:.3g})" if e.stock_max_abs is not None else ""
             own = f", dynamic-range tolerance {e.rtol:.3g}" if e.rtol != result.rtol else ""

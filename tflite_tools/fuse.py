@@ -40,12 +40,13 @@ import halide as hl
 from fusion.cost import default_cache_dir
 from fusion.pipeline import plan_model
 from fusion.plan import PlanConfig
-from fusion.report import format_summary
+from fusion.report import PlanSummary, format_summary
 from fusion.rewrite.fold import restore_decoded
 from halide_gen.aot import compile_kernel, error_line, generator_digest
 from halide_gen.block import build_block_for
-from halide_gen.bundle import (BundleBlock, BundleInfo, bound_constants, build_cmake_project, bundle_source,
-                               claim_groups, link_delegate, write_cmake_project)
+from halide_gen.bundle import (BundleBlock, BundleGraph, BundleInfo, bound_constants, build_cmake_project,
+                               bundle_source, claim_groups, dynamic_model, indistinguishable, link_delegate,
+                               write_cmake_project)
 from halide_gen.lower import LoweringError
 from halide_gen.profile import choose_schedule, jit_kernel, schedule_sources, time_block
 from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
@@ -53,8 +54,8 @@ from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
 from .bench import benchmark
 from .model.atomic import load_json_table, save_json_table
 from .model.errors import ModelError, ToolchainError
-from .model.fingerprint import METADATA_NAME, subgraph_fingerprint
-from .model.ir import Model
+from .model.fingerprint import METADATA_NAME, model_fingerprint, subgraph_fingerprint
+from .model.ir import Model, Subgraph
 from .model.reader import load
 from .model.writer import save
 from .outdir import OutputFolder
@@ -69,12 +70,23 @@ class KernelRecord:
     block: str
     ops: list[str]
     nodes: list[int]
+    subgraph: int = 0  # the subgraph whose nodes these are
     kernel: str | None = None  # the C entry point, when the block has a kernel
     cached: bool = False
     skipped: str | None = None  # why the block stays with TFLite
     schedule: str = "template"  # the CPU templates, or the autoscheduler that measured faster
     ratio: float | None = None  # measured Halide / (LiteRT + XNNPACK) on the host
     profitable: bool = False
+
+
+@dataclass
+class SubgraphResult:
+    """What fuse made of a subgraph besides the entry one (another signature, a control-flow body)."""
+
+    index: int
+    name: str  # Model.subgraph_label: its blocks are named `<name>.block_NNN`
+    summary: PlanSummary
+    decoders: int = 0  # as FuseResult.decoders, for this subgraph
 
 
 @dataclass
@@ -93,9 +105,11 @@ class FuseResult:
     default_claim_threaded: str = "profitable"  # the same where the interpreter runs several threads
     whole_model_ms: dict[str, float] = field(default_factory=dict)  # --measure: median per policy, one thread
     whole_model_ms_threaded: dict[str, float] = field(default_factory=dict)  # the same at MEASURED_THREADS
-    # DEQUANTIZE / DENSIFY nodes put back at the front of the fused model to decode stored weights:
-    # a plan block's op index (rewritten graph) + decoders = its node index in model.fused.tflite.
+    # DEQUANTIZE / DENSIFY nodes put back at the front of the fused model's entry subgraph to decode
+    # stored weights: a plan block's op index (rewritten graph) + decoders = its node index in
+    # model.fused.tflite (SubgraphResult.decoders for the other subgraphs).
     decoders: int = 0
+    subgraphs: list[SubgraphResult] = field(default_factory=list)  # the others, when the model has more
     sizes: dict[str, int | None] = field(default_factory=dict)  # bytes: original_model, fused_model, library
 
     @property
@@ -160,23 +174,28 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     job = _Job(Path(model_path), spec, cache_dir, progress, measure, autoschedulers, emit_asm, debug_runtime)
     try:
         _check_room(staging, job.model_path)
-        summary = plan_model(model, fast_math=fast_math, cost=cost,
-                             config=plan_config(spec))
-        records, blocks = _compile_blocks(job, model.main, summary.plan.blocks)
-        decoders = _restore_stored_weights(model, records, blocks)
-        fingerprint = subgraph_fingerprint(model.main, bound_constants(blocks))
+        summaries = [plan_model(model, fast_math=fast_math, cost=cost, config=plan_config(spec), subgraph=i,
+                                prefix=block_prefix(model, i)) for i in range(len(model.subgraphs))]
+        job.blocks = sum(len(summary.plan.blocks) for summary in summaries)
+        graphs = [_compile_subgraph(job, model, i, summary) for i, summary in enumerate(summaries)]
+        _withhold_indistinguishable(model, graphs)
+        fingerprint = model_fingerprint([subgraph_fingerprint(model.subgraphs[g.index], bound_constants(g.blocks))
+                                         for g in graphs])
         _set_metadata(model, METADATA_NAME, fingerprint.encode())
-        library, claims = _package(job, model, fingerprint, blocks, staging.path)
+        library, claims = _package(job, model, fingerprint, graphs, staging.path)
         out = staging.out
         result = FuseResult(
             out=out, model=out / "model.fused.tflite",
             library=out / library.relative_to(staging.path) if library else None,
-            plan_json=out / "plan.json", report_md=out / "report.md", kernels=records,
+            plan_json=out / "plan.json", report_md=out / "report.md",
+            kernels=[r for g in graphs for r in g.records],
             seconds=time.perf_counter() - start, android_project=out / ANDROID_PROJECT if job.android else None,
             default_claim=claims.one_thread, default_claim_threaded=claims.threaded,
-            whole_model_ms=claims.one_thread_ms, whole_model_ms_threaded=claims.threaded_ms, decoders=decoders,
+            whole_model_ms=claims.one_thread_ms, whole_model_ms_threaded=claims.threaded_ms,
+            decoders=graphs[0].decoders, subgraphs=[SubgraphResult(g.index, g.name, g.summary, g.decoders)
+                                                    for g in graphs[1:]],
             sizes=_sizes(job.model_path, staging.path / "model.fused.tflite", library))
-        _write_plan(job, result, summary, fingerprint, staging.path)
+        _write_plan(job, result, summaries[0], fingerprint, staging.path)
         staging.commit()
     finally:
         staging.discard()
@@ -212,6 +231,7 @@ class _Job:
     emit_asm: bool
     debug_runtime: bool
     blocks: int = 0  # planned blocks: the progress total
+    done: int = 0  # blocks compiled (or left to TFLite) so far
 
     @property
     def android(self) -> bool:
@@ -240,18 +260,64 @@ def _checked_target(target: str, measure: bool, autoschedulers: bool):
     return spec
 
 
+def block_prefix(model: Model, index: int) -> str:
+    """What the names of subgraph `index`'s blocks start with: nothing in the entry subgraph (one-
+    subgraph models keep `block_NNN`), `<label>.` in the others (`decode.block_003`)."""
+    return f"{re.sub(r'[^0-9A-Za-z_]', '_', model.subgraph_label(index))}." if index else ""
+
+
+@dataclass
+class _Graph:
+    """One subgraph as it goes through compiling and packaging."""
+
+    index: int
+    name: str  # Model.subgraph_label
+    summary: PlanSummary
+    records: list[KernelRecord]
+    blocks: list[BundleBlock]  # those with a kernel
+    decoders: int = 0  # stored-weight decoders restored at its front (_restore_stored_weights)
+
+
+def _compile_subgraph(job: _Job, model: Model, index: int, summary: PlanSummary) -> _Graph:
+    """Compiles subgraph `index`'s planned blocks, then puts its stored weights back."""
+    records, blocks = _compile_blocks(job, model.subgraphs[index], summary.plan.blocks)
+    for record in records:
+        record.subgraph = index
+    graph = _Graph(index, model.subgraph_label(index), summary, records, blocks)
+    graph.decoders = _restore_stored_weights(model.subgraphs[index], records, blocks)
+    return graph
+
+
+def _bundled(model: Model, graphs: list[_Graph]) -> list[BundleGraph]:
+    """The graphs the bundle holds: those with a kernel (a graph without blocks would only match
+    subgraphs that another graph's kernels could run)."""
+    return [BundleGraph(g.index, g.name, model.subgraphs[g.index].tensors, model.subgraphs[g.index].operators,
+                        g.blocks) for g in graphs if g.blocks]
+
+
+def _withhold_indistinguishable(model: Model, graphs: list[_Graph]) -> None:
+    """Leaves to TFLite every block of a subgraph the delegate could mistake for another that
+    computes something else (halide_gen.bundle.indistinguishable)."""
+    for index, why in indistinguishable(model.subgraphs, _bundled(model, graphs)).items():
+        graph = graphs[index]
+        for record in graph.records:
+            if record.kernel:
+                record.kernel, record.profitable, record.skipped = None, False, why
+        graph.blocks = []
+
+
 def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], list[BundleBlock]]:
     """Lowers, schedules and compiles every planned block (through the kernel cache); returns a
     record per block and the bundle blocks of those with a kernel."""
     timings = _BlockTimings(job.cache_dir) if job.measure or job.autoschedulers else None
-    job.blocks = len(plan_blocks)
     records: list[KernelRecord] = []
     blocks: list[BundleBlock] = []
-    for done, block in enumerate(plan_blocks):
+    for block in plan_blocks:
         ops = [sg.operators[i] for i in block.ops]
         record = KernelRecord(block.name, [op.name for op in ops], list(block.ops))
         records.append(record)
-        job.report(done, f"{block.name} ({'+'.join(record.ops[:4])}{'+...' if len(ops) > 4 else ''})")
+        job.report(job.done, f"{block.name} ({'+'.join(record.ops[:4])}{'+...' if len(ops) > 4 else ''})")
+        job.done += 1
         if block.opaque_reason:
             record.skipped = block.opaque_reason
             continue
@@ -301,12 +367,12 @@ BUILD_FAILURES = (hl.HalideError, ArithmeticError, AssertionError, AttributeErro
                   RuntimeError, TypeError, ValueError)
 
 
-def _restore_stored_weights(model: Model, records: list[KernelRecord], blocks: list[BundleBlock]) -> int:
+def _restore_stored_weights(sg: Subgraph, records: list[KernelRecord], blocks: list[BundleBlock]) -> int:
     """Puts fp16, int8 and sparse weights back in their stored form with the DEQUANTIZE / DENSIFY
     nodes that decode them (fusion.rewrite.fold.restore_decoded), so the fused model is no larger
     than the original; the compiler has already seen the decoded values. The decoders go first,
     so the records' and blocks' node indices move by their number, which is returned."""
-    decoders = restore_decoded(model.main)
+    decoders = restore_decoded(sg)
     for item in (*records, *blocks):
         item.nodes = [n + decoders for n in item.nodes]
     return decoders
@@ -323,25 +389,26 @@ class _DefaultClaims:
     threaded_ms: dict[str, float] = field(default_factory=dict)
 
 
-def _package(job: _Job, model: Model, fingerprint: str, blocks: list[BundleBlock],
+def _package(job: _Job, model: Model, fingerprint: str, graphs: list[_Graph],
              folder: Path) -> tuple[Path | None, _DefaultClaims]:
     """Writes the delegate (or the Android project), the fused model and any assembly into
     `folder`; returns the library (None for Android without an NDK) and the default claim
     policies (measured with `measure`)."""
     job.report(job.blocks, "linking")
-    sg = model.main
     # A library even when no block has a kernel: it loads, claims nothing and says so, so
     # scripts need no special case.
-    info = BundleInfo(job.model_path.name, job.spec.name, fingerprint, sg.tensors, sg.operators)
+    info = BundleInfo(job.model_path.name, job.spec.name, fingerprint, _bundled(model, graphs),
+                      dynamic=dynamic_model(model.subgraphs))
+    blocks = info.blocks
     name = library_name(job.model_path, job.spec)
     library: Path | None = folder / name
     if job.android:
-        project = write_cmake_project(bundle_source(info, blocks), blocks, job.spec.name, folder / ANDROID_PROJECT,
+        project = write_cmake_project(bundle_source(info), blocks, job.spec.name, folder / ANDROID_PROJECT,
                                       name, job.cache_dir)
         library = _build_with_ndk(project, folder / ".build", name)
         shutil.rmtree(folder / ".build", ignore_errors=True)
     else:
-        link_delegate(bundle_source(info, blocks), blocks, job.spec.name, library, job.cache_dir, job.debug_runtime)
+        link_delegate(bundle_source(info), blocks, job.spec.name, library, job.cache_dir, job.debug_runtime)
     save(model, folder / "model.fused.tflite")
     for block in blocks:
         for path in block.artifact.extra:
@@ -355,7 +422,7 @@ def _package(job: _Job, model: Model, fingerprint: str, blocks: list[BundleBlock
         claims.threaded, claims.threaded_ms = _best_default_claim(fused, library, threads=MEASURED_THREADS)
         if (claims.one_thread, claims.threaded) != (info.default_claim, info.default_claim_threaded):
             info.default_claim, info.default_claim_threaded = claims.one_thread, claims.threaded
-            link_delegate(bundle_source(info, blocks), blocks, job.spec.name, library, job.cache_dir,
+            link_delegate(bundle_source(info), blocks, job.spec.name, library, job.cache_dir,
                           job.debug_runtime)
     return library, claims
 
@@ -370,6 +437,8 @@ def _write_plan(job: _Job, result: FuseResult, summary, fingerprint: str, folder
             "default_claim_threaded": result.default_claim_threaded,
             "whole_model_ms_threaded": result.whole_model_ms_threaded,
             "decoders": result.decoders, "bytes": result.sizes, **summary.to_json(),
+            "subgraphs": [{"index": s.index, "name": s.name, "decoders": s.decoders, **s.summary.to_json()}
+                          for s in result.subgraphs],
             "kernels": [vars(r) for r in result.kernels]}
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     (folder / "report.md").write_text(format_report(result, summary, str(job.model_path), job.spec.name))
@@ -502,8 +571,11 @@ def format_report(result: FuseResult, summary, source: str, target: str) -> str:
         f"# dnnfusion report: {Path(source).name} ({target})",
         "",
         f"- Blocks: {len(result.kernels)}; with a Halide kernel: {len(with_kernel)} "
-        f"({result.claimable_nodes} of {len(summary.subgraph.operators)} operators); "
+        f"({result.claimable_nodes} of "
+        f"{sum(len(s.subgraph.operators) for s in (summary, *(s.summary for s in result.subgraphs)))} operators); "
         f"profitable: {sum(k.profitable for k in result.kernels)}",
+        *(["- Other subgraphs, planned and compiled too (their blocks are named `<subgraph>.block_NNN`): "
+           + ", ".join(f"{s.index} `{s.name}`" for s in result.subgraphs)] if result.subgraphs else []),
         f"- Delegate: `{result.library.name if result.library else 'android/arm64-v8a (build it with the NDK)'}`; "
         f"fused model: `model.fused.tflite`",
         f"- Size: {_size_line(result.sizes)}",
@@ -520,6 +592,8 @@ def format_report(result: FuseResult, summary, source: str, target: str) -> str:
         format_summary(summary, source),
         "```",
         "",
+        *[line for s in result.subgraphs
+          for line in (f"### Subgraph {s.index}: {s.name}", "", "```", format_summary(s.summary, source), "```", "")],
         "## Blocks",
         "",
         "| block | ops | kernel | schedule | halide / xnnpack | claimed by default | note |",

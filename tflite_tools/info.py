@@ -8,6 +8,9 @@ from typing import Any
 from .model import stats
 from .model.ir import Model, Operator, Tensor
 
+# Operators that run other subgraphs.
+CONTROL_FLOW = frozenset({"WHILE", "IF", "CALL_ONCE", "CALL"})
+
 
 def op_label(op: Operator) -> str:
     """The op's name with its fused activation, as the histogram shows it (`CONV_2D+RELU6`)."""
@@ -91,6 +94,7 @@ def model_info(model: Model) -> dict[str, Any]:
         "flops": sum(s["flops"] for s in subgraphs),
         "subgraphs": subgraphs,
         "custom_ops": sorted(custom_ops),
+        "control_flow": sorted({op.name for _, op in model.operators() if op.name in CONTROL_FLOW}),
         "dynamic_tensors": dynamic,
         "metadata": [name for name, _ in model.metadata],
     }
@@ -161,11 +165,12 @@ def format_info(info: dict[str, Any], source: str) -> str:
     flags = []
     if info["custom_ops"]:
         flags.append(f"custom ops: {', '.join(info['custom_ops'])} (opaque to fusion)")
+    if info["control_flow"]:
+        flags.append(f"control flow: {', '.join(info['control_flow'])} (opaque to fusion; the subgraphs it runs are "
+                     "fused on their own)")
     if info["dynamic_tensors"]:
         shown = ", ".join(info["dynamic_tensors"][:5])
         more = f" and {len(info['dynamic_tensors']) - 5} more" if len(info["dynamic_tensors"]) > 5 else ""
         flags.append(f"dynamic dimensions: {shown}{more} (the delegate declines these)")
-    if n_sub > 1:
-        flags.append(f"{n_sub} subgraphs: control flow (WHILE/IF) is not fused")
     lines.append("flags: " + ("; ".join(flags) if flags else "none"))
     return "\n".join(lines)

@@ -133,13 +133,18 @@ def compare(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray], name
 
 
 def read_claims(report: Path) -> dict | None:
-    """The delegate's report line for the graph its bundle was built for (the last one)."""
+    """The delegate's last report line for the entry subgraph (the last line if none matched),
+    with "subgraphs": the last line of each subgraph the bundle matched, by subgraph name."""
     try:
         lines = [json.loads(line) for line in report.read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
         return None
     matching = [line for line in lines if line.get("graph_matches")]
-    return (matching or lines or [None])[-1]
+    entry = [line for line in matching if line.get("subgraph", 0) == 0]
+    claims = (entry or matching or lines or [None])[-1]
+    if claims is not None:
+        claims = {**claims, "subgraphs": {line.get("subgraph_name"): line for line in matching}}
+    return claims
 
 
 def hybrid_rtol(depth: int, rtol: float = RTOL) -> float:

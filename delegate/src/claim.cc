@@ -54,24 +54,24 @@ std::string CheckModel(TfLiteContext* context, const Bundle& bundle) {
 }
 
 // Why this subgraph of the model is not the one the bundle was built for, or "" when it is.
-std::string CheckGraph(TfLiteContext* context, const Bundle& bundle) {
+std::string CheckGraph(TfLiteContext* context, const GraphSpec& graph) {
   TfLiteIntArray* plan = nullptr;
   if (context->GetExecutionPlan(context, &plan) != kTfLiteOk || plan == nullptr) {
     return "TFLite gave no execution plan";
   }
   // Kernels may add temporaries to the context before delegation: only fewer tensors than the
   // model had means another graph.
-  if (context->tensors_size < static_cast<size_t>(bundle.n_tensors) || plan->size != bundle.n_graph_nodes) {
+  if (context->tensors_size < static_cast<size_t>(graph.n_tensors) || plan->size != graph.n_graph_nodes) {
     return "this subgraph has " + std::to_string(plan->size) + " nodes and " +
            std::to_string(context->tensors_size) + " tensors; the bundle was built for " +
-           std::to_string(bundle.n_graph_nodes) + " and " + std::to_string(bundle.n_tensors) +
+           std::to_string(graph.n_graph_nodes) + " and " + std::to_string(graph.n_tensors) +
            " (another subgraph, another model, or another delegate applied first)";
   }
   for (int i = 0; i < plan->size; ++i) {
     TfLiteNode* node = nullptr;
     TfLiteRegistration* reg = nullptr;
     if (plan->data[i] != i || context->GetNodeAndRegistration(context, i, &node, &reg) != kTfLiteOk ||
-        reg->builtin_code != bundle.graph_codes[i]) {
+        reg->builtin_code != graph.graph_codes[i]) {
       return "node " + std::to_string(i) + " is not the operator the bundle was built for";
     }
   }
@@ -103,8 +103,8 @@ bool IsConstant(const TfLiteTensor& t) {
 const char kNotFinite[] = "' holds NaN or infinity (the kernel would differ from TFLite's at padding)";
 
 // Why tensor `index` differs from the bundle's spec, or "" when it matches.
-std::string CheckTensor(TfLiteContext* context, const Bundle& bundle, int index, bool constant) {
-  const TensorSpec* spec = FindTensorSpec(bundle, index);
+std::string CheckTensor(TfLiteContext* context, const GraphSpec& graph, int index, bool constant) {
+  const TensorSpec* spec = FindTensorSpec(graph, index);
   if (spec == nullptr || index < 0 || static_cast<size_t>(index) >= context->tensors_size) {
     return "tensor " + std::to_string(index) + " is not in the bundle";
   }
@@ -172,10 +172,10 @@ Dataflow ReadDataflow(TfLiteContext* context) {
 
 // The DEQUANTIZE / DENSIFY nodes decoding `block`'s stored weights (ArgSource::kDecoded), found by
 // walking back from each decoded tensor through the decoders that write it; in execution order.
-std::vector<int> DecoderNodes(const Dataflow& flow, const Bundle& bundle, const BlockSpec& block) {
+std::vector<int> DecoderNodes(const Dataflow& flow, const GraphSpec& graph, const BlockSpec& block) {
   std::set<int> found;
   for (int k = 0; k < block.n_args; ++k) {
-    const ArgSpec& arg = bundle.args[block.first_arg + k];
+    const ArgSpec& arg = graph.args[block.first_arg + k];
     if (arg.source != ArgSource::kDecoded) continue;
     for (auto p = flow.producer.find(arg.tensor); p != flow.producer.end();) {
       const int code = flow.registrations.at(p->second)->builtin_code;
@@ -188,9 +188,9 @@ std::vector<int> DecoderNodes(const Dataflow& flow, const Bundle& bundle, const 
 }
 
 // Why block `b` cannot run on this graph, or "" when it can.
-std::string CheckBlock(TfLiteContext* context, const Bundle& bundle, const BlockSpec& block) {
+std::string CheckBlock(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block) {
   for (int k = 0; k < block.n_nodes; ++k) {
-    const NodeSpec& spec = bundle.nodes[block.first_node + k];
+    const NodeSpec& spec = graph.nodes[block.first_node + k];
     TfLiteNode* node = nullptr;
     TfLiteRegistration* reg = nullptr;
     if (context->GetNodeAndRegistration(context, spec.index, &node, &reg) != kTfLiteOk) {
@@ -201,14 +201,14 @@ std::string CheckBlock(TfLiteContext* context, const Bundle& bundle, const Block
              ", the kernel was built for " + std::to_string(spec.builtin_code);
     }
     if (node->delegate != nullptr) return "node " + std::to_string(spec.index) + " is already delegated";
-    const int32_t* io = bundle.node_tensors + spec.first_io;
+    const int32_t* io = graph.node_tensors + spec.first_io;
     if (!SameList(node->inputs, io, spec.n_inputs) || !SameList(node->outputs, io + spec.n_inputs, spec.n_outputs)) {
       return "node " + std::to_string(spec.index) + " reads or writes other tensors than the kernel";
     }
   }
   for (int k = 0; k < block.n_args; ++k) {
-    const ArgSpec& arg = bundle.args[block.first_arg + k];
-    std::string why = CheckTensor(context, bundle, arg.tensor, arg.source == ArgSource::kConstant);
+    const ArgSpec& arg = graph.args[block.first_arg + k];
+    std::string why = CheckTensor(context, graph, arg.tensor, arg.source == ArgSource::kConstant);
     if (why.empty() && arg.source == ArgSource::kDecoded) why = CheckStored(context, arg.stored);
     if (why.empty() && arg.source == ArgSource::kConstant) {
       // Some packings hold only for some values (weights read at run time may differ from fuse's).
@@ -218,19 +218,19 @@ std::string CheckBlock(TfLiteContext* context, const Bundle& bundle, const Block
     if (!why.empty()) return why;
   }
   for (int k = 0; k < block.n_outputs; ++k) {
-    std::string why = CheckTensor(context, bundle, bundle.outputs[block.first_output + k], false);
+    std::string why = CheckTensor(context, graph, graph.outputs[block.first_output + k], false);
     if (!why.empty()) return why;
   }
   return "";
 }
 
 // Sets the claimed blocks, and the nodes the delegate replaces: theirs and their decoders.
-void SetBlocks(const Bundle& bundle, const std::vector<int>& blocks, Claim* claim) {
+void SetBlocks(const GraphSpec& graph, const std::vector<int>& blocks, Claim* claim) {
   claim->blocks = blocks;
   std::set<int> nodes;
   for (int b : blocks) {
-    const BlockSpec& block = bundle.blocks[b];
-    for (int k = 0; k < block.n_nodes; ++k) nodes.insert(bundle.nodes[block.first_node + k].index);
+    const BlockSpec& block = graph.blocks[b];
+    for (int k = 0; k < block.n_nodes; ++k) nodes.insert(graph.nodes[block.first_node + k].index);
     const auto decoders = claim->decoders.find(b);
     if (decoders != claim->decoders.end()) nodes.insert(decoders->second.begin(), decoders->second.end());
   }
@@ -244,12 +244,52 @@ std::string ShapeText(const TfLiteIntArray* dims) {
   return SpecShapeText(dims->size, dims->data);
 }
 
-const TensorSpec* FindTensorSpec(const Bundle& bundle, int index) {
-  const TensorSpec* end = bundle.tensors + bundle.n_tensor_specs;
+const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index) {
+  const TensorSpec* end = graph.tensors + graph.n_tensor_specs;
   const TensorSpec* it =
-      std::lower_bound(bundle.tensors, end, index, [](const TensorSpec& s, int i) { return s.index < i; });
+      std::lower_bound(graph.tensors, end, index, [](const TensorSpec& s, int i) { return s.index < i; });
   return it != end && it->index == index ? it : nullptr;
 }
+
+namespace {
+
+// True when every tensor the graph's blocks touch has the type and shape they were compiled for.
+bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph) {
+  for (int i = 0; i < graph.n_tensor_specs; ++i) {
+    const TensorSpec& spec = graph.tensors[i];
+    if (static_cast<size_t>(spec.index) >= context->tensors_size) return false;
+    const TfLiteTensor& t = context->tensors[spec.index];
+    if (t.type != spec.type || !SameDims(t.dims, spec.rank, spec.dims)) return false;
+  }
+  return true;
+}
+
+// The bundle's graph for the subgraph in `context`: of those whose operators it has (CheckGraph),
+// the first whose tensor shapes agree too, else the first (its blocks are then declined one by one,
+// naming the tensor that differs). Any graph accepted here computes what this subgraph computes
+// (fuse leaves out graphs another subgraph could be mistaken for: bundle.indistinguishable), so
+// the choice only decides which shapes' kernels run. Null, with the reason, when none matches.
+const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::string* why) {
+  const GraphSpec* first = nullptr;
+  for (int g = 0; g < bundle.n_graphs; ++g) {
+    const GraphSpec& graph = bundle.graphs[g];
+    const std::string problem = CheckGraph(context, graph);
+    if (!problem.empty()) {
+      if (bundle.n_graphs == 1) *why = problem;
+      continue;
+    }
+    if (ShapesAgree(context, graph)) return &graph;
+    if (first == nullptr) first = &graph;
+  }
+  if (first == nullptr && bundle.n_graphs == 0) *why = "the bundle holds no kernel for any subgraph of the model";
+  if (first == nullptr && bundle.n_graphs > 1) {
+    *why = "this subgraph (" + std::to_string(context->tensors_size) + " tensors) is none of the " +
+           std::to_string(bundle.n_graphs) + " subgraphs the bundle was built for";
+  }
+  return first;
+}
+
+}  // namespace
 
 Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& options) {
   Claim claim;
@@ -259,16 +299,18 @@ Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& o
   if (why.empty()) why = CpuProblem(bundle);
   if (why.empty()) why = GpuDeviceProblem(bundle);
   const bool expected = why.empty();
-  if (why.empty()) why = CheckGraph(context, bundle);
-  if (!why.empty()) {
+  const GraphSpec* selected = why.empty() ? SelectGraph(context, bundle, &why) : nullptr;
+  if (selected == nullptr) {
     claim.declined.push_back({-1, why, expected});
     return claim;
   }
+  const GraphSpec& graph = *selected;
+  claim.graph = selected;
   claim.graph_matches = true;
   const Dataflow flow = ReadDataflow(context);
-  for (int b = 0; b < bundle.n_blocks; ++b) {
-    const BlockSpec& block = bundle.blocks[b];
-    why = CheckBlock(context, bundle, block);
+  for (int b = 0; b < graph.n_blocks; ++b) {
+    const BlockSpec& block = graph.blocks[b];
+    why = CheckBlock(context, graph, block);
     if (!why.empty()) {
       claim.declined.push_back({b, why});
       continue;
@@ -281,9 +323,9 @@ Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& o
       continue;
     }
     claim.blocks.push_back(b);
-    claim.decoders[b] = DecoderNodes(flow, bundle, block);
+    claim.decoders[b] = DecoderNodes(flow, graph, block);
   }
-  SetBlocks(bundle, claim.blocks, &claim);
+  SetBlocks(graph, claim.blocks, &claim);
   return claim;
 }
 
@@ -321,10 +363,10 @@ std::set<int> Reachable(const Dataflow& flow, const std::vector<int>& start, boo
 // one of the block's nodes reads (directly or through other unclaimed nodes), but its first node
 // does not wait on, puts the block's nodes into two partitions: a node on a path out of the block
 // and back into it, or a node that simply runs later.
-std::string SplitReason(const Dataflow& flow, const Bundle& bundle, const BlockSpec& block,
+std::string SplitReason(const Dataflow& flow, const GraphSpec& graph, const BlockSpec& block,
                         const std::vector<int>& claimed) {
   std::vector<int> members;
-  for (int k = 0; k < block.n_nodes; ++k) members.push_back(bundle.nodes[block.first_node + k].index);
+  for (int k = 0; k < block.n_nodes; ++k) members.push_back(graph.nodes[block.first_node + k].index);
   const std::set<int> first = Reachable(flow, {members.front()}, /*forward=*/false);
   std::set<int> culprits;
   for (int m : members) {
@@ -356,7 +398,7 @@ namespace {
 
 // The claimed blocks TFLite would keep in one partition each (declining the others with the node
 // that splits them); all of them when the context has no partitioning preview.
-std::vector<int> WholeBlocks(TfLiteContext* context, const Bundle& bundle, Claim* claim) {
+std::vector<int> WholeBlocks(TfLiteContext* context, const GraphSpec& graph, Claim* claim) {
   if (context->PreviewDelegatePartitioning == nullptr || claim->nodes.empty()) return claim->blocks;
   TfLiteIntArray* nodes = static_cast<TfLiteIntArray*>(std::malloc(sizeof(int) * (1 + claim->nodes.size())));
   if (nodes == nullptr) return claim->blocks;
@@ -374,16 +416,16 @@ std::vector<int> WholeBlocks(TfLiteContext* context, const Bundle& bundle, Claim
   }
   std::vector<int> kept;
   for (int b : claim->blocks) {
-    const BlockSpec& block = bundle.blocks[b];
+    const BlockSpec& block = graph.blocks[b];
     bool whole = true;
     for (int k = 1; k < block.n_nodes; ++k) {
-      whole = whole && partition_of[bundle.nodes[block.first_node + k].index] ==
-                           partition_of[bundle.nodes[block.first_node].index];
+      whole = whole && partition_of[graph.nodes[block.first_node + k].index] ==
+                           partition_of[graph.nodes[block.first_node].index];
     }
     if (whole) {
       kept.push_back(b);
     } else {
-      claim->declined.push_back({b, SplitReason(ReadDataflow(context), bundle, block, claim->nodes)});
+      claim->declined.push_back({b, SplitReason(ReadDataflow(context), graph, block, claim->nodes)});
     }
   }
   return kept;
@@ -392,15 +434,15 @@ std::vector<int> WholeBlocks(TfLiteContext* context, const Bundle& bundle, Claim
 // The claimed blocks whose group (BlockSpec::group) is claimed whole; the others are declined
 // naming the group's unclaimed blocks. MediaPipe's argmax pooling and its unpoolings share an
 // index encoding that only the kernels of one runtime agree on (halide_gen/lower/mediapipe.py).
-std::vector<int> WholeGroups(const Bundle& bundle, Claim* claim) {
+std::vector<int> WholeGroups(const GraphSpec& graph, Claim* claim) {
   std::vector<int> kept;
   for (int b : claim->blocks) {
-    const int group = bundle.blocks[b].group;
+    const int group = graph.blocks[b].group;
     std::string missing;
-    for (int other = 0; group != 0 && other < bundle.n_blocks; ++other) {
-      if (bundle.blocks[other].group == group &&
+    for (int other = 0; group != 0 && other < graph.n_blocks; ++other) {
+      if (graph.blocks[other].group == group &&
           std::find(claim->blocks.begin(), claim->blocks.end(), other) == claim->blocks.end()) {
-        missing += std::string(missing.empty() ? "" : ", ") + bundle.blocks[other].name;
+        missing += std::string(missing.empty() ? "" : ", ") + graph.blocks[other].name;
       }
     }
     if (missing.empty()) {
@@ -415,13 +457,15 @@ std::vector<int> WholeGroups(const Bundle& bundle, Claim* claim) {
 
 }  // namespace
 
-void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim) {
+void KeepBlocksWhole(TfLiteContext* context, Claim* claim) {
+  if (claim->graph == nullptr) return;
+  const GraphSpec& graph = *claim->graph;
   // Declining one block can split another or break a group: repeat until nothing changes.
   for (bool changed = true; changed && !claim->blocks.empty();) {
-    std::vector<int> kept = WholeGroups(bundle, claim);
-    if (kept.size() == claim->blocks.size()) kept = WholeBlocks(context, bundle, claim);
+    std::vector<int> kept = WholeGroups(graph, claim);
+    if (kept.size() == claim->blocks.size()) kept = WholeBlocks(context, graph, claim);
     changed = kept.size() != claim->blocks.size();
-    SetBlocks(bundle, kept, claim);
+    SetBlocks(graph, kept, claim);
   }
 }
 

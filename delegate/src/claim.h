@@ -18,14 +18,15 @@ constexpr int kBuiltinCustom = 32;     // BuiltinOperator_CUSTOM
 constexpr int kBuiltinDensify = 124;   // BuiltinOperator_DENSIFY
 
 struct Decline {
-  int block;  // index into bundle().blocks, or -1 for the whole bundle
+  int block;  // index into the claim's GraphSpec::blocks, or -1 for the whole bundle
   std::string reason;
   bool expected = false;  // another subgraph of the model (a control-flow body): logged at info only
 };
 
 struct Claim {
-  bool graph_matches = false;   // the subgraph is the one the bundle was built for
-  std::vector<int> blocks;      // claimed block indices, in bundle (execution) order
+  bool graph_matches = false;   // the subgraph is one the bundle was built for
+  const GraphSpec* graph = nullptr;  // the bundle's table for it (null when none matches)
+  std::vector<int> blocks;      // claimed block indices into graph->blocks, in execution order
   std::vector<int> nodes;       // their node indices and their decoders', ascending
   // block -> the DEQUANTIZE / DENSIFY nodes decoding its stored weights (ArgSource::kDecoded),
   // which the delegate runs itself with TFLite's kernels (once, into persistent memory): XNNPACK,
@@ -37,20 +38,20 @@ struct Claim {
   int skipped = 0;  // matching blocks left to TFLite by the claim policy or block list
 };
 
-// Checks the bundle against the graph in `context` and decides what to claim under the options'
-// policy (and block list).
+// Checks the bundle against the graph in `context`, picks the bundle's table for that subgraph and
+// decides what to claim under the options' policy (and block list).
 Claim ClaimBlocks(TfLiteContext* context, const Bundle& bundle, const Options& options);
 
 // Drops claimed blocks that TFLite would split across delegate partitions (it partitions the
 // claimed nodes itself: a block whose later node also waits on a node left to TFLite lands in two
 // partitions), and blocks of a group (BlockSpec::group) not claimed whole, until none is left.
 // Uses the context's partitioning preview.
-void KeepBlocksWhole(TfLiteContext* context, const Bundle& bundle, Claim* claim);
+void KeepBlocksWhole(TfLiteContext* context, Claim* claim);
 
 // The shape of tensor `t` as text, e.g. "[1,8,8,3]".
 std::string ShapeText(const TfLiteIntArray* dims);
 
-// The spec of tensor `index` in the bundle, or nullptr.
-const TensorSpec* FindTensorSpec(const Bundle& bundle, int index);
+// The spec of tensor `index` in a graph of the bundle, or nullptr.
+const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index);
 
 }  // namespace dnnfusion

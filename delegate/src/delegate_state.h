@@ -2,6 +2,7 @@
 // bundle, read-only after creation, so interpreters may share the delegate.
 #pragma once
 
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -18,6 +19,22 @@ struct DelegateState {
   bool report_warned = false;   // a failed append to options.report was said (once)
   bool profile_warned = false;  // the same for options.profile
   int last_node = -1;       // the execution plan's last node when the delegate last claimed
+
+  // The bundle's graph the last claim in `context`'s subgraph used: its partitions, created
+  // while that claim replaces nodes, read it.
+  void SetGraph(const TfLiteContext* context, const GraphSpec* graph) {
+    std::lock_guard<std::mutex> lock(graphs_mutex_);
+    graph_of_[context] = graph;
+  }
+  const GraphSpec* GraphOf(const TfLiteContext* context) {
+    std::lock_guard<std::mutex> lock(graphs_mutex_);
+    const auto it = graph_of_.find(context);
+    return it == graph_of_.end() ? nullptr : it->second;
+  }
+
+ private:
+  std::mutex graphs_mutex_;
+  std::map<const TfLiteContext*, const GraphSpec*> graph_of_;
 };
 
 }  // namespace dnnfusion

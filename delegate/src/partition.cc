@@ -70,18 +70,22 @@ std::string IndexOutOfBounds(halide_buffer_t& raw, const int32_t* bounds, int n_
 }  // namespace
 
 Partition::Partition(TfLiteContext* context, DelegateState& state, const TfLiteDelegateParams& params)
-    : state_(state) {
-  const Bundle& bundle = *state.bundle;
+    : state_(state), graph_(state.GraphOf(context)) {
+  if (graph_ == nullptr) {
+    error_ = "the delegate claimed no graph in this subgraph";
+    return;
+  }
+  const GraphSpec& graph = *graph_;
   nodes_.assign(params.nodes_to_replace->data, params.nodes_to_replace->data + params.nodes_to_replace->size);
   outputs_.assign(params.output_tensors->data, params.output_tensors->data + params.output_tensors->size);
   const std::set<int> mine(nodes_.begin(), nodes_.end());
   ends_invoke_ = mine.count(state.last_node) > 0;
   // Blocks are claimed whole, so each lies wholly inside one partition; bundle order is an
   // execution order.
-  for (int b = 0; b < bundle.n_blocks; ++b) {
-    const BlockSpec& block = bundle.blocks[b];
+  for (int b = 0; b < graph.n_blocks; ++b) {
+    const BlockSpec& block = graph.blocks[b];
     int inside = 0;
-    for (int k = 0; k < block.n_nodes; ++k) inside += mine.count(bundle.nodes[block.first_node + k].index);
+    for (int k = 0; k < block.n_nodes; ++k) inside += mine.count(graph.nodes[block.first_node + k].index);
     if (inside == block.n_nodes) {
       Step step;
       step.block = b;
@@ -93,8 +97,8 @@ Partition::Partition(TfLiteContext* context, DelegateState& state, const TfLiteD
   // The other nodes must decode blocks' stored weights (claim.h): TFLite's kernels run them.
   std::set<int> in_blocks;
   for (const Step& s : steps_) {
-    const BlockSpec& block = bundle.blocks[s.block];
-    for (int k = 0; k < block.n_nodes; ++k) in_blocks.insert(bundle.nodes[block.first_node + k].index);
+    const BlockSpec& block = graph.blocks[s.block];
+    for (int k = 0; k < block.n_nodes; ++k) in_blocks.insert(graph.nodes[block.first_node + k].index);
   }
   std::vector<int> decoders;
   for (int n : nodes_) {
@@ -137,7 +141,7 @@ void Partition::WriteProfile() const {
     if (step.calls == 0) continue;
     char line[512];
     std::snprintf(line, sizeof(line), "{\"block\": \"%s\", \"calls\": %lld, \"total_us\": %.3f, \"mean_us\": %.3f}\n",
-                  state_.bundle->blocks[step.block].name, static_cast<long long>(step.calls), step.seconds * 1e6,
+                  graph_->blocks[step.block].name, static_cast<long long>(step.calls), step.seconds * 1e6,
                   step.seconds * 1e6 / step.calls);
     text += line;
   }
@@ -210,7 +214,7 @@ Partition::Buffer* Partition::ScratchBuffer(const ScratchSpec& spec, std::string
 }
 
 bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const {
-  const TensorSpec* spec = FindTensorSpec(*state_.bundle, b.tensor);
+  const TensorSpec* spec = FindTensorSpec(*graph_, b.tensor);
   return spec != nullptr && t.data.raw != nullptr &&
          PackConstant(static_cast<Pack>(b.pack), t.data.raw, spec->dims, spec->rank, b.packed.data(), b.packed_dims,
                       b.raw.dimensions, stored_bytes);
@@ -239,21 +243,21 @@ TfLiteStatus Partition::TakeDecoded(TfLiteContext* context, Buffer& b) {
 }
 
 TfLiteStatus Partition::Build(TfLiteContext* context) {
-  const Bundle& bundle = *state_.bundle;
+  const GraphSpec& graph = *graph_;
   const std::set<int> escaping(outputs_.begin(), outputs_.end());
 
   // Which tensors the partition produces for itself alone, and from which step to which.
   std::map<int, Lifetime> internal;
   std::set<int> produced;
   for (size_t s = 0; s < steps_.size(); ++s) {
-    const BlockSpec& block = bundle.blocks[steps_[s].block];
+    const BlockSpec& block = graph.blocks[steps_[s].block];
     for (int k = 0; k < block.n_outputs; ++k) {
-      const int t = bundle.outputs[block.first_output + k];
+      const int t = graph.outputs[block.first_output + k];
       produced.insert(t);
       if (!escaping.count(t)) internal[t] = {context->tensors[t].bytes, static_cast<int>(s), static_cast<int>(s)};
     }
     for (int k = 0; k < block.n_args; ++k) {
-      auto it = internal.find(bundle.args[block.first_arg + k].tensor);
+      auto it = internal.find(graph.args[block.first_arg + k].tensor);
       if (it != internal.end()) it->second.last = static_cast<int>(s);
     }
   }
@@ -268,9 +272,9 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
 
   std::string error;
   for (Step& step : steps_) {
-    const BlockSpec& block = bundle.blocks[step.block];
+    const BlockSpec& block = graph.blocks[step.block];
     for (int k = 0; k < block.n_args; ++k) {
-      const ArgSpec& arg = bundle.args[block.first_arg + k];
+      const ArgSpec& arg = graph.args[block.first_arg + k];
       const Role role = arg.source == ArgSource::kConstant  ? Role::kConstant
                         : arg.source == ArgSource::kDecoded ? Role::kDecoded
                         : internal.count(arg.tensor)         ? Role::kInternal
@@ -280,12 +284,12 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
       if (arg.n_index_bounds > 0) {
-        step.index_checks.push_back({b, bundle.index_bounds + arg.first_index_bound, arg.n_index_bounds, arg.index_op});
+        step.index_checks.push_back({b, graph.index_bounds + arg.first_index_bound, arg.n_index_bounds, arg.index_op});
       }
     }
     for (int k = 0; k < block.n_outputs; ++k) {
-      const int t = bundle.outputs[block.first_output + k];
-      const TensorSpec* spec = FindTensorSpec(bundle, t);
+      const int t = graph.outputs[block.first_output + k];
+      const TensorSpec* spec = FindTensorSpec(graph, t);
       const Role role = internal.count(t) ? Role::kInternal : Role::kOutput;
       Buffer* b = BufferFor(context, t, static_cast<int>(Pack::kNone), spec->rank, spec->dims, role, &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
@@ -293,7 +297,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       if (role == Role::kOutput) step.to_host.push_back(b);
     }
     for (int k = 0; k < block.n_scratch; ++k) {
-      Buffer* b = ScratchBuffer(bundle.scratch[block.first_scratch + k], &error);
+      Buffer* b = ScratchBuffer(graph.scratch[block.first_scratch + k], &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
     }
@@ -308,10 +312,10 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
 }
 
 std::string Partition::ShapeChange(TfLiteContext* context) const {
-  const Bundle& bundle = *state_.bundle;
+  const GraphSpec& graph = *graph_;
   for (const Buffer& b : buffers_) {
     if (!b.packed.empty() || b.role == Role::kScratch) continue;  // packed or scratch: shapes of our own
-    const TensorSpec* spec = FindTensorSpec(bundle, b.tensor);
+    const TensorSpec* spec = FindTensorSpec(graph, b.tensor);
     const TfLiteIntArray* dims = context->tensors[b.tensor].dims;
     bool same = dims != nullptr && dims->size == spec->rank;
     for (int d = 0; same && d < spec->rank; ++d) same = dims->data[d] == spec->dims[d];
@@ -354,7 +358,7 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
     if (decoders_.Invoke(context) != kTfLiteOk) return kTfLiteError;
     decoded_ = true;
   }
-  const Bundle& bundle = *state_.bundle;
+  const GraphSpec& graph = *graph_;
   SetThreadPoolSize(KernelThreads(state_.options, context->recommended_num_threads));
   // Whichever way this returns, the pool's workers stop spinning once the partition is done; after
   // the partition that ends the invoke they linger for the next one (thread_pool.h).
@@ -382,7 +386,7 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
   }
   auto* profiler = static_cast<tflite::Profiler*>(context->profiler);
   for (Step& step : steps_) {
-    const BlockSpec& block = bundle.blocks[step.block];
+    const BlockSpec& block = graph.blocks[step.block];
     uint32_t event = 0;
     if (profiler) {
       event = profiler->BeginEvent(block.name, tflite::Profiler::EventType::DELEGATE_OPERATOR_INVOKE_EVENT,

@@ -99,6 +99,7 @@ class Partition {
                     std::string* error);
 
   DelegateState& state_;
+  const GraphSpec* graph_;    // the bundle's table for this partition's subgraph
   std::vector<int> nodes_;    // the nodes this partition replaces
   bool ends_invoke_ = false;  // it holds the execution plan's last node: nothing of TFLite's runs after it
   std::vector<int> outputs_;  // tensors TFLite reads after the partition

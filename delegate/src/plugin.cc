@@ -68,10 +68,11 @@ TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
                                        state.options.claim);
   }
   Claim claim = ClaimBlocks(context, *state.bundle, state.options);
-  KeepBlocksWhole(context, *state.bundle, &claim);
-  LogClaim(*state.bundle, claim, state.options.claim);
+  KeepBlocksWhole(context, &claim);
+  LogClaim(claim, state.options.claim);
   RecordReport(state, claim);
   if (claim.nodes.empty()) return kTfLiteOk;
+  state.SetGraph(context, claim.graph);
   TfLiteIntArray* plan = nullptr;  // the partitions made next read it: does one end the invoke?
   const bool planned = context->GetExecutionPlan != nullptr && context->GetExecutionPlan(context, &plan) == kTfLiteOk;
   state.last_node = planned && plan != nullptr && plan->size > 0 ? plan->data[plan->size - 1] : -1;
@@ -89,10 +90,14 @@ TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
 bool KnownBlocks(const Bundle& bundle, const std::vector<std::string>& names, std::string* error) {
   for (const std::string& name : names) {
     bool found = false;
-    for (int b = 0; b < bundle.n_blocks && !found; ++b) found = name == bundle.blocks[b].name;
-    if (found) continue;
     std::string known;
-    for (int b = 0; b < bundle.n_blocks; ++b) known += std::string(b ? ", " : "") + bundle.blocks[b].name;
+    for (int g = 0; g < bundle.n_graphs; ++g) {
+      for (int b = 0; b < bundle.graphs[g].n_blocks; ++b) {
+        found = found || name == bundle.graphs[g].blocks[b].name;
+        known += std::string(known.empty() ? "" : ", ") + bundle.graphs[g].blocks[b].name;
+      }
+    }
+    if (found) continue;
     *error = "blocks: no block '" + name + "' in this bundle (its blocks: " + (known.empty() ? "none" : known) + ")";
     return false;
   }
@@ -168,8 +173,11 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   // keep TFLite's re-claim on resize, which declines and leaves the nodes to TFLite.
   delegate->flags =
       state->bundle->allow_dynamic_tensors ? kTfLiteDelegateFlagsAllowDynamicTensors : kTfLiteDelegateFlagsNone;
-  Log(LogLevel::kInfo, "loaded the kernel bundle for %s (%s, %d blocks), claim:%s", state->bundle->model,
-      state->bundle->target, state->bundle->n_blocks, ClaimPolicyName(state->options.claim));
+  int blocks = 0;
+  for (int g = 0; g < state->bundle->n_graphs; ++g) blocks += state->bundle->graphs[g].n_blocks;
+  Log(LogLevel::kInfo, "loaded the kernel bundle for %s (%s, %d blocks in %d subgraphs), claim:%s",
+      state->bundle->model, state->bundle->target, blocks, state->bundle->n_graphs,
+      ClaimPolicyName(state->options.claim));
   return delegate;
 }
 

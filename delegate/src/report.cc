@@ -30,11 +30,13 @@ std::string JsonString(const std::string& text) {
   return out + "\"";
 }
 
-const char* BlockName(const Bundle& bundle, int block) { return block < 0 ? "*" : bundle.blocks[block].name; }
+const char* BlockName(const Claim& claim, int block) {
+  return block < 0 || claim.graph == nullptr ? "*" : claim.graph->blocks[block].name;
+}
 
 }  // namespace
 
-void LogClaim(const Bundle& bundle, const Claim& claim, ClaimPolicy policy) {
+void LogClaim(const Claim& claim, ClaimPolicy policy) {
   // A foreign subgraph (a control-flow body) is expected: info. Another model, a machine the kernels
   // cannot run on, or a block that does not match is a warning, the first few blocks by name (a
   // resized input declines them all for one reason).
@@ -43,29 +45,31 @@ void LogClaim(const Bundle& bundle, const Claim& claim, ClaimPolicy policy) {
   for (const Decline& d : claim.declined) {
     const LogLevel level = d.expected || shown >= kNamed ? LogLevel::kInfo : LogLevel::kWarning;
     shown += d.block >= 0;
-    Log(level, "declined %s: %s", BlockName(bundle, d.block), d.reason.c_str());
+    Log(level, "declined %s: %s", BlockName(claim, d.block), d.reason.c_str());
   }
   if (shown > kNamed) Log(LogLevel::kWarning, "declined %zu more blocks (log_level:info names them)", shown - kNamed);
-  if (claim.graph_matches) {
-    Log(LogLevel::kInfo, "claimed %zu of %d blocks (%zu nodes), claim:%s, %d more left to TFLite by the policy",
-        claim.blocks.size(), bundle.n_blocks, claim.nodes.size(), ClaimPolicyName(policy), claim.skipped);
+  if (claim.graph != nullptr) {
+    Log(LogLevel::kInfo, "claimed %zu of %d blocks (%zu nodes) in subgraph %d (%s), claim:%s, %d more left to TFLite "
+        "by the policy", claim.blocks.size(), claim.graph->n_blocks, claim.nodes.size(), claim.graph->subgraph,
+        claim.graph->name, ClaimPolicyName(policy), claim.skipped);
   }
 }
 
 void RecordReport(DelegateState& state, const Claim& claim) {
   const Bundle& bundle = *state.bundle;
   std::string line = "{\"model\": " + JsonString(bundle.model) + ", \"target\": " + JsonString(bundle.target) +
-                     ", \"graph_matches\": " +
-                     (claim.graph_matches ? "true" : "false") + ", \"claim\": \"" +
+                     ", \"graph_matches\": " + (claim.graph_matches ? "true" : "false") +
+                     ", \"subgraph\": " + (claim.graph ? std::to_string(claim.graph->subgraph) : "null") +
+                     ", \"subgraph_name\": " + (claim.graph ? JsonString(claim.graph->name) : "null") + ", \"claim\": \"" +
                      ClaimPolicyName(state.options.claim) + "\", \"claimed_blocks\": [";
   for (size_t i = 0; i < claim.blocks.size(); ++i) {
-    line += (i ? ", " : "") + JsonString(bundle.blocks[claim.blocks[i]].name);
+    line += (i ? ", " : "") + JsonString(claim.graph->blocks[claim.blocks[i]].name);
   }
   line += "], \"claimed_nodes\": [";
   for (size_t i = 0; i < claim.nodes.size(); ++i) line += (i ? ", " : "") + std::to_string(claim.nodes[i]);
   line += "], \"declined\": [";
   for (size_t i = 0; i < claim.declined.size(); ++i) {
-    line += std::string(i ? ", " : "") + "{\"block\": " + JsonString(BlockName(bundle, claim.declined[i].block)) +
+    line += std::string(i ? ", " : "") + "{\"block\": " + JsonString(BlockName(claim, claim.declined[i].block)) +
             ", \"reason\": " + JsonString(claim.declined[i].reason) + "}";
   }
   line += "]}";

@@ -10,9 +10,10 @@
 
 namespace dnnfusion {
 
-void LogClaim(const Bundle& bundle, const Claim& claim, ClaimPolicy policy);
+void LogClaim(const Claim& claim, ClaimPolicy policy);
 
-// Records {"graph_matches", "claimed_blocks", "claimed_nodes", "declined": [{"block", "reason"}]}
+// Records {"model", "target", "graph_matches", "subgraph", "subgraph_name", "claim", "claimed_blocks",
+// "claimed_nodes", "declined": [{"block", "reason"}]}
 // as the last report and appends it to the `report` file when the option names one.
 void RecordReport(DelegateState& state, const Claim& claim);
 

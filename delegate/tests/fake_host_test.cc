@@ -61,11 +61,12 @@ const int32_t kOutputs[] = {1, 2, 3};
 const BlockSpec kBlocks[] = {{"first", "s0", Add1, 1, 0, 1, 0, 1, 0, 1},
                              {"second", "s1", Add10, 1, 1, 1, 1, 1, 1, 1},
                              {"third", "s2", Add100, 0, 2, 1, 2, 1, 2, 1}};
+const GraphSpec kGraphs[] = {{0, "main", 4, 3, kCodes, kTensorSpecs, 4, kNodes, kNodeTensors, kArgs, kOutputs,
+                               kBlocks, 3}};
 }  // namespace
 
 const Bundle& bundle() {
-  static const Bundle b = {"fake.tflite", "host", "f1ngerprint", 32, 4, 3, kCodes, kTensorSpecs, 4,
-                           kNodes, kNodeTensors, kArgs, kOutputs, kBlocks, 3};
+  static const Bundle b = {"fake.tflite", "host", "f1ngerprint", 32, kGraphs, 1};
   return b;
 }
 }  // namespace dnnfusion

@@ -7,7 +7,7 @@
     cleanup   — again, to fold what reassociation exposed
     prune     — dead ops and unreferenced tensors
 
-Only the entry subgraph is rewritten; WHILE / IF bodies are left as they are. The model is
+One subgraph is rewritten per call (each signature's, each control-flow body's); the model is
 changed in place.
 """
 
@@ -117,13 +117,14 @@ def _run_algebraic(g: GraphView, fast_math: bool, log: RewriteLog, trace: Callab
             _apply(g, r, op, m, log, failed, trace)
 
 
-def rewrite(model: Model, fast_math: bool = False, trace: Callable[[str], None] | None = None) -> RewriteLog:
-    """Rewrites the entry subgraph in place; returns how often each rule fired.
+def rewrite(model: Model, fast_math: bool = False, trace: Callable[[str], None] | None = None,
+            subgraph: int = 0) -> RewriteLog:
+    """Rewrites subgraph `subgraph` (the entry one by default) in place; returns how often each rule fired.
 
     Exact rules always run. With `fast_math`, rules that change floating-point rounding run too.
     `trace`, if given, receives one line per applied rewrite and the op list after each pass.
     """
-    g = GraphView(model, 0)
+    g = GraphView(model, subgraph)
     log = RewriteLog(ops_before=len(g.sg.operators))
     passes = (
         ("cleanup", lambda: _run_cleanup(g, fast_math, log, trace)),

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -412,6 +413,41 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     images16 = keras.Model(image16b, keras.layers.Concatenate()([keras.layers.Conv2D(4, 1)(u), t]))
     write("image_ops_16x8", full_integer(images16, lambda rng: [rng.uniform(-1, 1, (1, 16, 16, 3)).astype(np.float32)],
                                          int16=True))
+
+    # A decoder's signatures, as generative models ship: prefill at two lengths and a one-token decode,
+    # sharing weights: RMSNorm (MUL/MEAN/RSQRT), FULLY_CONNECTED with a fused RELU, SiLU, a residual.
+    class Decoder(tf.Module):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.default_rng(11)
+            self.up = tf.constant(rng.standard_normal((16, 32)).astype(np.float32) * 0.3)
+            self.gate = tf.constant(rng.standard_normal((16, 32)).astype(np.float32) * 0.3)
+            self.down = tf.constant(rng.standard_normal((32, 16)).astype(np.float32) * 0.3)
+            self.scale = tf.constant(rng.uniform(0.5, 1.5, 16).astype(np.float32))
+
+        def layer(self, x):
+            h = x * tf.math.rsqrt(tf.reduce_mean(x * x, axis=-1, keepdims=True) + 1e-6) * self.scale
+            h = tf.nn.silu(tf.matmul(h, self.gate)) * tf.nn.relu(tf.matmul(h, self.up))
+            return {"y": x + tf.matmul(h, self.down)}
+
+        @tf.function(input_signature=[tf.TensorSpec([1, 8, 16], tf.float32)])
+        def prefill_8(self, x):
+            return self.layer(x)
+
+        @tf.function(input_signature=[tf.TensorSpec([1, 16, 16], tf.float32)])
+        def prefill_16(self, x):
+            return self.layer(x)
+
+        @tf.function(input_signature=[tf.TensorSpec([1, 1, 16], tf.float32)])
+        def decode(self, x):
+            return self.layer(x)
+
+    decoder = Decoder()
+    signatures = {name: getattr(decoder, name) for name in ("decode", "prefill_8", "prefill_16")}
+    with tempfile.TemporaryDirectory() as saved:
+        tf.saved_model.save(decoder, saved, signatures=signatures)
+        conv = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=list(signatures))
+        write("decoder_signatures", conv.convert())
     return paths
 
 

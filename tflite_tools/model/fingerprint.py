@@ -51,9 +51,10 @@ def _canonical(value: Any) -> Any:
     return {type(value).__name__: {k: _canonical(v) for k, v in sorted(vars(value).items())}}
 
 
-def _tensor_key(t: Tensor) -> list:
-    """What a kernel depends on of a tensor besides its value (quantization only where there is some)."""
-    key = [t.dtype, list(t.shape), t.is_constant]
+def _tensor_key(t: Tensor, shapes: bool = True) -> list:
+    """What a kernel depends on of a tensor besides its value (quantization only where there is some;
+    the shape unless `shapes` is False)."""
+    key = [t.dtype, list(t.shape) if shapes else None, t.is_constant]
     q = t.quantization
     if q is not None and q.scale is not None and len(q.scale):
         zero_points = [] if q.zero_point is None else np.asarray(q.zero_point).tolist()
@@ -68,14 +69,14 @@ def constant_text(value: np.ndarray) -> str:
 
 
 def _digest(operators: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor],
-            name_of: Callable[[Tensor], Any], bound: Bound) -> str:
+            name_of: Callable[[Tensor], Any], bound: Bound, shapes: bool = True) -> str:
     """The hex SHA-256 of the canonical form: each operator with its operands (named by `name_of`,
     each with its tensor key and, where bound, its value), then the inputs and outputs."""
 
     def operand(n: int, i: int, t: Tensor | None) -> Any:
         if t is None:
             return None
-        return [name_of(t), _tensor_key(t), bound.get((n, i))]
+        return [name_of(t), _tensor_key(t, shapes), bound.get((n, i))]
 
     form = {
         "form": FORM_VERSION,
@@ -102,8 +103,29 @@ def block_identity(operators: Sequence[Operator], outputs: Sequence[Tensor], bou
     return _digest(operators, [], outputs, name_of, bound or {})
 
 
-def subgraph_fingerprint(sg: Subgraph, bound: Bound | None = None) -> str:
+def subgraph_fingerprint(sg: Subgraph, bound: Bound | None = None, shapes: bool = True) -> str:
     """The fingerprint of a subgraph and the kernels built for it: tensors named by their index
-    (as the writer saves them and the delegate claims them), `bound` keyed by node index."""
+    (as the writer saves them and the delegate claims them), `bound` keyed by node index. Without
+    `shapes`, what two subgraphs computing the same at other sizes share (a prefill signature per
+    length): a kernel of one runs on the other wherever the shapes it was compiled for agree."""
     index = {id(t): i for i, t in enumerate(sg.tensors)}
-    return _digest(sg.operators, sg.inputs, sg.outputs, lambda t: index[id(t)], bound or {})
+    return _digest(sg.operators, sg.inputs, sg.outputs, lambda t: index[id(t)], bound or {}, shapes)
+
+
+def model_fingerprint(fingerprints: Sequence[str]) -> str:
+    """The fingerprint of a model from its subgraphs' (in order): a one-subgraph model's is its
+    subgraph's."""
+    if len(fingerprints) == 1:
+        return fingerprints[0]
+    return hashlib.sha256("\n".join(fingerprints).encode()).hexdigest()
+
+
+def bound_values(sg: Subgraph, keys: Sequence[tuple[int, int]]) -> dict[tuple[int, int], str]:
+    """The values a subgraph holds at bound keys (node index, input index), as constant_text
+    records them ("computed" where the input is not a constant there; None where it is absent)."""
+    values: dict[tuple[int, int], str] = {}
+    for n, i in keys:
+        op = sg.operators[n] if n < len(sg.operators) else None
+        t = op.inputs[i] if op is not None and i < len(op.inputs) else None
+        values[(n, i)] = "absent" if t is None else constant_text(t.data) if t.is_constant else "computed"
+    return values

@@ -200,7 +200,8 @@ class Signature:
 
 @dataclass(eq=False)
 class Model:
-    """A whole TFLite model. Subgraph 0 is the entry point; others are WHILE/IF bodies."""
+    """A whole TFLite model. Subgraph 0 is the entry point; others are further signatures' entry
+    points and WHILE / IF bodies."""
 
     subgraphs: list[Subgraph] = field(default_factory=list)
     signatures: list[Signature] = field(default_factory=list)
@@ -218,6 +219,12 @@ class Model:
     def main(self) -> Subgraph:
         """The entry subgraph (index 0)."""
         return self.subgraphs[0]
+
+    def subgraph_label(self, index: int) -> str:
+        """What messages and block names call subgraph `index`: the key of the signature that runs
+        it, else its name, else `subgraph<index>`."""
+        keys = [s.key for s in self.signatures if s.subgraph_index == index and s.key]
+        return keys[0] if keys else self.subgraphs[index].name or f"subgraph{index}"
 
     def operators(self) -> Iterator[tuple[int, Operator]]:
         """All operators with their subgraph index."""

@@ -111,12 +111,10 @@ struct BlockSpec {
   int32_t n_scratch;
 };
 
-// The whole table of one delegate library.
-struct Bundle {
-  const char* model;  // the model's file name, for messages
-  const char* target;  // halide_gen.targets name
-  const char* fingerprint;  // structure hash, also stored in the fused model's metadata
-  int32_t channel_tile;  // padding multiple of packed constants
+// One fused subgraph's table: the blocks the delegate may claim in it.
+struct GraphSpec {
+  int32_t subgraph;  // index in the model
+  const char* name;  // its signature key, name or subgraph<N>, for messages
   int32_t n_tensors;  // tensors in the subgraph
   int32_t n_graph_nodes;  // nodes in the subgraph
   const int32_t* graph_codes;  // their builtin codes, in order
@@ -128,15 +126,25 @@ struct Bundle {
   const int32_t* outputs;
   const BlockSpec* blocks;
   int32_t n_blocks;
+  const ScratchSpec* scratch;  // GPU kernels' scratch buffers (BlockSpec::first_scratch)
+  const int32_t* index_bounds;  // ArgSpec::first_index_bound
+};
+
+// The whole table of one delegate library.
+struct Bundle {
+  const char* model;  // the model's file name, for messages
+  const char* target;  // halide_gen.targets name
+  const char* fingerprint;  // structure hash, also stored in the fused model's metadata
+  int32_t channel_tile;  // padding multiple of packed constants
+  const GraphSpec* graphs;  // one per fused subgraph; any two the delegate could mistake for each other compute the same (halide_gen.bundle.indistinguishable)
+  int32_t n_graphs;
   int32_t default_claim;  // ClaimPolicy when the options name none (`fuse --measure` picks it)
   int32_t default_claim_threaded;  // the same where the interpreter runs more than one thread
   int32_t allow_dynamic_tensors;  // 1: the model has custom ops or tensors sized only as it runs (plugin.cc)
   int32_t gpu_api;  // GpuApi
   int32_t half_precision;  // 1: float tensors stored as fp16 (--gpu-precision fp16)
   const char* vulkan_alloc_config;  // HL_VK_ALLOC_CONFIG unless the environment sets one
-  const ScratchSpec* scratch;  // GPU kernels' scratch buffers (BlockSpec::first_scratch)
   int32_t needs_dot_product;  // 1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)
-  const int32_t* index_bounds;  // ArgSpec::first_index_bound
 };
 
 }  // namespace dnnfusion
