@@ -120,7 +120,7 @@ OPS: dict[str, OpInfo] = {
     "PAD": OpInfo(OtO), "PADV2": OpInfo(OtO),
     # One-to-Many
     "MIRROR_PAD": OpInfo(OtM), "BROADCAST_TO": OpInfo(OtM), "TILE": OpInfo(OtM),
-    "GATHER": OpInfo(OtM), "GATHER_ND": OpInfo(OtM),
+    "GATHER": OpInfo(OtM), "GATHER_ND": OpInfo(OtM), "DYNAMIC_UPDATE_SLICE": OpInfo(OtM),
     "RESIZE_BILINEAR": OpInfo(OtM), "RESIZE_NEAREST_NEIGHBOR": OpInfo(OtM),
     # Many-to-Many
     "CONV_2D": OpInfo(MtM), "DEPTHWISE_CONV_2D": OpInfo(MtM), "TRANSPOSE_CONV": OpInfo(MtM), "CONV_3D": OpInfo(MtM),

@@ -441,6 +441,36 @@ def test_gather_embedding_and_axis():
     compare(b.build())
 
 
+@pytest.mark.parametrize("index_type", ["int32", "int64"])
+def test_dynamic_update_slice_clamps_its_start(index_type):
+    # A KV cache's update: [1, 8, 2, 4] cache, one token's [1, 1, 2, 4] at a run-time position.
+    # Positions past either end clamp to the last / first slot, as TFLite's kernel clamps them.
+    b = ModelBuilder()
+    cache, token = b.input("cache", [1, 8, 2, 4]), b.input("token", [1, 1, 2, 4])
+    start = b.input("start", [4], index_type)
+    b.output(b.op("DYNAMIC_UPDATE_SLICE", [cache, token, start], [1, 8, 2, 4]))
+    model = b.build()
+    dtype = np.int32 if index_type == "int32" else np.int64
+    for position in (0, 3, 7, 8, 100, -1, -50):
+        compare(model, lambda rng: [rng.standard_normal((1, 8, 2, 4)).astype(np.float32),
+                                    rng.standard_normal((1, 1, 2, 4)).astype(np.float32),
+                                    np.array([0, position, 1, -2], dtype)])
+
+
+def test_dynamic_update_slice_of_a_block_fused_with_its_producers():
+    # The projection of the new token feeds the update; the updated cache feeds a product.
+    b = ModelBuilder()
+    cache, x = b.input("cache", [1, 6, 5]), b.input("x", [1, 1, 3])
+    start = b.input("start", [3], "int32")
+    row = b.op("FULLY_CONNECTED", [x, b.const("w", w(5, 3)), None], [1, 1, 5], keepNumDims=True)
+    updated = b.op("DYNAMIC_UPDATE_SLICE", [cache, b.op("TANH", [row], [1, 1, 5]), start], [1, 6, 5])
+    b.output(updated, b.op("MUL", [updated, updated], [1, 6, 5]))
+    for position in (2, 9):
+        compare(b.build(), lambda rng: [rng.standard_normal((1, 6, 5)).astype(np.float32),
+                                        rng.standard_normal((1, 1, 3)).astype(np.float32),
+                                        np.array([0, position, 0], np.int32)])
+
+
 def test_gather_nd():
     b = ModelBuilder()
     x = b.input("x", [4, 5, 3])

@@ -425,6 +425,16 @@ def test_concatenation_of_differing_scales_int8():
     check(b.build(), exact=True)
 
 
+def test_dynamic_update_slice_int8():
+    # An int8 KV cache updated at a run-time position (random, so clamped too): a copy, exact.
+    b = ModelBuilder()
+    q = quantization(0.05, -3)
+    cache, token = b.input("cache", (1, 8, 2, 16), "int8", quant=q), b.input("token", (1, 1, 2, 16), "int8", quant=q)
+    start = b.input("start", (4,), "int32")
+    b.output(b.op("DYNAMIC_UPDATE_SLICE", [cache, token, start], [1, 8, 2, 16], quant=q))
+    check(b.build(), exact=True)
+
+
 @pytest.mark.parametrize("op", ["PAD", "PADV2"])
 def test_pad_int8(op):
     # PAD fills with a real zero, for int8 the zero point; PADV2 with its (int8) constant.

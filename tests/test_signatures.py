@@ -137,3 +137,27 @@ def test_a_prefill_resized_to_another_signatures_length_runs_that_signatures_ker
     last = [json.loads(line) for line in report.read_text().splitlines()][-1]
     assert last["subgraph_name"] == "prefill_16" and last["claimed_nodes"] == planned_nodes(decoder, 1)
 
+
+def test_a_kv_cache_decoder_is_claimed_whole_and_matches_at_every_position(tmp_path, kernel_cache):
+    # Both signatures update the caches with DYNAMIC_UPDATE_SLICE at a run-time position; positions
+    # past either end of the cache clamp, as TFLite's kernel clamps them.
+    model = Path(__file__).parent / "models" / "kv_cache_decoder.tflite"
+    result = fuse(model, tmp_path / "out", cache_dir=kernel_cache)
+    report = tmp_path / "claims.jsonl"
+    d = runtime.load_delegate(str(result.library), options={"report": str(report), "claim": "all"})
+    ours = runtime.make_interpreter(result.model, delegates=[d])
+    reference = runtime.make_interpreter(result.model, reference_resolver(result.model))
+    rng = np.random.default_rng(0)
+    for name, tokens in (("prefill", 4), ("decode", 1)):
+        for position in (0, 5, 15, 40, -3):
+            feed = {"x": rng.standard_normal((1, tokens, 16)).astype(np.float32),
+                    "k_cache": rng.standard_normal((1, 16, 2, 8)).astype(np.float32),
+                    "v_cache": rng.standard_normal((1, 16, 2, 8)).astype(np.float32),
+                    "pos": np.array([position], np.int32)}
+            got, expected = ours.get_signature_runner(name)(**feed), reference.get_signature_runner(name)(**feed)
+            errors = compare([got[k] for k in sorted(got)], [expected[k] for k in sorted(expected)], sorted(got))
+            assert all(e.ok for e in errors), (name, position, errors)
+    claims = read_claims(report)["subgraphs"]
+    operators = tflite_tools.load(result.model).subgraphs
+    for name, index in (("decode", 0), ("prefill", 1)):
+        assert claims[name]["claimed_nodes"] == list(range(len(operators[index].operators)))

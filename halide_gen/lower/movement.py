@@ -314,6 +314,27 @@ def lower_gather_nd(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
+@register("DYNAMIC_UPDATE_SLICE")
+def lower_dynamic_update_slice(ctx: OpContext) -> list[Value]:
+    """out = operand with `update` written at `start` (a run-time index per axis), each start
+    clamped to [0, operand - update] as TFLite's kernel clamps it: a KV cache's update at the
+    current position."""
+    operand, update, start = ctx.value(0), ctx.value(1), ctx.value(2)
+    shape = ctx.out_shape()
+    starts = [hl.clamp(hl.cast(hl.Int(32), start.at([hl.Expr(d)])), 0, shape[d] - update.shape[d])
+              for d in range(len(shape))]
+
+    def body(*i):
+        inside = None
+        for d, (x, s) in enumerate(zip(i, starts)):
+            here = (x >= s) & (x < s + update.shape[d])
+            inside = here if inside is None else inside & here
+        written = update.at([hl.clamp(x - s, 0, n - 1) for x, s, n in zip(i, starts, update.shape)])
+        return operand.at(list(i)) if inside is None else hl.select(inside, written, operand.at(list(i)))
+
+    return [define(ctx.func_name(), shape, body)]
+
+
 def _resize_scale(in_size: int, out_size: int, align_corners: bool) -> float:
     if align_corners and out_size > 1:
         return (in_size - 1) / (out_size - 1)

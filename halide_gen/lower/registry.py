@@ -209,9 +209,10 @@ SHAPE_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {}
 # as input and output share one scale and zero point (TFLite requires it of these ops).
 # CONCATENATION too (TFLite's int8 kernel requires every input quantized as the output) and PAD (its
 # fill, a real zero, is the zero point: movement.py), and RESIZE_NEAREST_NEIGHBOR (each output is its
-# nearest input's byte; the index arithmetic is the float op's), TILE and BROADCAST_TO (copies).
+# nearest input's byte; the index arithmetic is the float op's), TILE, BROADCAST_TO and
+# DYNAMIC_UPDATE_SLICE (copies).
 MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_SLICE", "GATHER", "CONCATENATION",
-            "PAD", "PADV2", "RESIZE_NEAREST_NEIGHBOR", "TILE", "BROADCAST_TO"}
+            "PAD", "PADV2", "RESIZE_NEAREST_NEIGHBOR", "TILE", "BROADCAST_TO", "DYNAMIC_UPDATE_SLICE"}
 
 
 def register(*names: str, quantized: bool = False, int16: bool = False, compile_time: tuple[int, ...] = (),

@@ -448,6 +448,54 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
         tf.saved_model.save(decoder, saved, signatures=signatures)
         conv = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=list(signatures))
         write("decoder_signatures", conv.convert())
+
+    # One attention layer with an external KV cache, as on-device decoders ship: prefill (4 tokens)
+    # and decode signatures, the caches [1, 16, 2, 8] passed in and out, DYNAMIC_UPDATE_SLICE at the
+    # input position, a causal mask built from it.
+    from tensorflow.compiler.tf2xla.python import xla
+
+    length, heads, depth, width = 16, 2, 8, 16
+
+    class CachedAttention(tf.Module):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.default_rng(12)
+            self.wq, self.wk, self.wv, self.wo = (
+                tf.constant(rng.standard_normal((width, width)).astype(np.float32) * 0.3) for _ in range(4))
+
+        def step(self, x, k_cache, v_cache, pos):
+            tokens = x.shape[1]
+
+            def heads_of(w):
+                return tf.reshape(tf.matmul(x, w), [1, tokens, heads, depth])
+
+            start = tf.stack([0, pos[0], 0, 0])
+            k_cache = xla.dynamic_update_slice(k_cache, heads_of(self.wk), start)
+            v_cache = xla.dynamic_update_slice(v_cache, heads_of(self.wv), start)
+            scores = tf.einsum("bthd,bshd->bhts", heads_of(self.wq), k_cache) / np.sqrt(depth)
+            visible = tf.range(length)[None, :] <= (pos[0] + tf.range(tokens))[:, None]
+            scores += (1 - tf.cast(visible, tf.float32)) * -1e9
+            attended = tf.einsum("bhts,bshd->bthd", tf.nn.softmax(scores), v_cache)
+            y = x + tf.matmul(tf.reshape(attended, [1, tokens, width]), self.wo)
+            return {"y": y, "k_cache": k_cache, "v_cache": v_cache}
+
+        cache = tf.TensorSpec([1, length, heads, depth], tf.float32)
+        position = tf.TensorSpec([1], tf.int32)
+
+        @tf.function(input_signature=[tf.TensorSpec([1, 4, width], tf.float32), cache, cache, position])
+        def prefill(self, x, k_cache, v_cache, pos):
+            return self.step(x, k_cache, v_cache, pos)
+
+        @tf.function(input_signature=[tf.TensorSpec([1, 1, width], tf.float32), cache, cache, position])
+        def decode(self, x, k_cache, v_cache, pos):
+            return self.step(x, k_cache, v_cache, pos)
+
+    cached = CachedAttention()
+    signatures = {"decode": cached.decode, "prefill": cached.prefill}
+    with tempfile.TemporaryDirectory() as saved:
+        tf.saved_model.save(cached, saved, signatures=signatures)
+        conv = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=list(signatures))
+        write("kv_cache_decoder", conv.convert())
     return paths
 
 
