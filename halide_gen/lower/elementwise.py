@@ -112,8 +112,12 @@ def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
 
 
 def round_half_away(x: hl.Expr) -> hl.Expr:
-    """std::round (TfLiteRound): halves away from zero, unlike Halide's round-half-even."""
-    return hl.select(x < 0, -hl.floor(-x + hl.f32(0.5)), hl.floor(x + hl.f32(0.5)))
+    """std::round (TfLiteRound): halves away from zero, unlike Halide's round-half-even. From the
+    exact fraction x - trunc(x): floor(x + 0.5) rounds 0.49999997 up, as the sum rounds to 1."""
+    whole = hl.trunc(x)
+    half = hl.cast(x.type(), 0.5)
+    away = hl.select(x < 0, hl.cast(x.type(), -1), hl.cast(x.type(), 1))
+    return hl.select(hl.abs(x - whole) >= half, whole + away, whole)
 
 
 UNARY = {
