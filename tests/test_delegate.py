@@ -20,6 +20,7 @@ from halide_gen.profile import schedule_sources
 from tflite_tools import cli, runtime
 from tflite_tools.fuse import FuseResult, fuse
 from tflite_tools.model.fingerprint import METADATA_NAME
+from tflite_tools.model.reader import load
 from tflite_tools.run import compare, quantized_outputs, read_claims, reference_resolver, run
 
 RUNNABLE = [p for p in project_model_paths() if p.stem not in NOT_RUNNABLE]
@@ -115,6 +116,16 @@ def test_cnn_logits_match_litert(kernel_cache, tmp_path):
     outcome = run(result.model, delegate=result.library, options={"claim": "all"})
     assert outcome.claims["claimed_nodes"] == planned_nodes(result) and len(planned_nodes(result)) == 64
     assert outcome.ok and 0 < outcome.errors[0].max_rel < 1e-5, outcome.errors
+
+
+def test_dynamic_range_cnn_logits_match_litert(kernel_cache, tmp_path):
+    # Every CONV_2D and DEPTHWISE_CONV_2D with int8 weights quantizes its input image as TFLite does,
+    # to the bit: the logits agree to float rounding, far inside the dynamic-range rule.
+    result = fuse(mobilenet_logits(tmp_path, "mobilenet_v2_035_96_dynamic_range"), tmp_path / "out",
+                  cache_dir=kernel_cache)
+    outcome = run(result.model, delegate=result.library, options={"claim": "all"})
+    assert outcome.claims["claimed_nodes"] == planned_nodes(result) == list(range(len(load(result.model).main.operators)))
+    assert outcome.ok and 0 < outcome.errors[0].max_rel < 1e-4, outcome.errors
 
 
 def test_fused_model_runs_on_stock_litert(fused):

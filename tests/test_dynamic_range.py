@@ -32,7 +32,7 @@ def _dynamic_range_model(depth: int):
                                       None], [4, WIDTH])
         h = b.op("ADD", [h, b.op("TANH", [fc], [4, WIDTH])], [4, WIDTH])
     stored = b.const("stored", rng.integers(-127, 128, (WIDTH, WIDTH)).astype(np.int8), quant=quantization(0.01))
-    dense = b.op("DEQUANTIZE", [stored], [WIDTH, WIDTH])
+    dense = b.op("DEQUANTIZE", [stored], [WIDTH, WIDTH], dtype="float32")
     b.output(h, b.op("RELU", [x], [4, WIDTH]), b.op("FULLY_CONNECTED", [x, dense, None], [4, WIDTH]))
     return b.build()
 
@@ -68,7 +68,9 @@ def test_stock_litert_meets_the_tolerance_and_a_wrong_answer_does_not(tmp_path, 
 
 
 def test_run_compare_judges_a_fused_dynamic_range_model_by_the_rule(tmp_path):
+    from delegate_checks import planned_nodes
     from tflite_tools.fuse import fuse
+    from tflite_tools.model.reader import load
     from tflite_tools.run import run
 
     path = tmp_path / "m.tflite"
@@ -76,7 +78,8 @@ def test_run_compare_judges_a_fused_dynamic_range_model_by_the_rule(tmp_path):
     result = fuse(path, tmp_path / "out", cache_dir=tmp_path / "cache")
     outcome = run(result.model, result.library, options={"claim": "all"})
     assert outcome.ok, outcome.errors
-    assert outcome.claims["claimed_nodes"]  # the TANH / ADD blocks between the hybrid FCs
+    # Every node, the hybrid FULLY_CONNECTEDs with the TANH / ADD between them.
+    assert outcome.claims["claimed_nodes"] == planned_nodes(result) == list(range(len(load(result.model).main.operators)))
     deep, relu, dequantized = outcome.errors
     assert deep.rtol == hybrid_rtol(8) and deep.stock_max_abs is not None  # stock's error printed beside
     assert relu.rtol == dequantized.rtol == RTOL and relu.stock_max_abs is None

@@ -26,6 +26,7 @@ import pytest
 
 from conftest import MODELS, REPO
 from delegate_checks import mobilenet_logits, planned_nodes
+from tflite_tools import serialize
 from tflite_tools.fuse import fuse
 from tflite_tools.run import RTOL, RTOL_FP16
 
@@ -139,6 +140,26 @@ def test_a_wide_softmax_matches_litert(api, tmp_path):
     # Classifier heads are 1000 wide: with its exps inlined into the shared-memory partial sums,
     # Vulkan's kernel summed them wrong (and overran its buffers on lavapipe) from some width up.
     _one_op_matches_litert(api, tmp_path, "SOFTMAX", {"logits": [2, 1000]}, [2, 1000], beta=1.0)
+
+
+@pytest.mark.parametrize("api", ["opencl", "vulkan"])
+def test_a_hybrid_fully_connected_matches_litert_on_the_gpu(api, tmp_path):
+    # Symmetric input quantization (float32 steps) runs on the device; the asymmetric form forms its
+    # steps in double, which GPU targets lack: that block is left to TFLite with the reason.
+    from tflite_tools.model.builder import ModelBuilder, quantization
+
+    rng = np.random.default_rng(4)
+    b = ModelBuilder()
+    weights = b.const("w", rng.integers(-127, 128, (24, 32)).astype(np.int8), "int8",
+                      quant=quantization(rng.uniform(0.002, 0.02, 24), 0, axis=0))
+    b.output(b.op("FULLY_CONNECTED", [b.input("x", [3, 32]), weights, b.const("bias", rng.standard_normal(24))],
+                  [3, 24], dtype="float32", fusedActivationFunction="RELU"))
+    (output,) = _one_op_model_matches_litert(api, tmp_path, b)
+    assert output["max_rel"] <= 1e-5, output
+    b.graph.operators[0].options.asymmetricQuantizeInputs = True
+    (tmp_path / "asymmetric.tflite").write_bytes(serialize(b.build()))
+    result = fuse(tmp_path / "asymmetric.tflite", tmp_path / "asym", target=f"host-{api}", cache_dir=tmp_path / "k")
+    assert "double, which GPU targets lack" in result.kernels[0].skipped
 
 
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])

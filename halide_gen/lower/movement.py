@@ -249,6 +249,11 @@ def host_checked_indices(on: bool) -> Iterator[None]:
         _HOST_CHECKED.reset(token)
 
 
+def device_code() -> bool:
+    """True while lowering for a GPU target (host_checked_indices)."""
+    return _HOST_CHECKED.get()
+
+
 def checked_index(index: hl.Expr, size: int, op: str) -> hl.Expr:
     """An index read from data, as TFLite treats it: one outside [0, size) fails the invoke
     ("<op> index out of bounds", as LiteRT's kernels say) instead of reading a made-up row. The
@@ -256,7 +261,7 @@ def checked_index(index: hl.Expr, size: int, op: str) -> hl.Expr:
     device code (`host_checked_indices`) only the clamp: the caller has had the host check it
     (`index_operand`)."""
     index = hl.cast(hl.Int(32), index)
-    if _HOST_CHECKED.get():
+    if device_code():
         return hl.clamp(index, 0, size - 1)
     valid = hl.require((index >= 0) & (index < size), index, hl.Expr(f"{op} index out of bounds: got"), index,
                        hl.Expr(f"for a dimension of {size}"))
@@ -268,7 +273,7 @@ def index_operand(ctx: OpContext, i: int, bounds: tuple[int, ...], op: str) -> V
     code the check moves to the host: a constant is checked here (LoweringError if TFLite would fail
     on it), a block input by the delegate before each invoke (ctx.index_checks); indices computed in
     the block are on the device, where nothing can check them, so the block stays with TFLite."""
-    if _HOST_CHECKED.get():
+    if device_code():
         t = ctx.op.inputs[i]
         if t.is_constant:
             values = ctx.const(i).reshape(-1, len(bounds)).astype(np.int64)

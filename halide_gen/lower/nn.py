@@ -42,7 +42,9 @@ class Arithmetic:
     source: Callable[[Value], Value]  # the data input as its terms read it
     term: Callable[[hl.Expr, hl.Expr], hl.Expr]  # (input element, weight) -> the summed product
     init: Callable[[hl.Expr], hl.Expr]  # the sum's start for output channel oc (the bias)
-    finish: Callable[[hl.Expr, hl.Expr], hl.Expr]  # (sum, output channel) -> output element
+    # (sum, output index in TFLite order: the channel last) -> output element. The whole index, as
+    # a dynamic-range sum is rescaled per row (lower/hybrid.py).
+    finish: Callable[[hl.Expr, tuple], hl.Expr]
     # Nonzero: the sum is taken over groups of this many consecutive input channels, one
     # dot-product lane each (int8 on ARM's sdot: quantized.py); the weights come packed for it
     # ("dot4") and the source, read as stored, is `fill` outside the map.
@@ -59,7 +61,7 @@ class Arithmetic:
 def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
     """Float32: operands as they are, the bias first, the fused activation last."""
     bias, act = channel_bias(ctx, bias_index), ctx.op.fused_activation
-    return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, oc: activation(acc, act))
+    return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, i: activation(acc, act))
 
 
 def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
@@ -182,7 +184,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r,
                      source=src.func, dot=arith.dot, source_stride=x.shape[3] * sw * x.type.bytes())
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 def narrow_input_dot(cin: int, groups: int, dilation_w: int) -> bool:
@@ -222,7 +224,7 @@ def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: 
         return arith.term(pixel, weight(r[0], r[1] / arith.dot, o, r[1] % arith.dot))
 
     acc = accumulate(ctx, out, lambda n_, y_, xx, o: arith.init(o), update, AccumulatorKind.CONV, r, dot=arith.dot)
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("CONV_3D")
@@ -256,7 +258,7 @@ def lower_conv3d(ctx: OpContext) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r, source=src.func,
                      source_stride=cin * strides[2] * x.type.bytes())
-    return _readable_past_last_channel(ctx, [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))])
+    return _readable_past_last_channel(ctx, [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))])
 
 
 @register("DEPTHWISE_CONV_2D")
@@ -310,7 +312,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.DEPTHWISE, r,
                      narrow=arith.paired_taps)
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("TRANSPOSE_CONV", shape_inputs=(0,))
@@ -354,7 +356,7 @@ def transpose_conv(ctx: OpContext, data: int, weights: int, geometry: tuple[tupl
         return hl.select(valid, term, hl.cast(term.type(), 0))
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r)
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("CONV_3D_TRANSPOSE", shape_inputs=(0,))
@@ -386,7 +388,7 @@ def lower_conv3d_transpose(ctx: OpContext) -> list[Value]:
         return hl.select(valid, term, hl.cast(term.type(), 0))
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r)
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("FULLY_CONNECTED")
@@ -420,7 +422,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.MATMUL, r,
                      source=x.func if direct else None, dot=arith.dot, source_stride=depth * x.type.bytes())
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i[-1]))]
+    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("BATCH_MATMUL")

@@ -110,6 +110,11 @@ def int8_rounding_forms(mode: str) -> Iterator[None]:
         _ROUNDING.reset(token)
 
 
+def unsigned_dot_products() -> bool:
+    """True where dot-product sums read unsigned activations (x86's forms: x86_integer_forms)."""
+    return _X86_FORMS.get()
+
+
 def _as_unsigned(ctx: OpContext, x: Value) -> Value:
     """int8 x as uint8 x + 128 (the sign bit flipped), read inline by the op's terms."""
     return define(ctx.func_name("u8"), x.shape,
@@ -411,13 +416,13 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
         float_scale = ctx.table(xnnpack_float_scales(in_scale, w_scales, out_scale), "scale",
                                 hl.Float(32))
 
-        def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
-            return float_requantize(acc, float_scale(oc), out_zp, lo, hi)
+        def finish(acc: hl.Expr, i) -> hl.Expr:
+            return float_requantize(acc, float_scale(i[-1]), out_zp, lo, hi)
     else:
         scaled = _fixed_point_scaling(ctx, in_scale, w_scales, out_scale, per_tensor_float_product)
 
-        def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
-            return to_int8(scaled(acc, oc), out_zp, lo, hi)
+        def finish(acc: hl.Expr, i) -> hl.Expr:
+            return to_int8(scaled(acc, i[-1]), out_zp, lo, hi)
 
     bias = channel_bias(ctx, bias_index, zero=hl.i32(0))
     # (Not without 64-bit integers: for Vulkan, Halide widened the paired sum through int64.)
@@ -430,7 +435,7 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
                           finish=finish, fill=in_zp, paired_taps=True)
     if dot and w_t.is_constant:
         sums = ctx.packed(weights, "channel_sums")
-        unsigned = _X86_FORMS.get()
+        unsigned = unsigned_dot_products()
         offset = in_zp + (128 if unsigned else 0)  # what the input is read as, less its real value
         return Arithmetic(
             source=(lambda x: _as_unsigned(ctx, x)) if unsigned else (lambda x: x),

@@ -87,8 +87,8 @@ def _arithmetic_16x8(ctx: OpContext, per_tensor_float_product: bool, reduced: bo
         m = ctx.table(mults, "mult")
         total = ctx.table([31 - s for s in shifts], "total", hl.Int(64))
 
-    def finish(acc: hl.Expr, oc: hl.Expr) -> hl.Expr:
-        return to_int16(multiply_rounded_once(acc, m(oc), total(oc)), lo, hi)
+    def finish(acc: hl.Expr, i) -> hl.Expr:
+        return to_int16(multiply_rounded_once(acc, m(i[-1]), total(i[-1])), lo, hi)
 
     return Arithmetic(
         source=lambda x: x,

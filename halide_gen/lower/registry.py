@@ -15,6 +15,7 @@ import halide as hl
 import numpy as np
 
 from tflite_tools.model.fingerprint import constant_text
+from tflite_tools.model.hybrid import is_hybrid
 from tflite_tools.model.ir import Operator, Tensor
 
 from ..values import Value, dim_vars, halide_type
@@ -197,9 +198,12 @@ LOWERINGS: dict[str, Lowering] = {}
 # ("16x8", quantized16.py), whose kernels sum and rescale in 64 bits.
 QUANTIZED_LOWERINGS: dict[str, Lowering] = {}
 QUANTIZED16_LOWERINGS: dict[str, Lowering] = {}
-TABLES = {"float": LOWERINGS, "int8": QUANTIZED_LOWERINGS, "int16": QUANTIZED16_LOWERINGS}
+# Float ops reading int8 constant weights (dynamic-range quantization, hybrid.py) quantize their
+# input as they run: neither arithmetic above.
+HYBRID_LOWERINGS: dict[str, Lowering] = {}
+TABLES = {"float": LOWERINGS, "int8": QUANTIZED_LOWERINGS, "int16": QUANTIZED16_LOWERINGS, "hybrid": HYBRID_LOWERINGS}
 # (table kind, op name) -> the inputs its lowering reads at compile time (OpContext.const): the
-# kinds are "float", "int8" and "int16", as lower() chooses a table.
+# kinds are "float", "int8", "int16" and "hybrid", as lower() chooses a table.
 COMPILE_TIME_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {}
 # The same keys -> the constant inputs whose values the output shapes already fix (a RESHAPE's new
 # shape): neither read nor passed. Every other constant input is a kernel argument.
@@ -215,13 +219,13 @@ MOVEMENT = {"RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "SLICE", "STRIDED_
             "PAD", "PADV2", "RESIZE_NEAREST_NEIGHBOR", "TILE", "BROADCAST_TO", "DYNAMIC_UPDATE_SLICE"}
 
 
-def register(*names: str, quantized: bool = False, int16: bool = False, compile_time: tuple[int, ...] = (),
-             shape_inputs: tuple[int, ...] = ()) -> Callable[[Lowering], Lowering]:
+def register(*names: str, quantized: bool = False, int16: bool = False, hybrid: bool = False,
+             compile_time: tuple[int, ...] = (), shape_inputs: tuple[int, ...] = ()) -> Callable[[Lowering], Lowering]:
     """Registers a lowering for one or more TFLite builtins (on int8 tensors if `quantized`, on
-    int16 activations if `int16`). `compile_time` names the inputs it may read while it builds the
+    int16 activations if `int16`, on a float input with int8 constant weights if `hybrid`). `compile_time` names the inputs it may read while it builds the
     kernel (OpContext.const, const_property), `shape_inputs` those the output shapes fix; every other
     constant reaches the kernel as an argument (tests/test_kernel_identity.py checks all three)."""
-    kind = "int16" if int16 else "int8" if quantized else "float"
+    kind = "hybrid" if hybrid else "int16" if int16 else "int8" if quantized else "float"
     table = TABLES[kind]
 
     def add(fn: Lowering) -> Lowering:
@@ -255,7 +259,11 @@ def lower(ctx: OpContext) -> list[Value]:
     # QUANTIZE between int8 scales requantizes (quantized.py), one to or from int16 too (quantized16.py).
     edge = ctx.op.name == "DEQUANTIZE" or (ctx.op.name == "QUANTIZE" and ctx.op.inputs[0].type_name not in ("INT8", "INT16"))
     quantized = [] if edge else quantized_tensors(ctx)
-    if quantized:
+    if is_hybrid(ctx.op):
+        fn, kind = HYBRID_LOWERINGS.get(ctx.op.name), "hybrid"
+        if fn is None:
+            raise LoweringError(f"no Halide lowering for a dynamic-range (hybrid) {ctx.op.name}")
+    elif quantized:
         types = {t.type_name for t in quantized}
         # int16 activations with int8 weights, or a requantization between int8 and int16.
         mixed_16x8 = ctx.op.name == "QUANTIZE" or any(t.type_name == "INT16" for t in quantized if not t.is_constant)

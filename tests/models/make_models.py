@@ -414,6 +414,14 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     write("image_ops_16x8", full_integer(images16, lambda rng: [rng.uniform(-1, 1, (1, 16, 16, 3)).astype(np.float32)],
                                          int16=True))
 
+    # The transformer encoder under dynamic-range quantization (Optimize.DEFAULT, no representative
+    # data): int8 weights, per channel, beside float activations, each FULLY_CONNECTED quantizing its
+    # input per row as it runs (asymmetric_quantize_inputs).
+    write("transformer_encoder_dynamic_range", from_keras(encoder, optimizations=[tf.lite.Optimize.DEFAULT]))
+    # MobileNetV2 the same way: CONV_2D and DEPTHWISE_CONV_2D with per-channel int8 weights quantize
+    # each input image (asymmetric) as they run.
+    write("mobilenet_v2_035_96_dynamic_range", from_keras(mobilenet, optimizations=[tf.lite.Optimize.DEFAULT]))
+
     # A decoder's signatures, as generative models ship: prefill at two lengths and a one-token decode,
     # sharing weights: RMSNorm (MUL/MEAN/RSQRT), FULLY_CONNECTED with a fused RELU, SiLU, a residual.
     class Decoder(tf.Module):

@@ -1,0 +1,214 @@
+"""Dynamic-range ("hybrid") FULLY_CONNECTED, CONV_2D and DEPTHWISE_CONV_2D: int8 constant weights
+beside a float activation, as TFLite's hybrid kernels compute them.
+
+The activation is quantized when the kernel runs, per row (FULLY_CONNECTED: its innermost axis) or
+per image (the convolutions: a batch element):
+
+- symmetric (FULLY_CONNECTED by default; a convolution with one weight scale): in steps of
+  max|row| / 127, each element rounded half away from zero and clamped to [-127, 127]
+  (tensor_utils::SymmetricQuantizeFloats);
+- asymmetric (FULLY_CONNECTED's `asymmetric_quantize_inputs`, which converters set; a convolution
+  with a scale per channel): in steps of (max(row, 0) - min(row, 0)) / 255 about a zero point
+  nudged onto [-128, 127], formed in double as TFLite forms them (AsymmetricQuantizeFloats), which
+  keeps them off the GPU targets.
+
+The int8 products are summed in int32 — FULLY_CONNECTED with the int8 path's dot-product loops
+(VNNI on x86, SDOT on ARM), the zero point's share (zero point x the weights' row sum) taken off
+after; a convolution centred on the zero point, so padding adds nothing — and each sum is rescaled
+to float as bias + sum * (row step * weight scale), then activated. The quantization is TFLite's to
+the bit; how far two implementations that round it differently may drift is the dynamic-range rule
+of `run --compare` (tflite_tools/model/hybrid.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import halide as hl
+import numpy as np
+
+from ..pack import DOT_DEPTH
+from ..values import Value, define, flat_index, unflatten
+from .elementwise import activation, round_half_away
+from .movement import device_code
+from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
+from .quantized import INT8_MAX, INT8_MIN, int8_weight_scales, unsigned_dot_products
+from .reduce import row_reduce
+from .registry import LoweringError, OpContext, register
+
+Row = Callable[[list[hl.Expr]], hl.Expr]  # a per-row quantity as a function of the row's index
+Element = Callable[[list[hl.Expr], hl.Expr], hl.Expr]  # (row, k) -> the row's k-th value
+
+
+class RowQuantization(NamedTuple):
+    """How each row of an input is quantized: its step, the step's inverse, its zero point."""
+
+    step: Row
+    inverse: Row
+    zero_point: Row
+    lowest: int  # the smallest quantized value: -127 symmetric, -128 asymmetric
+
+
+def _per_row(ctx: OpContext, name: str, rows: tuple[int, ...], body: Row) -> Row:
+    """A per-row quantity computed once per row into a buffer (not once per element reading it)."""
+    value = define(ctx.func_name(name), tuple(rows) + (1,), lambda *i: body(list(i[:-1])))
+    ctx.materialize.append(value)
+    return lambda row: value.at(list(row) + [hl.Expr(0)])
+
+
+def _reduced(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, element: Element, reducer) -> Row:
+    total = row_reduce(ctx, name, rows, depth, element, reducer)
+    ctx.materialize.append(total)
+    return lambda row: total.at(list(row) + [hl.Expr(0)])
+
+
+def symmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Element) -> RowQuantization:
+    """Steps of max|row| / 127 and no zero point, as SymmetricQuantizeFloats (a row of zeros: step 1)."""
+    peak = _reduced(ctx, "absmax", rows, depth, lambda row, k: hl.abs(element(row, k)), hl.maximum)
+    step = _per_row(ctx, "step", rows, lambda row: hl.select(peak(row) == 0, hl.f32(1), peak(row) / hl.f32(INT8_MAX)))
+    inverse = _per_row(ctx, "inverse", rows,
+                       lambda row: hl.select(peak(row) == 0, hl.f32(0), hl.f32(INT8_MAX) / peak(row)))
+    return RowQuantization(step, inverse, lambda row: hl.i32(0), -INT8_MAX)
+
+
+def asymmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Element) -> RowQuantization:
+    """Steps of (max(row, 0) - min(row, 0)) / 255 about a nudged zero point, formed in double as
+    AsymmetricQuantizeFloats forms them (a row of zeros: step 1, zero point 0)."""
+    if device_code():
+        raise LoweringError(f"dynamic-range {ctx.op.name} with asymmetric input quantization: its steps are formed "
+                            "in double, which GPU targets lack")
+    low = _reduced(ctx, "min", rows, depth, element, hl.minimum)
+    high = _reduced(ctx, "max", rows, depth, element, hl.maximum)
+    qmin, qmax = hl.f64(INT8_MIN), hl.f64(INT8_MAX)
+
+    def rmin(row):
+        return hl.cast(hl.Float(64), hl.min(hl.f32(0), low(row)))
+
+    def rmax(row):
+        return hl.cast(hl.Float(64), hl.max(hl.f32(0), high(row)))
+
+    def scale(row):
+        return (rmax(row) - rmin(row)) / (qmax - qmin)
+
+    def zero_point(row):
+        below, above = rmin(row) / scale(row), rmax(row) / scale(row)
+        # The zero point from whichever end loses less to rounding, nudged onto the int8 range.
+        chosen = hl.select(hl.abs(qmin) + hl.abs(below) < hl.abs(qmax) + hl.abs(above), qmin - below, qmax - above)
+        nudged = hl.select(chosen <= qmin, qmin, chosen >= qmax, qmax, round_half_away(chosen))
+        return hl.select(rmin(row) == rmax(row), hl.i32(0), hl.cast(hl.Int(32), nudged))
+
+    step = _per_row(ctx, "step", rows,
+                    lambda row: hl.select(rmin(row) == rmax(row), hl.f32(1), hl.cast(hl.Float(32), scale(row))))
+    inverse = _per_row(ctx, "inverse", rows, lambda row: hl.f32(1) / step(row))
+    return RowQuantization(step, inverse, _per_row(ctx, "zero_point", rows, zero_point), INT8_MIN)
+
+
+def quantized(quantization: RowQuantization, value: hl.Expr, row: list[hl.Expr]) -> hl.Expr:
+    """One element as TFLite quantizes it in its row: round(zero point + value / step), rounded half
+    away from zero (TfLiteRound), clamped to the int8 range; int32."""
+    q = quantization
+    scaled = hl.cast(hl.Float(32), q.zero_point(row)) + value * q.inverse(row)
+    return hl.clamp(hl.cast(hl.Int(32), round_half_away(scaled)), q.lowest, INT8_MAX)
+
+
+def _weights_scale(ctx: OpContext, i: int) -> Callable[[hl.Expr], hl.Expr]:
+    """The int8 constant weights' scale per output channel; LoweringError for weights a hybrid
+    kernel cannot take."""
+    t = ctx.op.inputs[i]
+    if not t.is_constant:
+        raise LoweringError(f"dynamic-range {ctx.op.name} with weights computed at run time")
+    bias = ctx.op.inputs[2] if len(ctx.op.inputs) > 2 else None
+    if bias is not None and bias.type_name != "FLOAT32":
+        raise LoweringError(f"dynamic-range {ctx.op.name} with a {bias.type_name} bias")
+    return ctx.table(int8_weight_scales(ctx, t), "w_scale", hl.Float(32))
+
+
+def _rescaled(ctx: OpContext, step: Row, w_scale, row_of: Callable[[tuple], list[hl.Expr]],
+              correction: Callable[[list[hl.Expr], hl.Expr], hl.Expr] | None = None):
+    """`finish` of a hybrid sum: bias + (sum - correction) * (row step * weight scale), activated."""
+    bias, act = channel_bias(ctx, 2), ctx.op.fused_activation
+
+    def finish(acc: hl.Expr, i) -> hl.Expr:
+        row, oc = row_of(i), i[-1]
+        total = acc - correction(row, oc) if correction is not None else acc
+        return activation(bias(oc) + hl.cast(hl.Float(32), total) * (step(row) * w_scale(oc)), act)
+
+    return finish
+
+
+@register("FULLY_CONNECTED", hybrid=True)
+def lower_fully_connected_hybrid(ctx: OpContext) -> list[Value]:
+    """FULLY_CONNECTED of a float input and int8 constant weights (per tensor or per channel), as
+    TFLite's hybrid kernel: each input row quantized (asymmetric_quantize_inputs says how), the
+    sums in the int8 path's dot-product loops, the zero point's share (zero point x the weights'
+    row sum) taken off."""
+    w_scale = _weights_scale(ctx, 1)
+    units, depth = ctx.op.inputs[1].shape
+    x = ctx.value(0)
+    if x.shape[-1] != depth:
+        raise LoweringError("dynamic-range FULLY_CONNECTED whose input rows are not its innermost axis")
+    form = asymmetric if bool(ctx.option("asymmetricQuantizeInputs", False)) else symmetric
+    rows = x.shape[:-1]
+    q = form(ctx, rows, depth, lambda row, k: x.at(row + [k]))
+    dot = depth % DOT_DEPTH == 0
+    unsigned = dot and unsigned_dot_products()
+    shift = 128 if unsigned else 0  # VNNI multiplies unsigned activations: q + 128 as uint8
+    read_as = hl.UInt(8) if unsigned else hl.Int(8)
+    source = define(ctx.func_name("quantized"), x.shape,
+                    lambda *i: hl.cast(read_as, quantized(q, x(*i), list(i[:-1])) + shift))
+    sums = ctx.packed(1, "channel_sums")
+    out = ctx.out_shape()
+
+    def row_of(i) -> list[hl.Expr]:
+        if tuple(out[:-1]) == tuple(rows):
+            return list(i[:-1])
+        return unflatten(rows, flat_index(out[:-1], i[:-1]))
+
+    finish = _rescaled(ctx, q.step, w_scale, row_of,
+                       (lambda row, oc: q.zero_point(row) * sums(oc)) if form is asymmetric else None)
+    if dot:
+        arith = Arithmetic(source=lambda _: source, term=lambda v, w: hl.cast(hl.Int(32), hl.widening_mul(v, w)),
+                           init=lambda oc: -hl.i32(shift) * sums(oc), finish=finish, dot=DOT_DEPTH, fill=shift,
+                           copy_source=True)
+    else:
+        arith = Arithmetic(source=lambda _: source,
+                           term=lambda v, w: hl.widening_mul(hl.cast(hl.Int(16), v), hl.cast(hl.Int(16), w)),
+                           init=lambda oc: hl.i32(0), finish=finish, copy_source=True)
+    return fully_connected(ctx, arith)
+
+
+def _image_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
+    """A hybrid convolution's arithmetic: the input quantized per image (a batch element), as TFLite's
+    EvalHybridPerChannel (asymmetric) or EvalHybrid (per-tensor weights: symmetric) quantizes it,
+    summed centred on its zero point (padding adds nothing), rescaled per image and channel."""
+    w_scale = _weights_scale(ctx, 1)
+    x = ctx.value(0)
+    image = tuple(x.shape[1:])
+    depth = int(np.prod(image))
+    form = asymmetric if per_channel_form else symmetric
+    q = form(ctx, x.shape[:1], depth, lambda row, k: x.at(row + unflatten(image, k)))
+    centred = define(ctx.func_name("centred"), x.shape,
+                     lambda *i: hl.cast(hl.Int(16), quantized(q, x(*i), [i[0]]) - q.zero_point([i[0]])))
+    return Arithmetic(source=lambda _: centred,
+                      term=lambda v, w: hl.widening_mul(v, hl.cast(hl.Int(16), w)),
+                      init=lambda oc: hl.i32(0), finish=_rescaled(ctx, q.step, w_scale, lambda i: [i[0]]),
+                      copy_source=True)
+
+
+def _per_channel(ctx: OpContext) -> bool:
+    scales = ctx.op.inputs[1].quantization.scale
+    return scales is not None and len(scales) > 1
+
+
+@register("CONV_2D", hybrid=True)
+def lower_conv2d_hybrid(ctx: OpContext) -> list[Value]:
+    """CONV_2D of a float input and int8 constant weights: the module docstring."""
+    return conv2d(ctx, _image_arithmetic(ctx, _per_channel(ctx)))
+
+
+@register("DEPTHWISE_CONV_2D", hybrid=True)
+def lower_depthwise_hybrid(ctx: OpContext) -> list[Value]:
+    """DEPTHWISE_CONV_2D of a float input and int8 constant weights: the module docstring."""
+    if not _per_channel(ctx):
+        raise LoweringError("dynamic-range DEPTHWISE_CONV_2D with one weight scale (TFLite takes one per channel)")
+    return depthwise(ctx, _image_arithmetic(ctx, True))

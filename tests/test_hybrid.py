@@ -1,0 +1,116 @@
+"""Dynamic-range ("hybrid") ops against LiteRT's reference kernels: a float input, int8 constant
+weights (per tensor or per channel), the input quantized per row as the kernel runs (symmetric or
+asymmetric), int32 sums rescaled to float. The quantization is TFLite's to the bit, so the outputs
+agree to float32 rounding of the rescale (opcheck.FLOAT_RTOL), in every integer form (x86's VNNI
+with unsigned activations, ARM's SDOT with signed ones) and without dot products (a depth that is
+no multiple of 4)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+import opcheck
+from halide_gen.lower.quantized import x86_integer_forms
+from tflite_tools.model.builder import ModelBuilder, quantization
+
+
+def _weights(rng, units: int, depth: int, per_channel: bool):
+    """int8 weights in [-127, 127] with their scales (one, or one per unit)."""
+    values = rng.integers(-127, 128, (units, depth)).astype(np.int8)
+    scales = rng.uniform(0.002, 0.02, units) if per_channel else [0.01]
+    return values, quantization(scales, 0, axis=0)
+
+
+def _fc_model(in_shape, units: int, *, per_channel: bool, asymmetric: bool, bias: bool = True,
+              activation: str = "NONE", keep_num_dims: bool = False):
+    rng = np.random.default_rng(units * 7 + in_shape[-1])
+    b = ModelBuilder()
+    x = b.input("x", list(in_shape))
+    values, q = _weights(rng, units, in_shape[-1], per_channel)
+    weights = b.const("w", values, "int8", quant=q)
+    bias_t = b.const("bias", rng.standard_normal(units).astype(np.float32)) if bias else None
+    rows = int(np.prod(in_shape[:-1]))
+    out = [*in_shape[:-1], units] if keep_num_dims else [rows, units]
+    b.output(b.op("FULLY_CONNECTED", [x, weights, bias_t], out, dtype="float32", keepNumDims=keep_num_dims,
+                  asymmetricQuantizeInputs=asymmetric, fusedActivationFunction=activation))
+    return b.build()
+
+
+def _inputs(shape):
+    # Rows of differing ranges, one all zero (its step is 1 by convention), and values that land
+    # on halves of a step, where rounding half away from zero and half to even differ.
+    def make(rng):
+        x = rng.standard_normal(shape).astype(np.float32) * rng.uniform(0.1, 4, shape[:-1] + (1,)).astype(np.float32)
+        flat = x.reshape(-1, shape[-1])
+        flat[0] = 0
+        if flat.shape[0] > 1:
+            flat[1] = np.round(flat[1] * 2) / 2 + 0.25
+            flat[1, 0] = 127 / 2  # the step is 0.5: every other element lies half a step from two
+        return [x]
+    return make
+
+
+FORMS = [pytest.param(x86, id="x86" if x86 else "arm") for x86 in (True, False)]
+
+
+@pytest.mark.parametrize("x86", FORMS)
+@pytest.mark.parametrize("per_channel, asymmetric", list(itertools.product([False, True], [False, True])))
+@pytest.mark.parametrize("depth", [32, 30])
+def test_hybrid_fully_connected(x86, per_channel, asymmetric, depth):
+    model = _fc_model((1, 5, depth), 24, per_channel=per_channel, asymmetric=asymmetric, keep_num_dims=True)
+    with x86_integer_forms(x86):
+        opcheck.compare(model, _inputs((1, 5, depth)), seeds=(0, 1))
+
+
+@pytest.mark.parametrize("asymmetric", [False, True])
+def test_hybrid_fully_connected_flattens_rows_and_fuses_its_activation(asymmetric):
+    model = _fc_model((2, 3, 16), 10, per_channel=True, asymmetric=asymmetric, bias=False, activation="RELU6")
+    opcheck.compare(model, _inputs((2, 3, 16)), seeds=(0, 1, 2))
+
+
+def _conv_model(op: str, in_shape, out_channels: int, kernel: int, *, per_channel: bool, stride: int = 1,
+                padding: str = "SAME", activation: str = "NONE"):
+    rng = np.random.default_rng(out_channels + kernel)
+    b = ModelBuilder()
+    x = b.input("x", list(in_shape))
+    n, h, w_, c = in_shape
+    if op == "CONV_2D":
+        shape, axis, options = (out_channels, kernel, kernel, c), 0, {}
+    else:
+        shape, axis, options = (1, kernel, kernel, out_channels), 3, {"depthMultiplier": out_channels // c}
+    values = rng.integers(-127, 128, shape).astype(np.int8)
+    scales = rng.uniform(0.002, 0.02, out_channels) if per_channel else [0.01]
+    weights = b.const("w", values, "int8", quant=quantization(scales, 0, axis=axis))
+    bias = b.const("bias", rng.standard_normal(out_channels).astype(np.float32))
+    size = (-(-h // stride), -(-w_ // stride)) if padding == "SAME" else ((h - kernel) // stride + 1,
+                                                                         (w_ - kernel) // stride + 1)
+    b.output(b.op(op, [x, weights, bias], [n, *size, out_channels], dtype="float32", padding=padding,
+                  strideH=stride, strideW=stride, fusedActivationFunction=activation, **options))
+    return b.build()
+
+
+def _images(shape):
+    def make(rng):
+        x = rng.standard_normal(shape).astype(np.float32) * rng.uniform(0.5, 3, (shape[0], 1, 1, 1)).astype(np.float32)
+        if shape[0] > 1:
+            x[1] = np.abs(x[1])  # an image with no negative values: its zero point sits at -128
+        return [x]
+    return make
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("stride, padding", [(1, "SAME"), (2, "SAME"), (1, "VALID")])
+def test_hybrid_conv2d(per_channel, stride, padding):
+    model = _conv_model("CONV_2D", (2, 9, 7, 5), 12, 3, per_channel=per_channel, stride=stride, padding=padding,
+                        activation="RELU")
+    opcheck.compare(model, _images((2, 9, 7, 5)), seeds=(0, 1))
+
+
+@pytest.mark.parametrize("multiplier", [1, 2])
+def test_hybrid_depthwise(multiplier):
+    # TFLite's hybrid depthwise takes per-channel weights only (its Prepare refuses one scale).
+    model = _conv_model("DEPTHWISE_CONV_2D", (2, 8, 6, 6), 6 * multiplier, 3, per_channel=True, stride=1)
+    opcheck.compare(model, _images((2, 8, 6, 6)), seeds=(0, 1))
