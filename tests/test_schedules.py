@@ -707,3 +707,35 @@ def test_a_conv_with_few_output_channels_runs_its_epilogue_on_vectors_of_pixels(
     stores = [line for line in stmt.read_text().splitlines() if line.strip().startswith(f"{out}[")]
     assert stores and all("interleave_vectors" in line for line in stores), stores
     assert check_model_blocks(model)
+
+
+# Rounding functions are one instruction from SSE4.1 on; only the x86-64 baseline sub-target (SSE2)
+# calls the C library for them.
+_ROUNDING_CALLS = {"floorf", "ceilf", "truncf", "roundf", "rintf", "nearbyintf"}
+
+
+@pytest.mark.parametrize("op, options", [("TANH", {}), ("LOGISTIC", {}), ("EXP", {}), ("LOG", {}), ("RSQRT", {}),
+                                         ("HARD_SWISH", {}), ("GELU", {"approximate": True}),
+                                         ("GELU", {"approximate": False}), ("FULLY_CONNECTED", {})])
+def test_transcendentals_are_vector_code_not_c_library_calls(op, options, tmp_path):
+    # A math-library call (tanhf) runs a lane at a time: the tanh-form GELU epilogue of an FC
+    # cost 7x the FC itself. (SIN and COS still call sinf / cosf: they run on positions, not in
+    # epilogues.) Per x86 sub-target, the calls the kernel makes besides Halide's runtime.
+    from halide_gen.aot import compile_kernel
+
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [4, 64])
+    if op == "FULLY_CONNECTED":  # with the tanh-form GELU epilogue
+        fc = b.op(op, [x, b.const("w", np.ones((32, 64), np.float32)), None], [4, 32])
+        b.output(b.op("GELU", [fc], [4, 32], approximate=True))
+    else:
+        b.output(b.op(op, [x], [4, 64], **options))
+    sg = b.build().main
+    art = compile_kernel(sg.operators, sg.outputs, "host", cache_dir=tmp_path, emit_asm=True)
+    listings = sorted(p for p in art.extra if p.suffix == ".s")
+    assert len(listings) > 1
+    for k, listing in enumerate(listings):
+        calls = {c.split("@")[0] for c in re.findall(r"\bcall[lq]?\s+\*?([A-Za-z_][\w@.]*)", listing.read_text())}
+        calls = {c for c in calls if not c.startswith("halide_")}
+        allowed = _ROUNDING_CALLS if k == len(listings) - 1 else set()  # the last: the x86-64 baseline
+        assert calls <= allowed, (listing.name, calls)

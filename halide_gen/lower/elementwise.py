@@ -106,7 +106,7 @@ def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
     half = hl.f32(0.5)
     if approximate:
         inner = hl.f32(math.sqrt(2.0 / math.pi)) * (x + hl.f32(0.044715) * x * x * x)
-        return ieee.keep_nan(x, half * x * (hl.f32(1) + hl.tanh(inner)))
+        return half * x * (hl.f32(1) + ieee.tanh(inner))
     # NaN carries through erf and the products: no test of x (3 instructions a vector on NEON).
     return half * x * (hl.f32(1) + erf(x, SQRT1_2))
 
@@ -134,7 +134,7 @@ UNARY = {
     "CEIL": hl.ceil,
     "ROUND": hl.round,  # TFLite ROUND rounds half to even, as Halide does
     "LOGISTIC": logistic,
-    "TANH": hl.tanh,
+    "TANH": ieee.tanh,
     "RELU": lambda x: ieee.at_least(x, 0),  # no upper bound: +inf stays +inf, as in TFLite
     "RELU6": lambda x: ieee.clamp(x, 0, 6),
     "RELU_N1_TO_1": lambda x: ieee.clamp(x, -1, 1),
