@@ -54,6 +54,7 @@ from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
 from .bench import benchmark
 from .model.atomic import load_json_table, save_json_table
 from .model.errors import ModelError, ToolchainError
+from .model.hybrid import is_hybrid
 from .model.fingerprint import METADATA_NAME, model_fingerprint, subgraph_fingerprint
 from .model.ir import Model, Subgraph
 from .model.reader import load
@@ -154,7 +155,9 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by kernel identity) and marks only faster ones
     profitable; otherwise every compiled float block of a CPU target counts as profitable, and
-    int8 blocks only on ARM with dot product; GPU targets' blocks do not (see _quantized).
+    int8 blocks only on ARM with dot product; GPU targets' blocks do not (see _quantized), nor do
+    blocks holding a dynamic-range op: XNNPACK's own dynamic quantization is faster on x86
+    (bench/RESULTS.md, "Dynamic-range models against XNNPACK's dynamic quantization").
     `debug_runtime` links Halide's debug runtime, which traces device copies and kernel launches
     (delegate log_level:verbose).
     `autoschedulers` times Halide's autoschedulers against the templates per block where the
@@ -344,7 +347,8 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
             record.ratio = timings.ratio(artifact.identity, block, ops, record.schedule)
             record.profitable = record.ratio < 1.0
         else:
-            record.profitable = job.spec.family != "gpu" and (job.spec.int8_claimed_unmeasured or not _quantized(ops))
+            record.profitable = (job.spec.family != "gpu" and not any(is_hybrid(op) for op in ops)
+                                 and (job.spec.int8_claimed_unmeasured or not _quantized(ops)))
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable,
                                   bound=lowered.bound))
     for name, why in claim_groups(sg.operators, blocks).items():
