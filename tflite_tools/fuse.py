@@ -292,10 +292,10 @@ def _compile_subgraph(job: _Job, model: Model, index: int, summary: PlanSummary)
 
 
 def _bundled(model: Model, graphs: list[_Graph]) -> list[BundleGraph]:
-    """The graphs the bundle holds: those with a kernel (a graph without blocks would only match
-    subgraphs that another graph's kernels could run)."""
+    """The graphs the bundle holds: those with a kernel, and the entry subgraph's always (the delegate
+    then says the model matched and nothing was claimed there, rather than that nothing matched)."""
     return [BundleGraph(g.index, g.name, model.subgraphs[g.index].tensors, model.subgraphs[g.index].operators,
-                        g.blocks) for g in graphs if g.blocks]
+                        g.blocks) for g in graphs if g.blocks or g.index == 0]
 
 
 def _withhold_indistinguishable(model: Model, graphs: list[_Graph]) -> None:

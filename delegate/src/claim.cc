@@ -265,12 +265,14 @@ bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph) {
 }
 
 // The bundle's graph for the subgraph in `context`: of those whose operators it has (CheckGraph),
-// the first whose tensor shapes agree too, else the first (its blocks are then declined one by one,
-// naming the tensor that differs). Any graph accepted here computes what this subgraph computes
+// the first with blocks whose tensor shapes agree too, else the first with blocks (they are then
+// declined one by one, naming the tensor that differs), else one without blocks (the entry
+// subgraph's, which claims nothing). Any graph accepted here computes what this subgraph computes
 // (fuse leaves out graphs another subgraph could be mistaken for: bundle.indistinguishable), so
 // the choice only decides which shapes' kernels run. Null, with the reason, when none matches.
 const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::string* why) {
   const GraphSpec* first = nullptr;
+  const GraphSpec* empty = nullptr;
   for (int g = 0; g < bundle.n_graphs; ++g) {
     const GraphSpec& graph = bundle.graphs[g];
     const std::string problem = CheckGraph(context, graph);
@@ -278,9 +280,14 @@ const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::
       if (bundle.n_graphs == 1) *why = problem;
       continue;
     }
+    if (graph.n_blocks == 0) {
+      if (empty == nullptr) empty = &graph;
+      continue;
+    }
     if (ShapesAgree(context, graph)) return &graph;
     if (first == nullptr) first = &graph;
   }
+  if (first == nullptr) first = empty;
   if (first == nullptr && bundle.n_graphs == 0) *why = "the bundle holds no kernel for any subgraph of the model";
   if (first == nullptr && bundle.n_graphs > 1) {
     *why = "this subgraph (" + std::to_string(context->tensors_size) + " tensors) is none of the " +
