@@ -54,8 +54,8 @@ from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
 from .bench import benchmark
 from .model.atomic import load_json_table, save_json_table
 from .model.errors import ModelError, ToolchainError
-from .model.hybrid import is_hybrid
 from .model.fingerprint import METADATA_NAME, model_fingerprint, subgraph_fingerprint
+from .model.hybrid import is_hybrid
 from .model.ir import Model, Subgraph
 from .model.reader import load
 from .model.writer import save
@@ -157,7 +157,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     profitable; otherwise every compiled float block of a CPU target counts as profitable, and
     int8 blocks only on ARM with dot product; GPU targets' blocks do not (see _quantized), nor do
     blocks holding a dynamic-range op: XNNPACK's own dynamic quantization is faster on x86
-    (bench/RESULTS.md, "Dynamic-range models against XNNPACK's dynamic quantization").
+    (bench/RESULTS.md, "Real-size corpus: speed").
     `debug_runtime` links Halide's debug runtime, which traces device copies and kernel launches
     (delegate log_level:verbose).
     `autoschedulers` times Halide's autoschedulers against the templates per block where the

@@ -253,13 +253,10 @@ const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index) {
 
 namespace {
 
-// True when every tensor the graph's blocks touch has the type and shape they were compiled for.
+// True when every tensor the graph's blocks touch is as they were compiled for (CheckTensor).
 bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph) {
   for (int i = 0; i < graph.n_tensor_specs; ++i) {
-    const TensorSpec& spec = graph.tensors[i];
-    if (static_cast<size_t>(spec.index) >= context->tensors_size) return false;
-    const TfLiteTensor& t = context->tensors[spec.index];
-    if (t.type != spec.type || !SameDims(t.dims, spec.rank, spec.dims)) return false;
+    if (!CheckTensor(context, graph, graph.tensors[i].index, /*constant=*/false).empty()) return false;
   }
   return true;
 }

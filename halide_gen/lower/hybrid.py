@@ -196,8 +196,8 @@ def _image_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
 
 
 def _per_channel(ctx: OpContext) -> bool:
-    scales = ctx.op.inputs[1].quantization.scale
-    return scales is not None and len(scales) > 1
+    q = ctx.op.inputs[1].quantization
+    return q is not None and q.scale is not None and len(q.scale) > 1
 
 
 @register("CONV_2D", hybrid=True)
