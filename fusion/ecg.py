@@ -84,8 +84,6 @@ def _opaque_reason(op: Operator, mapping: MappingType | None, run_time_sized: se
         return f"{op.name} has no mapping type (opaque)"
     tensors = [t for t in (*op.inputs, *op.outputs) if t is not None]
     for t in tensors:
-        if t.is_dynamic:
-            return f"dynamic shape on {t.name!r}"
         if id(t) in run_time_sized:
             return f"{t.name!r} is sized only when the model runs"
         if t.num_elements == 0:  # nothing to compute, and no memory a kernel could be handed

@@ -268,7 +268,7 @@ def _check_addressable(ops: Sequence[Operator]) -> None:
     that can only fail (Halide says "guaranteed to fail an assertion"), so it is no kernel."""
     for op in ops:
         for t in (*op.inputs, *op.outputs):
-            if t is None or t.is_dynamic:
+            if t is None:
                 continue
             if t.nbytes > MAX_BUFFER_BYTES:
                 raise LoweringError(f"{t.name!r} is {t.nbytes} bytes, over what a Halide buffer can address "
@@ -288,8 +288,6 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
             return kernel.values[id(t)]
         if id(t) in produced:
             raise LoweringError(f"{t.name!r} is read before the op that writes it")
-        if t.is_dynamic:
-            raise LoweringError(f"dynamic shape on {t.name!r}")
         key = (id(t), packing)
         if key not in params:
             rank = len(PACKERS[packing].shape(tuple(t.shape))) if packing else len(t.shape)

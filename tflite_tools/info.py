@@ -171,6 +171,7 @@ def format_info(info: dict[str, Any], source: str) -> str:
     if info["dynamic_tensors"]:
         shown = ", ".join(info["dynamic_tensors"][:5])
         more = f" and {len(info['dynamic_tensors']) - 5} more" if len(info["dynamic_tensors"]) > 5 else ""
-        flags.append(f"dynamic dimensions: {shown}{more} (the delegate declines these)")
+        flags.append(f"dynamic dimensions: {shown}{more} (kernels are compiled at the static shape, and at those "
+                     "`fuse --shape` names)")
     lines.append("flags: " + ("; ".join(flags) if flags else "none"))
     return "\n".join(lines)

@@ -61,8 +61,27 @@ TfLiteRegistration PartitionRegistration() {
   return reg;
 }
 
+// TFLite undoes a delegation (a resize of a graph that delegates made immutable) without clearing
+// the tensors it marked as each delegate's. When the delegates then claim other nodes than before
+// (a block declined at the new shapes goes to XNNPACK, or comes back from it), a claim of a node
+// writing a tensor marked for another delegate is refused and the model cannot be prepared at all.
+// With no delegated node left in the plan every mark is stale; cleared, claims set them again.
+void ClearStaleMarks(TfLiteContext* context) {
+  TfLiteIntArray* plan = nullptr;
+  if (context->GetExecutionPlan == nullptr || context->GetExecutionPlan(context, &plan) != kTfLiteOk) return;
+  for (int i = 0; i < plan->size; ++i) {
+    TfLiteNode* node = nullptr;
+    TfLiteRegistration* reg = nullptr;
+    if (context->GetNodeAndRegistration(context, plan->data[i], &node, &reg) != kTfLiteOk || node->delegate != nullptr) {
+      return;
+    }
+  }
+  for (size_t t = 0; t < context->tensors_size; ++t) context->tensors[t].delegate = nullptr;
+}
+
 TfLiteStatus DelegatePrepare(TfLiteContext* context, TfLiteDelegate* delegate) {
   DelegateState& state = *StateOf(delegate);
+  ClearStaleMarks(context);
   if (!state.options.claim_given) {
     state.options.claim = DefaultClaim(*state.bundle, KernelThreads(state.options, context->recommended_num_threads),
                                        state.options.claim);

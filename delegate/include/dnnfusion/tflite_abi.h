@@ -213,6 +213,7 @@ static_assert(offsetof(TfLiteTensor, dims) == 16, "TfLiteTensor::dims offset");
 static_assert(offsetof(TfLiteTensor, allocation_type) == 32, "TfLiteTensor::allocation_type offset");
 static_assert(offsetof(TfLiteTensor, bytes) == 40, "TfLiteTensor::bytes offset");
 static_assert(offsetof(TfLiteTensor, name) == 56, "TfLiteTensor::name offset");
+static_assert(offsetof(TfLiteTensor, delegate) == 64, "TfLiteTensor::delegate offset");
 static_assert(offsetof(TfLiteTensor, dims_signature) == 104, "TfLiteTensor::dims_signature offset");
 static_assert(sizeof(TfLiteNode) == 80, "TfLiteNode layout differs from TFLite's");
 static_assert(offsetof(TfLiteNode, user_data) == 32, "TfLiteNode::user_data offset");
