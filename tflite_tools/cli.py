@@ -50,6 +50,8 @@ def cmd_fuse(args: argparse.Namespace) -> int:
     """Rewrites and plans a model; without --plan-only also compiles and packages it into -o OUT."""
     if not args.plan_only and not args.out:
         raise ModelError("fuse: say where to write the delegate (-o OUT), or --plan-only to print the plan")
+    if args.plan_only and args.shape:
+        raise ModelError("fuse: --shape compiles kernels at other input shapes, which --plan-only does not")
     trace = (lambda line: print(f"[rewrite] {line}", file=sys.stderr)) if args.verbose else None
     cost = None
     if args.cost == "profile":
@@ -61,7 +63,7 @@ def cmd_fuse(args: argparse.Namespace) -> int:
             raise ModelError(str(exc)) from None
         result = fuse(args.model, args.out, target=target, fast_math=args.fast_math, measure=args.measure,
                       cost=cost, progress=_progress_printer(), debug_runtime=args.debug_runtime,
-                      autoschedulers=args.autoschedulers, emit_asm=args.emit_asm)
+                      autoschedulers=args.autoschedulers, emit_asm=args.emit_asm, shapes=args.shape)
         with_kernel = [k for k in result.kernels if k.kernel]
         print(f"{args.model}: {len(result.kernels)} blocks, {len(with_kernel)} with Halide kernels "
               f"({result.claimable_nodes} operators), {sum(k.profitable for k in result.kernels)} claimed by default; "
@@ -217,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="how int8 convolutions and matrix products requantize: as LiteRT's reference kernels, bit "
                            "for bit (default on ARM), or in float32 as XNNPACK does, within 1 LSB of them (default on "
                            "x86, where the fixed point costs 5x the instructions)")
+    fuse.add_argument("--shape", action="append", default=[], metavar="[SIGNATURE:]INPUT=DIMS[,INPUT=DIMS]",
+                      help="also compile the kernels at these input shapes (e.g. x=4x224x224x3), which the delegate "
+                           "runs when the model is resized to them; repeat for more")
     fuse.add_argument("--measure", action="store_true",
                       help="time every block against LiteRT+XNNPACK here; claim only faster ones by default")
     fuse.add_argument("--autoschedulers", action="store_true",

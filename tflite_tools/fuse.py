@@ -31,9 +31,9 @@ import re
 import shutil
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import halide as hl
 
@@ -58,7 +58,9 @@ from .model.fingerprint import METADATA_NAME, model_fingerprint, subgraph_finger
 from .model.hybrid import is_hybrid
 from .model.ir import Model, Subgraph
 from .model.reader import load
-from .model.writer import save
+from .model.variants import ShapeVariant, parse_variant, resolve, with_shapes
+from .model.writer import save, serialize
+from .runtime import tensor_shapes
 from .outdir import OutputFolder
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
@@ -72,6 +74,7 @@ class KernelRecord:
     ops: list[str]
     nodes: list[int]
     subgraph: int = 0  # the subgraph whose nodes these are
+    shapes: str | None = None  # the `--shape` variant it is compiled at (None: the model's own shapes)
     kernel: str | None = None  # the C entry point, when the block has a kernel
     cached: bool = False
     skipped: str | None = None  # why the block stays with TFLite
@@ -88,6 +91,17 @@ class SubgraphResult:
     name: str  # Model.subgraph_label: its blocks are named `<name>.block_NNN`
     summary: PlanSummary
     decoders: int = 0  # as FuseResult.decoders, for this subgraph
+
+
+@dataclass
+class VariantResult:
+    """A subgraph compiled again at other input shapes (`fuse --shape`): the delegate runs these
+    kernels when the model is resized to them."""
+
+    index: int  # the subgraph
+    name: str  # `<subgraph label>@<shapes>`: the claims report's subgraph_name when it runs
+    shapes: str  # as given to --shape
+    prefix: str  # its blocks' names start with it
 
 
 @dataclass
@@ -111,6 +125,7 @@ class FuseResult:
     # model.fused.tflite (SubgraphResult.decoders for the other subgraphs).
     decoders: int = 0
     subgraphs: list[SubgraphResult] = field(default_factory=list)  # the others, when the model has more
+    variants: list[VariantResult] = field(default_factory=list)  # one per --shape
     sizes: dict[str, int | None] = field(default_factory=dict)  # bytes: original_model, fused_model, library
 
     @property
@@ -151,7 +166,7 @@ def _set_metadata(model: Model, name: str, value: bytes) -> None:
 def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str = "host", fast_math: bool = False,
          measure: bool = False, cost: object | None = None, cache_dir: Path | None = None,
          progress: Progress | None = None, debug_runtime: bool = False,
-         autoschedulers: bool = False, emit_asm: bool = False) -> FuseResult:
+         autoschedulers: bool = False, emit_asm: bool = False, shapes: Sequence[str] = ()) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by kernel identity) and marks only faster ones
     profitable; otherwise every compiled float block of a CPU target counts as profitable, and
@@ -166,8 +181,11 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     is also timed under each claim policy (and XNNPACK alone) and the fastest becomes the delegate's
     default, so by default the fused model is never slower than LiteRT + XNNPACK here. Raises
     ModelError on input the compiler cannot take. `emit_asm` keeps every kernel's .s and .stmt in
-    OUT/asm/<block>/."""
+    OUT/asm/<block>/. `shapes` (`[SIGNATURE:]INPUT=DIMS[,...]`, tflite_tools.model.variants) names
+    input shapes to compile every block of that subgraph at too: the delegate runs those kernels when
+    the model is resized to them."""
     spec = _checked_target(target, measure, autoschedulers)
+    variants = [parse_variant(text) for text in shapes]
     start = time.perf_counter()
     model = load(model_path)
     if len(model.subgraphs) == 0:
@@ -179,11 +197,15 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         _check_room(staging, job.model_path)
         summaries = [plan_model(model, fast_math=fast_math, cost=cost, config=plan_config(spec), subgraph=i,
                                 prefix=block_prefix(model, i)) for i in range(len(model.subgraphs))]
-        job.blocks = sum(len(summary.plan.blocks) for summary in summaries)
-        graphs = [_compile_subgraph(job, model, i, summary) for i, summary in enumerate(summaries)]
+        shaped = _shaped_subgraphs(model, variants)
+        job.blocks = sum(len(summaries[v.index].plan.blocks) for v in shaped) + \
+            sum(len(summary.plan.blocks) for summary in summaries)
+        graphs = [g for i, summary in enumerate(summaries)
+                  for g in _compile_subgraph(job, model, i, summary, [v for v in shaped if v.index == i])]
         _withhold_indistinguishable(model, graphs)
+        own = [g for g in graphs if g.variant is None]
         fingerprint = model_fingerprint([subgraph_fingerprint(model.subgraphs[g.index], bound_constants(g.blocks))
-                                         for g in graphs])
+                                         for g in own])
         _set_metadata(model, METADATA_NAME, fingerprint.encode())
         library, claims = _package(job, model, fingerprint, graphs, staging.path)
         out = staging.out
@@ -196,7 +218,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             default_claim=claims.one_thread, default_claim_threaded=claims.threaded,
             whole_model_ms=claims.one_thread_ms, whole_model_ms_threaded=claims.threaded_ms,
             decoders=graphs[0].decoders, subgraphs=[SubgraphResult(g.index, g.name, g.summary, g.decoders)
-                                                    for g in graphs[1:]],
+                                                    for g in own[1:]],
+            variants=[VariantResult(g.index, g.name, g.variant.variant.text, g.variant.prefix) for g in graphs if g.variant],
             sizes=_sizes(job.model_path, staging.path / "model.fused.tflite", library))
         _write_plan(job, result, summaries[0], fingerprint, staging.path)
         staging.commit()
@@ -270,43 +293,101 @@ def block_prefix(model: Model, index: int) -> str:
 
 
 @dataclass
+class _Shaped:
+    """A subgraph at the input shapes one --shape names: every tensor's shape as LiteRT sizes it."""
+
+    variant: ShapeVariant
+    index: int  # the subgraph
+    shapes: list[tuple[int, ...]]  # by tensor index
+    prefix: str  # its blocks' names start with it
+
+
+def _shaped_subgraphs(model: Model, variants: Sequence[ShapeVariant]) -> list[_Shaped]:
+    """Each variant's subgraph and tensor shapes, from LiteRT run on the rewritten model (its tensors
+    are the ones the plans index); ModelError where a name is unknown or LiteRT refuses the shapes."""
+    if not variants:
+        return []
+    content = serialize(model)
+    shaped = []
+    for k, variant in enumerate(variants, 1):
+        index, inputs = resolve(model, variant)
+        try:
+            shapes = tensor_shapes(content, index, inputs)
+        except ModelError as exc:
+            raise ModelError(f"--shape {variant.text!r}: {exc}") from None
+        shaped.append(_Shaped(variant, index, shapes, f"{block_prefix(model, index)}shape{k}."))
+    return shaped
+
+
+@dataclass
 class _Graph:
-    """One subgraph as it goes through compiling and packaging."""
+    """One subgraph, or one of its shape variants, as it goes through compiling and packaging."""
 
     index: int
-    name: str  # Model.subgraph_label
+    name: str  # Model.subgraph_label, `@<shapes>` after it for a variant
     summary: PlanSummary
     records: list[KernelRecord]
     blocks: list[BundleBlock]  # those with a kernel
+    subgraph: Subgraph  # the model's, or a variant's copy at its shapes
+    variant: _Shaped | None = None
     decoders: int = 0  # stored-weight decoders restored at its front (_restore_stored_weights)
 
 
-def _compile_subgraph(job: _Job, model: Model, index: int, summary: PlanSummary) -> _Graph:
-    """Compiles subgraph `index`'s planned blocks, then puts its stored weights back."""
-    records, blocks = _compile_blocks(job, model.subgraphs[index], summary.plan.blocks)
-    for record in records:
-        record.subgraph = index
-    graph = _Graph(index, model.subgraph_label(index), summary, records, blocks)
-    graph.decoders = _restore_stored_weights(model.subgraphs[index], records, blocks)
-    return graph
+def _compile_subgraph(job: _Job, model: Model, index: int, summary: PlanSummary,
+                      shaped: Sequence[_Shaped]) -> list[_Graph]:
+    """Compiles subgraph `index`'s planned blocks, and again at each variant's shapes under the same
+    plan (so its nodes are the same), then puts the stored weights back in each."""
+    sg, label = model.subgraphs[index], model.subgraph_label(index)
+    graphs = [_Graph(index, label, summary, *_compile_blocks(job, sg, summary.plan.blocks), sg)]
+    for variant in shaped:
+        copy, copies = with_shapes(sg, variant.shapes)
+        blocks = [replace(b, name=variant.prefix + b.name.removeprefix(block_prefix(model, index)),
+                          outputs=[copies[id(t)] for t in b.outputs]) for b in summary.plan.blocks]
+        records, bundle_blocks = _compile_blocks(job, copy, blocks)
+        for record in records:
+            record.shapes = variant.variant.text
+        shapes = ",".join(f"{name.removeprefix(label + ':')}={'x'.join(map(str, dims))}"
+                          for name, dims in variant.variant.inputs)
+        graphs.append(_Graph(index, f"{label}@{shapes}", summary, records,
+                             bundle_blocks, copy, variant))
+    for graph in graphs:
+        for record in graph.records:
+            record.subgraph = index
+        graph.decoders = _restore_stored_weights(graph.subgraph, graph.records, graph.blocks)
+    for graph in graphs[1:]:
+        if _structure(graph.subgraph) != _structure(sg):  # the delegate would find other nodes there
+            _withhold(graph, "its copy at these shapes lost the subgraph's structure")
+    return graphs
+
+
+def _structure(sg: Subgraph) -> list[tuple]:
+    """What the bundle's node tables record of a subgraph: each node's operator and tensor indices."""
+    index = {id(t): i for i, t in enumerate(sg.tensors)}
+    return [(op.opcode.builtin, tuple(-1 if t is None else index.get(id(t), -2) for t in (*op.inputs, *op.outputs)))
+            for op in sg.operators] + [len(sg.tensors)]
+
+
+def _withhold(graph: _Graph, why: str) -> None:
+    """Leaves every block of `graph` to TFLite, saying why."""
+    for record in graph.records:
+        if record.kernel:
+            record.kernel, record.profitable, record.skipped = None, False, why
+    graph.blocks = []
 
 
 def _bundled(model: Model, graphs: list[_Graph]) -> list[BundleGraph]:
     """The graphs the bundle holds: those with a kernel, and the entry subgraph's always (the delegate
     then says the model matched and nothing was claimed there, rather than that nothing matched)."""
-    return [BundleGraph(g.index, g.name, model.subgraphs[g.index].tensors, model.subgraphs[g.index].operators,
-                        g.blocks) for g in graphs if g.blocks or g.index == 0]
+    return [BundleGraph(g.index, g.name, g.subgraph.tensors, g.subgraph.operators, g.blocks)
+            for g in graphs if g.blocks or (g.index == 0 and g.variant is None)]
 
 
 def _withhold_indistinguishable(model: Model, graphs: list[_Graph]) -> None:
     """Leaves to TFLite every block of a subgraph the delegate could mistake for another that
     computes something else (halide_gen.bundle.indistinguishable)."""
-    for index, why in indistinguishable(model.subgraphs, _bundled(model, graphs)).items():
-        graph = graphs[index]
-        for record in graph.records:
-            if record.kernel:
-                record.kernel, record.profitable, record.skipped = None, False, why
-        graph.blocks = []
+    withheld = indistinguishable(model.subgraphs, _bundled(model, graphs))
+    for graph in (g for g in graphs if g.index in withheld):
+        _withhold(graph, withheld[graph.index])
 
 
 def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], list[BundleBlock]]:
@@ -443,6 +524,7 @@ def _write_plan(job: _Job, result: FuseResult, summary, fingerprint: str, folder
             "decoders": result.decoders, "bytes": result.sizes, **summary.to_json(),
             "subgraphs": [{"index": s.index, "name": s.name, "decoders": s.decoders, **s.summary.to_json()}
                           for s in result.subgraphs],
+            "variants": [vars(v) for v in result.variants],
             "kernels": [vars(r) for r in result.kernels]}
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     (folder / "report.md").write_text(format_report(result, summary, str(job.model_path), job.spec.name))
@@ -580,6 +662,9 @@ def format_report(result: FuseResult, summary, source: str, target: str) -> str:
         f"profitable: {sum(k.profitable for k in result.kernels)}",
         *(["- Other subgraphs, planned and compiled too (their blocks are named `<subgraph>.block_NNN`): "
            + ", ".join(f"{s.index} `{s.name}`" for s in result.subgraphs)] if result.subgraphs else []),
+        *([f"- Compiled at other input shapes too (`--shape`; the delegate runs these kernels when the model is "
+           "resized to them): " + ", ".join(f"`{v.name}` (blocks `{v.prefix}block_NNN`)" for v in result.variants)]
+          if result.variants else []),
         f"- Delegate: `{result.library.name if result.library else 'android/arm64-v8a (build it with the NDK)'}`; "
         f"fused model: `model.fused.tflite`",
         f"- Size: {_size_line(result.sizes)}",

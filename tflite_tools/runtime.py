@@ -76,6 +76,30 @@ def make_interpreter(
     return interp
 
 
+def tensor_shapes(model: bytes, subgraph: int, inputs: dict[int, tuple[int, ...]]) -> list[tuple[int, ...] | None]:
+    """The shape of every tensor of subgraph `subgraph` (by index) once LiteRT has resized the inputs
+    given by tensor index to the dims given, and prepared the subgraph: LiteRT's own shape rules
+    (None for a tensor it left without one).
+    Raises ModelError, with LiteRT's reason, where it cannot run the model at those shapes."""
+    interp = Interpreter(model_content=bytes(model), experimental_op_resolver_type=RESOLVERS["builtin"])
+    wrapper = interp._interpreter  # the subgraph-indexed calls the signature runner uses
+    try:
+        for index, dims in inputs.items():
+            wrapper.ResizeInputTensor(index, np.array(dims, np.int32), False, subgraph)
+        wrapper.AllocateTensors(subgraph)
+    except (RuntimeError, ValueError) as exc:
+        raise ModelError(f"LiteRT cannot prepare the model at these shapes: {exc}") from None
+    return [_size(wrapper, k, subgraph) for k in range(wrapper.NumTensors(subgraph))]
+
+
+def _size(wrapper: Any, tensor: int, subgraph: int) -> tuple[int, ...] | None:
+    """A tensor's dims in a prepared subgraph; None where LiteRT gave it none (no node uses it)."""
+    try:
+        return tuple(int(d) for d in wrapper.TensorSize(tensor, subgraph))
+    except ValueError:
+        return None
+
+
 # Random integer inputs (other than quantized ones) lie in [0, SMALL_INTEGERS), under any table
 # they index (index_limits).
 SMALL_INTEGERS = 16

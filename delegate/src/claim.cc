@@ -117,11 +117,9 @@ std::string CheckTensor(TfLiteContext* context, const GraphSpec& graph, int inde
     return "tensor '" + name + "' has shape " + ShapeText(t.dims) + ", the kernel was compiled for " +
            SpecShapeText(spec->rank, spec->dims);
   }
-  if (t.dims_signature != nullptr) {
-    for (int i = 0; i < t.dims_signature->size; ++i) {
-      if (t.dims_signature->data[i] < 0) return "tensor '" + name + "' has a dynamic dimension";
-    }
-  }
+  // A dimension the signature leaves open (-1) is fine once TFLite has sized it (the dims checked
+  // above); a tensor its producer sizes only while the model runs is not.
+  if (t.allocation_type == kTfLiteDynamic) return "tensor '" + name + "' is sized only as the model runs";
   if (constant && !IsConstant(t)) return "tensor '" + name + "' is not a constant in this graph";
   if (constant && !AllFinite(t)) return "tensor '" + name + kNotFinite;
   return "";
@@ -206,22 +204,17 @@ std::string CheckBlock(TfLiteContext* context, const GraphSpec& graph, const Blo
       return "node " + std::to_string(spec.index) + " reads or writes other tensors than the kernel";
     }
   }
-  for (int k = 0; k < block.n_args; ++k) {
+  std::string why = BlockShapeProblem(context, graph, block);
+  for (int k = 0; why.empty() && k < block.n_args; ++k) {
     const ArgSpec& arg = graph.args[block.first_arg + k];
-    std::string why = CheckTensor(context, graph, arg.tensor, arg.source == ArgSource::kConstant);
-    if (why.empty() && arg.source == ArgSource::kDecoded) why = CheckStored(context, arg.stored);
-    if (why.empty() && arg.source == ArgSource::kConstant) {
+    if (arg.source == ArgSource::kDecoded) why = CheckStored(context, arg.stored);
+    if (arg.source == ArgSource::kConstant) {
       // Some packings hold only for some values (weights read at run time may differ from fuse's).
       const TfLiteTensor& t = context->tensors[arg.tensor];
       why = PackValueProblem(arg.pack, t.data.raw, t.bytes, t.type == kTfLiteInt8 ? 1 : 0);
     }
-    if (!why.empty()) return why;
   }
-  for (int k = 0; k < block.n_outputs; ++k) {
-    std::string why = CheckTensor(context, graph, graph.outputs[block.first_output + k], false);
-    if (!why.empty()) return why;
-  }
-  return "";
+  return why;
 }
 
 // Sets the claimed blocks, and the nodes the delegate replaces: theirs and their decoders.
@@ -242,6 +235,19 @@ void SetBlocks(const GraphSpec& graph, const std::vector<int>& blocks, Claim* cl
 std::string ShapeText(const TfLiteIntArray* dims) {
   if (dims == nullptr) return "[?]";
   return SpecShapeText(dims->size, dims->data);
+}
+
+std::string BlockShapeProblem(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block) {
+  for (int k = 0; k < block.n_args; ++k) {
+    const ArgSpec& arg = graph.args[block.first_arg + k];
+    std::string why = CheckTensor(context, graph, arg.tensor, arg.source == ArgSource::kConstant);
+    if (!why.empty()) return why;
+  }
+  for (int k = 0; k < block.n_outputs; ++k) {
+    std::string why = CheckTensor(context, graph, graph.outputs[block.first_output + k], false);
+    if (!why.empty()) return why;
+  }
+  return "";
 }
 
 const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index) {

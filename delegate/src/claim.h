@@ -51,6 +51,10 @@ void KeepBlocksWhole(TfLiteContext* context, Claim* claim);
 // The shape of tensor `t` as text, e.g. "[1,8,8,3]".
 std::string ShapeText(const TfLiteIntArray* dims);
 
+// Why a tensor block `block` reads or writes differs from the graph's spec (type, shape, a constant
+// that is not, a size known only as the model runs), or "" when none does.
+std::string BlockShapeProblem(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block);
+
 // The spec of tensor `index` in a graph of the bundle, or nullptr.
 const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index);
 

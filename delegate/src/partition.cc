@@ -121,6 +121,10 @@ Partition::Partition(TfLiteContext* context, DelegateState& state, const TfLiteD
 
 Partition::~Partition() {
   if (!state_.options.profile.empty()) WriteProfile();
+  FreeDeviceMemory();
+}
+
+void Partition::FreeDeviceMemory() {
   // Device allocations made by GPU kernels belong to the buffers; free them with the partition.
   for (Buffer& b : buffers_) {
     if (b.raw.device != 0 && b.raw.device_interface != nullptr) halide_device_free(nullptr, &b.raw);
@@ -327,6 +331,47 @@ std::string Partition::ShapeChange(TfLiteContext* context) const {
   return "";
 }
 
+const GraphSpec* Partition::GraphForShapes(TfLiteContext* context, std::vector<int>* blocks) const {
+  const Bundle& bundle = *state_.bundle;
+  for (int g = 0; g < bundle.n_graphs; ++g) {
+    const GraphSpec& other = bundle.graphs[g];
+    if (&other == graph_ || other.subgraph != graph_->subgraph) continue;
+    blocks->clear();
+    for (const Step& step : steps_) {
+      const BlockSpec& mine = graph_->blocks[step.block];
+      int found = -1;
+      for (int b = 0; b < other.n_blocks && found < 0; ++b) {
+        const BlockSpec& theirs = other.blocks[b];
+        bool same = theirs.n_nodes == mine.n_nodes;
+        for (int k = 0; same && k < mine.n_nodes; ++k) {
+          same = other.nodes[theirs.first_node + k].index == graph_->nodes[mine.first_node + k].index;
+        }
+        if (same && BlockShapeProblem(context, other, theirs).empty()) found = b;
+      }
+      if (found < 0) break;
+      blocks->push_back(found);
+    }
+    if (blocks->size() == steps_.size()) return &other;
+  }
+  return nullptr;
+}
+
+void Partition::Rebind(const GraphSpec& graph, const std::vector<int>& blocks) {
+  if (!state_.options.profile.empty()) WriteProfile();
+  FreeDeviceMemory();
+  graph_ = &graph;
+  steps_.clear();
+  for (int b : blocks) {
+    Step step;
+    step.block = b;
+    steps_.push_back(std::move(step));
+  }
+  buffers_.clear();
+  by_key_.clear();
+  arena_offset_.clear();
+  built_ = false;
+}
+
 TfLiteStatus Partition::Prepare(TfLiteContext* context) {
   if (!error_.empty()) return Fail(context, error_);
   if (!built_) {
@@ -344,12 +389,25 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
     return Fail(context, change + "; the kernels are compiled for static shapes and the partition holds custom op " +
                              custom_op_ + ", which TFLite may not run itself (re-run `tflite_tools fuse`)");
   }
+  // TFLite's own kernels size every tensor of the partition at the new shapes (its shape rules,
+  // not ours); a graph of the bundle compiled for exactly those shapes then takes over.
+  if (fallback_.Prepare(context) != kTfLiteOk) return kTfLiteError;
+  std::vector<int> blocks;
+  if (const GraphSpec* other = GraphForShapes(context, &blocks)) {
+    Log(LogLevel::kInfo, "a partition of %zu nodes runs the kernels of %s at its new shapes", nodes_.size(),
+        other->name);
+    Rebind(*other, blocks);
+    if (Build(context) != kTfLiteOk) return kTfLiteError;
+    built_ = true;
+    falling_back_ = false;
+    return decoders_.Prepare(context);
+  }
   if (!falling_back_) {
-    Log(LogLevel::kWarning, "a partition of %zu nodes runs TFLite's kernels: %s, and its kernels are compiled for "
-        "the shapes `tflite_tools fuse` saw", nodes_.size(), change.c_str());
+    Log(LogLevel::kWarning, "a partition of %zu nodes runs TFLite's kernels: %s, and no kernels of the bundle are "
+        "compiled for these shapes (`tflite_tools fuse --shape` adds some)", nodes_.size(), change.c_str());
   }
   falling_back_ = true;
-  return fallback_.Prepare(context);
+  return kTfLiteOk;
 }
 
 TfLiteStatus Partition::Invoke(TfLiteContext* context) {

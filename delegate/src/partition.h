@@ -37,9 +37,10 @@ class Partition {
   Partition& operator=(const Partition&) = delete;
 
   // Binds buffers, packs constants and plans the arena the first time; checks shapes every time
-  // (TFLite prepares a delegate kernel more than once, and again after a resize). Shapes the
-  // kernels were not built for hand the partition to TFLite's own kernels (tflite_fallback.h)
-  // until a resize brings them back.
+  // (TFLite prepares a delegate kernel more than once, and again after a resize). At shapes the
+  // kernels were not built for, the partition runs the kernels another graph of the bundle holds for
+  // them (GraphForShapes), or else hands itself to TFLite's own kernels (tflite_fallback.h) until a
+  // resize brings known shapes back.
   TfLiteStatus Prepare(TfLiteContext* context);
 
   // Runs every block of the partition (or TFLite's kernels for its nodes, after such a resize).
@@ -90,6 +91,13 @@ class Partition {
   TfLiteStatus Build(TfLiteContext* context);
   // "" when every tensor has the shape the kernels were built for; else which one differs.
   std::string ShapeChange(TfLiteContext* context) const;
+  // A graph of the bundle for this subgraph (a `fuse --shape` variant, or the model's own shapes
+  // again) holding this partition's blocks, node for node, at the shapes the tensors have now; null
+  // when none does.
+  const GraphSpec* GraphForShapes(TfLiteContext* context, std::vector<int>* blocks) const;
+  // Makes `graph`'s `blocks` the partition's steps; what was built for the old graph is dropped.
+  void Rebind(const GraphSpec& graph, const std::vector<int>& blocks);
+  void FreeDeviceMemory();
   void WriteProfile() const;
   // `stored_bytes`: the size of one element of `t` as TFLite holds it.
   bool PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const;

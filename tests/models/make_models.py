@@ -504,6 +504,35 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
         tf.saved_model.save(cached, saved, signatures=signatures)
         conv = tf.lite.TFLiteConverter.from_saved_model(saved, signature_keys=list(signatures))
         write("kv_cache_decoder", conv.convert())
+
+    # An encoder layer with open batch and sequence dimensions ([None, None, 32]), as Keras models
+    # convert without fixed shapes: the head reshapes take their shape from SHAPE of the input.
+    class OpenEncoder(tf.Module):
+        def __init__(self):
+            super().__init__()
+            rng = np.random.default_rng(13)
+            self.wq, self.wk, self.wv, self.wo = (
+                tf.constant(rng.standard_normal((32, 32)).astype(np.float32) * 0.2) for _ in range(4))
+            self.up = tf.constant(rng.standard_normal((32, 64)).astype(np.float32) * 0.2)
+            self.down = tf.constant(rng.standard_normal((64, 32)).astype(np.float32) * 0.2)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, None, 32], tf.float32)])
+        def __call__(self, x):
+            batch, tokens = tf.shape(x)[0], tf.shape(x)[1]
+
+            def heads(w):
+                return tf.transpose(tf.reshape(tf.matmul(x, w), [batch, tokens, 4, 8]), [0, 2, 1, 3])
+
+            scores = tf.matmul(heads(self.wq), heads(self.wk), transpose_b=True) / np.sqrt(8.0)
+            attended = tf.transpose(tf.matmul(tf.nn.softmax(scores), heads(self.wv)), [0, 2, 1, 3])
+            h = x + tf.matmul(tf.reshape(attended, [batch, tokens, 32]), self.wo)
+            mean, variance = tf.nn.moments(h, axes=[-1], keepdims=True)
+            h = (h - mean) * tf.math.rsqrt(variance + 1e-5)
+            return h + tf.matmul(tf.nn.gelu(tf.matmul(h, self.up)), self.down)
+
+    encoder = OpenEncoder()
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([encoder.__call__.get_concrete_function()], encoder)
+    write("encoder_open_shapes", conv.convert())
     return paths
 
 
