@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable
 
+from tflite_tools.model.hybrid import is_hybrid
 from tflite_tools.model.ir import Operator, Subgraph, Tensor
 from tflite_tools.model.shapes import sized_at_run_time
 
@@ -77,6 +78,13 @@ class ECG:
         return all(c in members for c in self.consumers.get(id(t), []))
 
 
+def _int4_weights(op: Operator, t: Tensor) -> bool:
+    """True for the INT4 constant weights of a dynamic-range FULLY_CONNECTED: the one op LiteRT's
+    kernels take them in (unpacked to int8, as the lowering reads them)."""
+    return (t.type_name == "INT4" and t.is_constant and op.name == "FULLY_CONNECTED" and len(op.inputs) > 1
+            and op.inputs[1] is t and is_hybrid(op))
+
+
 def _opaque_reason(op: Operator, mapping: MappingType | None, run_time_sized: set[int]) -> str | None:
     if mapping is None and op.opcode.is_custom:
         return f"custom op {op.opcode.custom_code}"
@@ -88,7 +96,7 @@ def _opaque_reason(op: Operator, mapping: MappingType | None, run_time_sized: se
             return f"{t.name!r} is sized only when the model runs"
         if t.num_elements == 0:  # nothing to compute, and no memory a kernel could be handed
             return f"{t.name!r} holds no elements"
-        if t.type_name not in FUSIBLE_TYPES:
+        if t.type_name not in FUSIBLE_TYPES and not _int4_weights(op, t):
             return f"{t.type_name} tensor {t.name!r}"
         if t.is_variable:
             return f"variable tensor {t.name!r}"

@@ -64,7 +64,8 @@ class Argument:
 
 def _packed_type(t: Tensor, packing: str | None) -> str:
     """The element type of `t` as a kernel argument packed by `packing` (TFLite's name)."""
-    return (PACKERS[packing].dtype if packing else None) or t.type_name
+    # INT4 weights reach kernels unpacked into int8 (Tensor.values; the delegate unpacks them too).
+    return (PACKERS[packing].dtype if packing else None) or ("INT8" if t.type_name == "INT4" else t.type_name)
 
 
 def _edge_clamped(arg: Argument) -> hl.Func:

@@ -110,7 +110,7 @@ TFLITE_TYPES = Enum("TfLiteType", "TFLite's tensor types (declared in tflite_abi
     Member("FLOAT32", "kTfLiteFloat32", 1), Member("INT32", "kTfLiteInt32", 2), Member("UINT8", "kTfLiteUInt8", 3),
     Member("INT64", "kTfLiteInt64", 4), Member("STRING", "kTfLiteString", 5), Member("BOOL", "kTfLiteBool", 6),
     Member("INT16", "kTfLiteInt16", 7), Member("COMPLEX64", "kTfLiteComplex64", 8), Member("INT8", "kTfLiteInt8", 9),
-    Member("FLOAT16", "kTfLiteFloat16", 10), Member("FLOAT64", "kTfLiteFloat64", 11),
+    Member("FLOAT16", "kTfLiteFloat16", 10), Member("FLOAT64", "kTfLiteFloat64", 11), Member("INT4", "kTfLiteInt4", 18),
 ), scoped=False)
 
 TENSOR_SPEC = Struct("TensorSpec", "A tensor as the model was compiled (TFLite order, outermost dimension first).", (

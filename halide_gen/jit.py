@@ -61,5 +61,5 @@ def argument_arrays(kernel: BlockKernel, feeds: dict[int, np.ndarray]) -> list[n
     """The arrays to pass for `kernel`'s arguments, in order, from a map of id(tensor) -> array;
     constants supply their own (packed) data. Any kernel of the same identity takes them: that is
     how a bundle runs one kernel for every block it serves."""
-    return [arg.data_from(arg.tensor.data if arg.tensor.is_constant else feeds[id(arg.tensor)])
+    return [arg.data_from(arg.tensor.values if arg.tensor.is_constant else feeds[id(arg.tensor)])
             for arg in kernel.arguments]

@@ -142,15 +142,18 @@ def test_a_wide_softmax_matches_litert(api, tmp_path):
     _one_op_matches_litert(api, tmp_path, "SOFTMAX", {"logits": [2, 1000]}, [2, 1000], beta=1.0)
 
 
+@pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])
-def test_a_hybrid_fully_connected_matches_litert_on_the_gpu(api, tmp_path):
+def test_a_hybrid_fully_connected_matches_litert_on_the_gpu(api, bits, tmp_path):
     # Symmetric input quantization (float32 steps) runs on the device; the asymmetric form forms its
-    # steps in double, which GPU targets lack: that block is left to TFLite with the reason.
+    # steps in double, which GPU targets lack: that block is left to TFLite with the reason. Int4
+    # weights are unpacked to int8 on the host when the partition binds them.
     from tflite_tools.model.builder import ModelBuilder, quantization
 
     rng = np.random.default_rng(4)
     b = ModelBuilder()
-    weights = b.const("w", rng.integers(-127, 128, (24, 32)).astype(np.int8), "int8",
+    high = 2 ** (bits - 1)
+    weights = b.const("w", rng.integers(-high + (bits == 8), high, (24, 32)).astype(np.int8), f"int{bits}",
                       quant=quantization(rng.uniform(0.002, 0.02, 24), 0, axis=0))
     b.output(b.op("FULLY_CONNECTED", [b.input("x", [3, 32]), weights, b.const("bias", rng.standard_normal(24))],
                   [3, 24], dtype="float32", fusedActivationFunction="RELU"))

@@ -14,23 +14,25 @@ import pytest
 
 import opcheck
 from halide_gen.lower.quantized import x86_integer_forms
+from tflite_tools import serialize
 from tflite_tools.model.builder import ModelBuilder, quantization
 
 
-def _weights(rng, units: int, depth: int, per_channel: bool):
-    """int8 weights in [-127, 127] with their scales (one, or one per unit)."""
-    values = rng.integers(-127, 128, (units, depth)).astype(np.int8)
+def _weights(rng, units: int, depth: int, per_channel: bool, bits: int = 8):
+    """int8 weights in [-127, 127] (int4: [-8, 7]) with their scales (one, or one per unit)."""
+    high = 2 ** (bits - 1)
+    values = rng.integers(1 - high if bits == 8 else -high, high, (units, depth)).astype(np.int8)
     scales = rng.uniform(0.002, 0.02, units) if per_channel else [0.01]
     return values, quantization(scales, 0, axis=0)
 
 
 def _fc_model(in_shape, units: int, *, per_channel: bool, asymmetric: bool, bias: bool = True,
-              activation: str = "NONE", keep_num_dims: bool = False):
+              activation: str = "NONE", keep_num_dims: bool = False, bits: int = 8):
     rng = np.random.default_rng(units * 7 + in_shape[-1])
     b = ModelBuilder()
     x = b.input("x", list(in_shape))
-    values, q = _weights(rng, units, in_shape[-1], per_channel)
-    weights = b.const("w", values, "int8", quant=q)
+    values, q = _weights(rng, units, in_shape[-1], per_channel, bits)
+    weights = b.const("w", values, f"int{bits}", quant=q)
     bias_t = b.const("bias", rng.standard_normal(units).astype(np.float32)) if bias else None
     rows = int(np.prod(in_shape[:-1]))
     out = [*in_shape[:-1], units] if keep_num_dims else [rows, units]
@@ -63,6 +65,25 @@ def test_hybrid_fully_connected(x86, per_channel, asymmetric, depth):
     model = _fc_model((1, 5, depth), 24, per_channel=per_channel, asymmetric=asymmetric, keep_num_dims=True)
     with x86_integer_forms(x86):
         opcheck.compare(model, _inputs((1, 5, depth)), seeds=(0, 1))
+
+
+@pytest.mark.parametrize("x86", FORMS)
+@pytest.mark.parametrize("per_channel, asymmetric", list(itertools.product([False, True], [False, True])))
+@pytest.mark.parametrize("depth", [32, 31])
+def test_hybrid_fully_connected_with_int4_weights(x86, per_channel, asymmetric, depth):
+    # INT4 weights, two a byte (an odd count leaves the last byte half used), which TFLite's kernels
+    # unpack to int8: the same arithmetic as int8 weights from there on.
+    model = _fc_model((1, 5, depth), 7, per_channel=per_channel, asymmetric=asymmetric, keep_num_dims=True, bits=4)
+    assert model.main.operators[0].inputs[1].type_name == "INT4"
+    with x86_integer_forms(x86):
+        opcheck.compare(model, _inputs((1, 5, depth)), seeds=(0, 1))
+
+
+def test_int4_values_unpack_as_tflite_packs_them():
+    from tflite_tools.model.schema import pack_int4, unpack_int4
+    values = np.array([-8, 7, -1, 0, 3], np.int8)
+    assert pack_int4(values).tolist() == [0x78, 0x0F, 0x03]  # the first element in the low nibble
+    assert unpack_int4(pack_int4(values), (5,)).tolist() == values.tolist()
 
 
 @pytest.mark.parametrize("asymmetric", [False, True])
@@ -114,3 +135,18 @@ def test_hybrid_depthwise(multiplier):
     # TFLite's hybrid depthwise takes per-channel weights only (its Prepare refuses one scale).
     model = _conv_model("DEPTHWISE_CONV_2D", (2, 8, 6, 6), 6 * multiplier, 3, per_channel=True, stride=1)
     opcheck.compare(model, _images((2, 8, 6, 6)), seeds=(0, 1))
+
+
+def test_int4_weights_quantized_per_block_are_left_to_tflite_with_the_reason(tmp_path):
+    # A scale per block of 32 input channels (BlockwiseQuantization): not TFLite's hybrid kernel's form.
+    from tflite_tools.fuse import fuse
+    from tflite_tools.model.schema import fb
+
+    model = _fc_model((1, 2, 64), 8, per_channel=True, asymmetric=True, bits=4)
+    q = model.main.operators[0].inputs[1].quantization
+    q.details_type, q.details = fb.QuantizationDetails.BlockwiseQuantization, fb.BlockwiseQuantizationT()
+    q.details.blockSize = 32
+    path = tmp_path / "blockwise.tflite"
+    path.write_bytes(serialize(model))
+    (record,) = fuse(path, tmp_path / "out", cache_dir=tmp_path / "k").kernels
+    assert record.kernel is None and "otherwise than per tensor or per channel" in record.skipped

@@ -31,6 +31,13 @@ bool PackDot4(const uint8_t* src, size_t o_count, size_t mid, size_t depth, uint
 
 }  // namespace
 
+void UnpackInt4(const uint8_t* packed, size_t count, int8_t* out) {
+  for (size_t i = 0; i < count; ++i) {
+    const int nibble = (packed[i / 2] >> (i % 2 ? 4 : 0)) & 0x0F;
+    out[i] = static_cast<int8_t>(nibble > 7 ? nibble - 16 : nibble);
+  }
+}
+
 bool PacksToInt32(Pack pack) { return pack == Pack::kChannelSums || pack == Pack::kTapSums; }
 
 std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t element_bytes) {

@@ -19,6 +19,9 @@ bool PacksToInt32(Pack pack);
 // in int16, which a weight of -128 can overflow.
 std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t element_bytes);
 
+// `count` INT4 elements as TFLite stores them (two a byte, the first in the low nibble) into int8.
+void UnpackInt4(const uint8_t* packed, size_t count, int8_t* out);
+
 // Writes `src` (TFLite layout, `src_dims`) packed as `pack` into `dst` (`dst_dims`, zero-filled
 // padding); `element_bytes` is the size of one element of `src`. Returns false for an unknown
 // packing or shapes that do not fit together.

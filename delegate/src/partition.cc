@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "claim.h"
 #include "denormals.h"
@@ -30,6 +31,7 @@ bool HalideType(int tflite_type, halide_type_t* out) {
     case kTfLiteInt8: *out = halide_type_t(halide_type_int, 8); return true;
     case kTfLiteUInt8: *out = halide_type_t(halide_type_uint, 8); return true;
     case kTfLiteBool: *out = halide_type_t(halide_type_uint, 8); return true;  // kernels store BOOL as u8
+    case kTfLiteInt4: *out = halide_type_t(halide_type_int, 8); return true;   // unpacked (PackWeight)
     default: return false;
   }
 }
@@ -180,7 +182,7 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   if (PacksToInt32(static_cast<Pack>(pack))) b.raw.type = halide_type_t(halide_type_int, 32);
   b.pack = pack;
   if (role == Role::kInternal) b.arena_offset = arena_offset_.at(tensor);
-  if (pack != static_cast<int>(Pack::kNone)) {
+  if (pack != static_cast<int>(Pack::kNone) || t.type == kTfLiteInt4) {  // int4 weights: an unpacked copy
     b.packed.resize(b.raw.size_in_bytes());
     b.packed_dims = dims;
     b.raw.host = b.packed.data();
@@ -219,8 +221,22 @@ Partition::Buffer* Partition::ScratchBuffer(const ScratchSpec& spec, std::string
 
 bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const {
   const TensorSpec* spec = FindTensorSpec(*graph_, b.tensor);
-  return spec != nullptr && t.data.raw != nullptr &&
-         PackConstant(static_cast<Pack>(b.pack), t.data.raw, spec->dims, spec->rank, b.packed.data(), b.packed_dims,
+  if (spec == nullptr || t.data.raw == nullptr) return false;
+  const void* values = t.data.raw;
+  std::vector<int8_t> unpacked;
+  if (t.type == kTfLiteInt4) {  // kernels read int8: unpacked as TFLite's kernels unpack them
+    size_t count = 1;
+    for (int d = 0; d < spec->rank; ++d) count *= static_cast<size_t>(spec->dims[d]);
+    if (t.bytes < (count + 1) / 2) return false;
+    unpacked.resize(count);
+    UnpackInt4(reinterpret_cast<const uint8_t*>(t.data.raw), count, unpacked.data());
+    if (b.pack == static_cast<int>(Pack::kNone)) {
+      std::memcpy(b.packed.data(), unpacked.data(), std::min(count, b.packed.size()));
+      return b.packed.size() == count;
+    }
+    values = unpacked.data();
+  }
+  return PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, b.packed.data(), b.packed_dims,
                       b.raw.dimensions, stored_bytes);
 }
 

@@ -117,7 +117,7 @@ class OpContext:
         t = self.op.inputs[i] if i < len(self.op.inputs) else None
         if t is None or t.data is None:
             raise LoweringError(f"{self.op.name}: input {i} must be a constant")
-        return np.asarray(t.data)
+        return np.asarray(t.values)
 
     def _bind(self, i: int, text: str) -> None:
         self.bound[i] = text if self.bound.get(i, text) == text else f"{self.bound[i]};{text}"

@@ -125,6 +125,23 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         b.output(y, tiled)
         return b.build()
 
+    def int4_mlp():
+        # A decoder's MLP with int4 weights, as current LLM converters write them (dynamic range: float
+        # activations, each row quantized as the kernel runs): per-channel up projection with
+        # asymmetric inputs and a fused RELU, per-tensor down projection with symmetric ones, an odd
+        # element count (the last byte half used), a residual ADD.
+        own = np.random.default_rng(44)
+        b = ModelBuilder()
+        x = b.input("x", [1, 6, 32])
+        up = b.const("up", own.integers(-8, 8, (45, 32)), "int4",
+                     quant=quantization(own.uniform(0.01, 0.05, 45), 0, axis=0))
+        h = b.op("FULLY_CONNECTED", [x, up, b.const("up_bias", own.standard_normal(45).astype(np.float32))],
+                 [1, 6, 45], keep_num_dims=True, asymmetric_quantize_inputs=True, fused_activation_function="RELU")
+        down = b.const("down", own.integers(-8, 8, (32, 45)), "int4", quant=quantization(0.03, 0))
+        y = b.op("FULLY_CONNECTED", [h, down, None], [1, 6, 32], keep_num_dims=True)
+        b.output(b.op("ADD", [x, y], [1, 6, 32]))
+        return b.build()
+
     def zero_size():
         # A tensor of no elements: LiteRT runs the model; no kernel is built for it.
         b = ModelBuilder()
@@ -188,6 +205,7 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         "segment_embeddings": segment_embeddings,
         "video_cnn": video_cnn,
         "custom_op": custom_op,
+        "int4_mlp": int4_mlp,
     }
 
 

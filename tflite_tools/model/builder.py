@@ -101,7 +101,13 @@ class ModelBuilder:
         return t
 
     def const(self, name: str, value: Any, dtype: DType | None = None, quant: Quantization | None = None) -> Tensor:
-        """A new constant holding `value` (converted to `dtype` if given)."""
+        """A new constant holding `value` (converted to `dtype` if given; "int4" values in [-8, 7]
+        are stored packed, two a byte)."""
+        if dtype is not None and tensor_type(dtype) == fb.TensorType.INT4:
+            values = np.asarray(value)
+            t = self.tensor(name, values.shape, dtype, quant)
+            t.data = schema.pack_int4(values)
+            return t
         arr = np.asarray(value) if dtype is None else np.asarray(value, dtype=schema.NUMPY_DTYPES[tensor_type(dtype)])
         if arr.dtype == np.float64 and dtype is None:
             arr = arr.astype(np.float32)  # TFLite models are float32 unless asked otherwise

@@ -14,6 +14,8 @@ from __future__ import annotations
 from .ir import Operator, Subgraph
 from .schema import fb
 
+# Weight types of dynamic-range ops: int8, and int4 (two a byte), which TFLite unpacks to int8.
+WEIGHT_TYPES = (fb.TensorType.INT8, fb.TensorType.INT4)
 # op -> the inputs that may hold the int8 weights (BATCH_MATMUL: either operand).
 WEIGHT_INPUTS = {"FULLY_CONNECTED": (1,), "CONV_2D": (1,), "DEPTHWISE_CONV_2D": (1,), "BATCH_MATMUL": (0, 1)}
 
@@ -22,7 +24,7 @@ def is_hybrid(op: Operator) -> bool:
     """True for an op that quantizes a float activation at run time against int8 constant weights."""
     weights = [op.inputs[k] for k in WEIGHT_INPUTS.get(op.name, ()) if k < len(op.inputs)]
     activations = [t for t in op.inputs[:2] if t is not None and not t.is_constant]
-    return (any(t is not None and t.is_constant and t.dtype == fb.TensorType.INT8 for t in weights)
+    return (any(t is not None and t.is_constant and t.dtype in WEIGHT_TYPES for t in weights)
             and any(t.dtype == fb.TensorType.FLOAT32 for t in activations))
 
 

@@ -90,6 +90,14 @@ class Tensor:
         return self.shape_signature is not None and any(d < 0 for d in self.shape_signature)
 
     @property
+    def values(self) -> np.ndarray | None:
+        """The constant's elements as an array of its shape: `data`, except for INT4, whose packed
+        bytes are unpacked into int8 (kernels and packers read weights as int8)."""
+        if self.data is not None and self.type_name == "INT4":
+            return schema.unpack_int4(self.data, self.shape)
+        return self.data
+
+    @property
     def num_elements(self) -> int:
         """Element count of the static shape."""
         return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1

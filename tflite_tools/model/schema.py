@@ -69,6 +69,25 @@ TENSOR_TYPE_OF_DTYPE: dict[np.dtype, int] = {dt: code for code, dt in NUMPY_DTYP
 _SUB_BYTE_BITS = {"INT4": 4, "UINT4": 4, "INT2": 2}
 
 
+def unpack_int4(raw: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """INT4 constant data (two elements a byte, the first in the low nibble, as TFLite packs
+    them) as a signed int8 array of `shape`."""
+    count = int(np.prod(shape, dtype=np.int64))
+    packed = np.asarray(raw, np.uint8).reshape(-1)
+    nibbles = np.stack([packed & 0x0F, packed >> 4], axis=-1).reshape(-1)[:count].astype(np.int8)
+    return np.where(nibbles > 7, nibbles - 16, nibbles).astype(np.int8).reshape(shape)
+
+
+def pack_int4(values: np.ndarray) -> np.ndarray:
+    """Int8 values in [-8, 7] as TFLite stores an INT4 constant: two a byte, the first in the low nibble."""
+    flat = np.asarray(values, np.int8).reshape(-1)
+    if flat.size and (flat.min() < -8 or flat.max() > 7):
+        raise ValueError("INT4 values lie in [-8, 7]")
+    nibbles = np.append(flat, np.int8(0)) if flat.size % 2 else flat
+    nibbles = nibbles.astype(np.uint8) & 0x0F
+    return (nibbles[0::2] | (nibbles[1::2] << 4)).astype(np.uint8)
+
+
 def tensor_type_name(code: int) -> str:
     """The schema's name for a TensorType code (`FLOAT32`), or `TYPE_<n>` for an unknown code."""
     return TENSOR_TYPE_NAMES.get(code, f"TYPE_{code}")

@@ -39,6 +39,7 @@ typedef enum TfLiteType {
   kTfLiteInt8 = 9,
   kTfLiteFloat16 = 10,
   kTfLiteFloat64 = 11,
+  kTfLiteInt4 = 18,  // two a byte, the first in the low nibble
 } TfLiteType;
 
 typedef enum TfLiteAllocationType {
