@@ -1,20 +1,21 @@
-"""Dynamic-range ("hybrid") FULLY_CONNECTED, CONV_2D and DEPTHWISE_CONV_2D: int8 constant weights
-beside a float activation, as TFLite's hybrid kernels compute them.
+"""Dynamic-range ("hybrid") FULLY_CONNECTED, BATCH_MATMUL, CONV_2D and DEPTHWISE_CONV_2D: int8
+constant weights beside a float activation, as TFLite's hybrid kernels compute them.
 
-The activation is quantized when the kernel runs, per row (FULLY_CONNECTED: its innermost axis) or
-per image (the convolutions: a batch element):
+The activation is quantized when the kernel runs, per row (FULLY_CONNECTED: its innermost axis;
+BATCH_MATMUL: each row of its left operand) or per image (the convolutions: a batch element):
 
-- symmetric (FULLY_CONNECTED by default; a convolution with one weight scale): in steps of
+- symmetric (FULLY_CONNECTED and BATCH_MATMUL by default; a convolution with one weight scale): in steps of
   max|row| / 127, each element rounded half away from zero and clamped to [-127, 127]
   (tensor_utils::SymmetricQuantizeFloats);
-- asymmetric (FULLY_CONNECTED's `asymmetric_quantize_inputs`, which converters set; a convolution
+- asymmetric (their `asymmetric_quantize_inputs`, which converters set; a convolution
   with a scale per channel): in steps of (max(row, 0) - min(row, 0)) / 255 about a zero point
   nudged onto [-128, 127], formed in double as TFLite forms them (AsymmetricQuantizeFloats), which
   keeps them off the GPU targets.
 
 The int8 products are summed in int32 — FULLY_CONNECTED with the int8 path's dot-product loops
 (VNNI on x86, SDOT on ARM), the zero point's share (zero point x the weights' row sum) taken off
-after; a convolution centred on the zero point, so padding adds nothing — and each sum is rescaled
+after; BATCH_MATMUL and the convolutions centred on the zero point (a convolution's padding then
+adds nothing) — and each sum is rescaled
 to float as bias + sum * (row step * weight scale), then activated. The quantization is TFLite's to
 the bit; how far two implementations that round it differently may drift is the dynamic-range rule
 of `run --compare` (tflite_tools/model/hybrid.py).
@@ -31,7 +32,7 @@ from ..pack import DOT_DEPTH
 from ..values import Value, define, flat_index, unflatten
 from .elementwise import activation, round_half_away
 from .movement import device_code
-from .nn import Arithmetic, channel_bias, conv2d, depthwise, fully_connected
+from .nn import Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected
 from .quantized import INT8_MAX, INT8_MIN, int8_weight_scales, unsigned_dot_products
 from .reduce import row_reduce
 from .registry import LoweringError, OpContext, register
@@ -212,3 +213,48 @@ def lower_depthwise_hybrid(ctx: OpContext) -> list[Value]:
     if not _per_channel(ctx):
         raise LoweringError("dynamic-range DEPTHWISE_CONV_2D with one weight scale (TFLite takes one per channel)")
     return depthwise(ctx, _image_arithmetic(ctx, True))
+
+
+@register("BATCH_MATMUL", hybrid=True)
+def lower_batch_matmul_hybrid(ctx: OpContext) -> list[Value]:
+    """BATCH_MATMUL of a float left operand and int8 constant right one (one scale, or one per output
+    column), as TFLite's EvalHybrid: each row of the left operand (after adj_x) quantized as
+    `asymmetric_quantize_inputs` says, the products summed centred on its zero point, each sum
+    rescaled by row step x column scale. No bias, no activation."""
+    lhs, rhs = ctx.op.inputs[0], ctx.op.inputs[1]
+    if lhs.type_name != "FLOAT32" or rhs.type_name != "INT8" or not rhs.is_constant:
+        raise LoweringError("dynamic-range BATCH_MATMUL other than a float left operand by int8 constant weights")
+    adj_x, adj_y = bool(ctx.option("adjX", False)), bool(ctx.option("adjY", False))
+    q = rhs.quantization
+    if q is not None and q.per_channel and q.quantized_dimension != len(rhs.shape) - (2 if adj_y else 1):
+        raise LoweringError("dynamic-range BATCH_MATMUL with a weight scale per row rather than per output column")
+    if sum(d > 1 for d in lhs.shape[:-2]) > 1:
+        # TFLite's reference kernel offsets each row's scaling factor by (batch index x rows) per
+        # batch axis, which for two varying axes reads other rows' factors: no kernel can agree.
+        raise LoweringError("dynamic-range BATCH_MATMUL whose left operand varies along two batch axes")
+    w_scale = ctx.table(int8_weight_scales(ctx, rhs), "w_scale", hl.Float(32))
+    a = ctx.value(0)
+    depth, rows = (a.shape[-2], a.shape[:-2] + (a.shape[-1],)) if adj_x else (a.shape[-1], a.shape[:-1])
+
+    def element(row: list[hl.Expr], k: hl.Expr) -> hl.Expr:
+        return a.at(row[:-1] + ([k, row[-1]] if adj_x else [row[-1], k]))
+
+    form = asymmetric if bool(ctx.option("asymmetricQuantizeInputs", False)) else symmetric
+    quantization = form(ctx, rows, depth, element)
+
+    def row_of_a(i) -> list[hl.Expr]:  # the row a left-operand element belongs to
+        return list(i[:-2]) + [i[-1] if adj_x else i[-2]]
+
+    centred = define(ctx.func_name("centred"), a.shape, lambda *i: hl.cast(
+        hl.Int(16), quantized(quantization, a(*i), row_of_a(i)) - quantization.zero_point(row_of_a(i))))
+    ctx.materialize.append(centred)
+    out = ctx.out_shape()
+
+    def finish(acc: hl.Expr, i) -> hl.Expr:
+        lead = len(out) - a.rank
+        batch = [hl.Expr(0) if a.shape[k] == 1 else i[lead + k] for k in range(a.rank - 2)]
+        return hl.cast(hl.Float(32), acc) * (quantization.step(batch + [i[-2]]) * w_scale(i[-1]))
+
+    return batch_matmul(ctx, centred, ctx.value(1), lambda v, w: hl.widening_mul(v, hl.cast(hl.Int(16), w)),
+                        hl.i32(0), finish)
+

@@ -428,14 +428,14 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 @register("BATCH_MATMUL")
 def lower_batch_matmul(ctx: OpContext) -> list[Value]:
     """out[..., m, n] = sum_k A[..., m, k] * B[..., k, n], with adj_x / adj_y and batch broadcasting."""
-    return batch_matmul(ctx, ctx.value(0), ctx.value(1), lambda lhs, rhs: lhs * rhs, hl.f32(0), lambda acc: acc)
+    return batch_matmul(ctx, ctx.value(0), ctx.value(1), lambda lhs, rhs: lhs * rhs, hl.f32(0), lambda acc, i: acc)
 
 
 def batch_matmul(ctx: OpContext, a: Value, b: Value, term: Callable[[hl.Expr, hl.Expr], hl.Expr], init: hl.Expr,
-                 finish: Callable[[hl.Expr], hl.Expr]) -> list[Value]:
+                 finish: Callable[[hl.Expr, tuple], hl.Expr]) -> list[Value]:
     """BATCH_MATMUL's loops over operands `a` and `b` as the terms read them: the sum of
-    term(a element, b element) from `init`, each output `finish`(sum) (float32 here, int8 in
-    quantized.py)."""
+    term(a element, b element) from `init`, each output `finish`(sum, its index) (float32 here,
+    int8 and int16 in quantized.py and quantized16.py, dynamic-range in hybrid.py)."""
     adj_x, adj_y = bool(ctx.option("adjX", False)), bool(ctx.option("adjY", False))
     out = ctx.out_shape()
     depth = a.shape[-2] if adj_x else a.shape[-1]
@@ -457,7 +457,7 @@ def batch_matmul(ctx: OpContext, a: Value, b: Value, term: Callable[[hl.Expr, hl
     direct = not adj_x and tuple(a.shape[:-1]) == tuple(out[:-1])
     acc = accumulate(ctx, out, lambda *i: init, update, AccumulatorKind.MATMUL, r,
                      source=a.func if direct else None, source_stride=depth * a.type.bytes() if direct else 0)
-    return [define(ctx.func_name(), out, lambda *i: finish(read(acc, i)))]
+    return [define(ctx.func_name(), out, lambda *i: finish(read(acc, i), i))]
 
 
 # Windows of at most this many taps are unrolled into one expression per output (a U-Net's 2x2

@@ -508,7 +508,7 @@ def lower_batch_matmul_int8(ctx: OpContext) -> list[Value]:
     s_out, zp_out = _scale_zp(ctx.op.outputs[0])
     (m,), (shift,) = requantization_multipliers(s_a, [s_b], s_out, per_tensor_float_product=True)
     return batch_matmul(ctx, centred(ctx, ctx.value(0), zp_a), centred(ctx, ctx.value(1), zp_b), hl.widening_mul,
-                        hl.i32(0), lambda acc: requantize(acc, m, shift, zp_out, INT8_MIN, INT8_MAX))
+                        hl.i32(0), lambda acc, _: requantize(acc, m, shift, zp_out, INT8_MIN, INT8_MAX))
 
 
 def shifted_left(v: hl.Expr, zp: int, bits: int) -> hl.Expr:

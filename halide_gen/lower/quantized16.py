@@ -216,7 +216,7 @@ def lower_batch_matmul_16x16(ctx: OpContext) -> list[Value]:
         return hl.cast(hl.Int(64), hl.widening_mul(x, y))
 
     return batch_matmul(ctx, ctx.value(0), ctx.value(1), term, hl.i64(0),
-                        lambda acc: to_int16(multiply_rounded_once(acc, reduced, total)))
+                        lambda acc, _: to_int16(multiply_rounded_once(acc, reduced, total)))
 
 
 # The int16 functions of one input LiteRT 2.3 has kernels for (not HARD_SWISH, ELU, RELU_N1_TO_1).
