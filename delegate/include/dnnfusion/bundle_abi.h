@@ -22,6 +22,7 @@ static_assert(kTfLiteComplex64 == 8, "TfLiteType COMPLEX64");
 static_assert(kTfLiteInt8 == 9, "TfLiteType INT8");
 static_assert(kTfLiteFloat16 == 10, "TfLiteType FLOAT16");
 static_assert(kTfLiteFloat64 == 11, "TfLiteType FLOAT64");
+static_assert(kTfLiteInt4 == 18, "TfLiteType INT4");
 
 typedef int (*KernelEntry)(void** args);
 
