@@ -102,8 +102,9 @@ def test_android_ndk_without_toolchain_is_a_clear_error(tmp_path, monkeypatch):
 
 # -- the Android-only branch: logcat and the JNI shim ---------------------------------------------
 
-JNI_EXPORTS = {"Java_org_dnnfusion_DnnFusionDelegate_nativeCreate", "Java_org_dnnfusion_DnnFusionDelegate_nativeDestroy",
-               "Java_org_dnnfusion_DnnFusionDelegate_nativeClaimReport"}
+JNI_EXPORTS = {f"Java_org_dnnfusion_DnnFusionDelegate_{m}"
+               for m in ("nativeCreate", "nativeDelegate", "nativeLoadProblem", "nativeDestroy")}
+PLUGIN_EXPORTS = {"tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate"}
 
 
 @pytest.fixture
@@ -150,15 +151,19 @@ def native_methods(jdk: Path, classes: Path) -> set[str]:
     return {line.split("(")[0].split()[-1] for line in out.splitlines() if " native " in line}
 
 
-def test_android_build_logs_to_logcat_and_exports_the_jni_shim(android_ndk, jdk, tmp_path, monkeypatch):
+def test_android_build_logs_to_logcat_and_builds_the_one_jni_library(android_ndk, jdk, tmp_path, monkeypatch):
     monkeypatch.setenv("ANDROID_NDK", str(android_ndk))
     result = fuse(MODELS / "depthwise_residual.tflite", tmp_path / "out", target="arm64-android",
                   cache_dir=tmp_path / "k")
     library = result.library
     assert library.name == "libdepthwise_residual_dnnfusion.so" and elf_machine(library) == 183
-    assert exported(library) == {"tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate", *JNI_EXPORTS}
+    # The model library exports the plugin entry points only: JNI symbols of its own would make a
+    # second dnnfusion library in the app bind to the first (ART binds a native method once).
+    assert exported(library) == PLUGIN_EXPORTS
     assert "liblog.so" in needed(library)  # Log() writes through __android_log_print
-    assert all(a % 16384 == 0 for a in load_segment_alignments(library))
+    jni = library.parent / "libdnnfusion_jni.so"
+    assert elf_machine(jni) == 183 and exported(jni) == JNI_EXPORTS
+    assert all(a % 16384 == 0 for a in load_segment_alignments(library) + load_segment_alignments(jni))
     # Every native method the Java class declares has its JNI symbol, and no symbol lacks one.
     aar = package_aar([tmp_path / "out"], tmp_path / "m.aar")
     with zipfile.ZipFile(aar) as archive:
@@ -177,12 +182,14 @@ def test_cpu_and_gpu_builds_ship_side_by_side_in_one_aar(android_ndk, tmp_path, 
     assert cli.main(["aar", *map(str, outs), "-o", str(tmp_path / "add_relu.aar")]) == 0
     with zipfile.ZipFile(tmp_path / "add_relu.aar") as archive:
         names = set(archive.namelist())
-        assert names == {"AndroidManifest.xml", "classes.jar", "proguard.txt", "R.txt",
+        assert names == {"AndroidManifest.xml", "classes.jar", "proguard.txt", "R.txt", "jni/arm64-v8a/libdnnfusion_jni.so",
                          "jni/arm64-v8a/libadd_relu_dnnfusion.so", "jni/arm64-v8a/libadd_relu_dnnfusion_opencl.so"}
         manifest = ElementTree.fromstring(archive.read("AndroidManifest.xml"))
         rules = archive.read("proguard.txt").decode()
         with zipfile.ZipFile(io.BytesIO(archive.read("classes.jar"))) as jar:
-            assert jar.namelist() == ["org/dnnfusion/DnnFusionDelegate.class"]  # none of TFLite's classes
+            # None of TFLite's classes.
+            assert jar.namelist() == ["org/dnnfusion/DnnFusionDelegate$Options.class",
+                                      "org/dnnfusion/DnnFusionDelegate.class"]
     android = "{http://schemas.android.com/apk/res/android}"
     assert manifest.get("package") == "org.dnnfusion.add_relu"
     assert manifest.find("uses-sdk").get(f"{android}minSdkVersion") == str(ANDROID_MIN_SDK)
@@ -249,3 +256,99 @@ def test_java_api_falls_back_where_the_library_is_missing(jdk, tmp_path):
     out = subprocess.run([str(jdk / "java"), "-cp", str(tmp_path / "classes"), "Probe"], capture_output=True,
                          text=True, check=True).stdout
     assert out.split() == ["false", "true", "UnsatisfiedLinkError"]
+
+
+def test_two_models_and_their_builds_share_one_aar(android_ndk, tmp_path, monkeypatch):
+    # Two models' AARs would each carry the class and the JNI library (a duplicate class: the app's
+    # build fails): one AAR holds any number of models, with one copy of each.
+    monkeypatch.setenv("ANDROID_NDK", str(android_ndk))
+    outs = [tmp_path / "add_relu", tmp_path / "add_relu_opencl", tmp_path / "conv_relu6"]
+    fuse(MODELS / "add_relu.tflite", outs[0], target="arm64-android", cache_dir=tmp_path / "k")
+    fuse(MODELS / "add_relu.tflite", outs[1], target="arm64-android-opencl", cache_dir=tmp_path / "k")
+    fuse(MODELS / "conv_relu6.tflite", outs[2], target="arm64-android", cache_dir=tmp_path / "k")
+    aar = package_aar(outs, tmp_path / "vision_models.aar")
+    with zipfile.ZipFile(aar) as archive:
+        libraries = sorted(n for n in archive.namelist() if n.startswith("jni/"))
+        manifest = ElementTree.fromstring(archive.read("AndroidManifest.xml"))
+        with zipfile.ZipFile(io.BytesIO(archive.read("classes.jar"))) as jar:
+            classes = jar.namelist()
+    assert libraries == ["jni/arm64-v8a/libadd_relu_dnnfusion.so", "jni/arm64-v8a/libadd_relu_dnnfusion_opencl.so",
+                         "jni/arm64-v8a/libconv_relu6_dnnfusion.so", "jni/arm64-v8a/libdnnfusion_jni.so"]
+    assert classes == ["org/dnnfusion/DnnFusionDelegate$Options.class", "org/dnnfusion/DnnFusionDelegate.class"]
+    assert manifest.get("package") == "org.dnnfusion.vision_models"
+
+
+JAVA_TWO_LIBRARIES = """import java.util.Map;
+import org.dnnfusion.DnnFusionDelegate;
+
+public class TwoLibraries {
+  public static void main(String[] args) throws Exception {
+    Map<String, String> options = new DnnFusionDelegate.Options().logLevel("info").claim("all").build();
+    DnnFusionDelegate[] delegates = new DnnFusionDelegate[args.length];
+    for (int i = 0; i < args.length; ++i) {
+      System.out.println(DnnFusionDelegate.isSupported(args[i]));
+      System.err.flush();
+      delegates[i] = new DnnFusionDelegate(args[i], options);
+      System.err.flush();
+      System.out.println(delegates[i].getNativeHandle() != 0);
+      System.out.println("[" + delegates[i].claimReport() + "]");
+    }
+    System.out.println(delegates[0].getNativeHandle() != delegates[1].getNativeHandle());
+    for (DnnFusionDelegate d : delegates) d.close();
+    for (String library : args) System.out.println("[" + DnnFusionDelegate.deviceProblem(library) + "]");
+    System.out.println(DnnFusionDelegate.isSupported("no_such_dnnfusion"));
+    try {
+      new DnnFusionDelegate(args[0], new DnnFusionDelegate.Options().claim("most").build());
+    } catch (IllegalArgumentException e) {
+      System.out.println("IllegalArgumentException: " + e.getMessage());
+    }
+  }
+}
+"""
+
+
+def _java_classes(jdk: Path, tmp_path: Path, *sources: tuple[str, str]) -> Path:
+    """DnnFusionDelegate and the given (class name, source) programs compiled against the Delegate stub."""
+    from tflite_tools.aar import JAVA_SOURCE, TFLITE_DELEGATE_STUB
+
+    stub = tmp_path / "src" / "org" / "tensorflow" / "lite" / "Delegate.java"
+    stub.parent.mkdir(parents=True)
+    stub.write_text(TFLITE_DELEGATE_STUB)
+    programs = []
+    for name, text in sources:
+        programs.append(tmp_path / "src" / f"{name}.java")
+        programs[-1].write_text(text)
+    subprocess.run([str(jdk / "javac"), "-d", str(tmp_path / "classes"), str(JAVA_SOURCE), str(stub),
+                    *map(str, programs)], check=True)
+    return tmp_path / "classes"
+
+
+def test_one_process_loads_two_models_and_a_cpu_and_gpu_pair_each_from_its_own_library(jdk, tmp_path):
+    # On the host's JVM: the JNI library built for x86-64, three host delegate libraries — two
+    # models, and one model's CPU and OpenCL builds — and a delegate created from each. Each says
+    # which bundle it loaded as it is created: every one is its own library's. With no OpenCL
+    # driver (no ICD), the device check says so for the OpenCL build only.
+    from halide_gen.bundle import DELEGATE_DIR
+
+    jni = tmp_path / "jni" / "libdnnfusion_jni.so"
+    jni.parent.mkdir()
+    include = jdk.parent / "include"
+    subprocess.run(["g++", "-std=c++17", "-shared", "-fPIC", "-O2", f"-I{include}", f"-I{include / 'linux'}",
+                    str(DELEGATE_DIR / "android" / "jni_shim.cc"),
+                    f"-Wl,--version-script={DELEGATE_DIR / 'android' / 'jni_exports.map'}", "-ldl", "-o", str(jni)],
+                   check=True)
+    libraries = [fuse(MODELS / f"{stem}.tflite", tmp_path / f"{stem}-{target}", target=target,
+                      cache_dir=tmp_path / "k").library
+                 for stem, target in (("add_relu", "host"), ("conv_relu6", "host"), ("add_relu", "host-opencl"))]
+    classes = _java_classes(jdk, tmp_path, ("TwoLibraries", JAVA_TWO_LIBRARIES))
+    proc = subprocess.run([str(jdk / "java"), f"-Djava.library.path={jni.parent}", "-cp", str(classes), "TwoLibraries",
+                           *map(str, libraries)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OCL_ICD_VENDORS": str(tmp_path / "none")})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:-1] == ["true", "true", "[]"] * 3 + ["true", "[]", "[]", (
+        "[dnnfusion: this device cannot run the kernels (require_device): no OpenCL device could be opened]"),
+        "false", "IllegalArgumentException: dnnfusion: bad delegate option: claim: expected profitable, all or "
+        "none, got 'most'"]
+    loaded = [line for line in proc.stderr.splitlines() if "loaded the kernel bundle" in line]
+    assert [line.split(" for ")[1].split(",")[0] for line in loaded] == [
+        "add_relu.tflite (host", "conv_relu6.tflite (host", "add_relu.tflite (host-opencl"]

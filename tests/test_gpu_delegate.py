@@ -142,6 +142,26 @@ def test_a_wide_softmax_matches_litert(api, tmp_path):
     _one_op_matches_litert(api, tmp_path, "SOFTMAX", {"logits": [2, 1000]}, [2, 1000], beta=1.0)
 
 
+@pytest.mark.parametrize("api", ["opencl", "vulkan"])
+def test_a_gpu_bundle_where_no_device_opens_claims_nothing_and_the_model_runs(api, tmp_path):
+    # No ICD, no driver (a phone without OpenCL): every kernel would fail its first launch, so the
+    # delegate declines the whole bundle, even under claim:all; `require_device` refuses creation.
+    env = {**os.environ, "OCL_ICD_VENDORS": str(tmp_path / "none"), "VK_ICD_FILENAMES": str(tmp_path / "none.json"),
+           "VK_DRIVER_FILES": str(tmp_path / "none.json")}
+    result = fuse(MODELS / "add_relu.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path / "k")
+    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
+                    "--option", "claim=all"], env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout)
+    assert report["ok"] and report["claims"]["claimed_nodes"] == [], report
+    assert f"no {'OpenCL' if api == 'opencl' else 'Vulkan'} device could be opened" in \
+        report["claims"]["declined"][0]["reason"]
+    proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--option", "require_device=true"],
+                   env)
+    assert proc.returncode == 2 and "this device cannot run the kernels (require_device): no" in proc.stderr, \
+        proc.stderr
+
+
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])
 def test_a_hybrid_fully_connected_matches_litert_on_the_gpu(api, bits, tmp_path):

@@ -1,19 +1,20 @@
-"""`tflite_tools aar OUT [OUT ...] -o model.aar`: an Android library (AAR) a Gradle app depends on.
+"""`tflite_tools aar OUT [OUT ...] -o models.aar`: an Android library (AAR) a Gradle app depends on.
 
-    package_aar([Path("out-cpu"), Path("out-opencl")], Path("mobilenet_v2_dnnfusion.aar"))
+    package_aar([Path("out-cpu"), Path("out-opencl"), Path("other-model")], Path("models_dnnfusion.aar"))
 
-Each OUT is a `fuse --target arm64-android*` folder whose library has been built (by fuse with
-$ANDROID_NDK set, or with the NDK from OUT/android/arm64-v8a/, docs/android.md). Several builds of
-one model (CPU, OpenCL, Vulkan) go into one AAR side by side: their libraries are named by target.
-The AAR holds
+Each OUT is a `fuse --target arm64-android*` folder whose libraries have been built (by fuse with
+$ANDROID_NDK set, or with the NDK from OUT/android/arm64-v8a/, docs/android.md). Any number of models
+and builds (CPU, OpenCL, Vulkan) go into one AAR side by side — their libraries are named by model and
+target — with one copy of the Java class and of the JNI library every model library is reached
+through. (Two AARs would each carry them: a duplicate class, and the app's build fails.) The AAR holds
 
     AndroidManifest.xml        minSdk, and libOpenCL.so as an optional native library for OpenCL builds
-    classes.jar                org.dnnfusion.DnnFusionDelegate, compiled here with javac
-    jni/arm64-v8a/lib*.so      the delegate libraries
+    classes.jar                org.dnnfusion.DnnFusionDelegate (and its Options), compiled here with javac
+    jni/arm64-v8a/lib*.so      the delegate libraries, and libdnnfusion_jni.so
     proguard.txt               consumer rules: keep what JNI binds by name
     R.txt                      empty: no resources
 
-The fused model is not inside: ship OUT/model.fused.tflite as the app ships any model (assets/).
+The fused models are not inside: ship each OUT/model.fused.tflite as the app ships any model (assets/).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import zipfile
 from pathlib import Path
 from typing import Sequence
 
-from halide_gen.bundle import DELEGATE_DIR
+from halide_gen.bundle import DELEGATE_DIR, JNI_LIBRARY
 from halide_gen.targets import ANDROID_MIN_SDK, target_spec
 
 from .model.atomic import write_bytes_atomic
@@ -49,7 +50,7 @@ public interface Delegate {
 """
 
 CONSUMER_RULES = """\
-# dnnfusion: the native library binds DnnFusionDelegate's native methods by class and method name.
+# dnnfusion: the JNI library binds DnnFusionDelegate's native methods by class and method name.
 -keep class org.dnnfusion.DnnFusionDelegate {
     native <methods>;
 }
@@ -57,8 +58,9 @@ CONSUMER_RULES = """\
 
 
 def package_aar(outs: Sequence[Path], aar: Path) -> Path:
-    """Writes `aar` (atomically) from fuse output folders of one model's Android builds; ModelError
-    when a folder is not one, or its library is not built yet; ToolchainError without javac."""
+    """Writes `aar` (atomically) from fuse output folders of Android builds, of one model or several;
+    ModelError when a folder is not one, its libraries are not built yet, or two folders hold
+    libraries of one name; ToolchainError without javac."""
     libraries: list[Path] = []
     apis: set[str] = set()
     models: set[str] = set()
@@ -69,14 +71,14 @@ def package_aar(outs: Sequence[Path], aar: Path) -> Path:
         libraries.append(library)
         apis.update({api} if api else set())
         models.add(model)
-    if len(models) > 1:
-        raise ModelError(f"one AAR holds the builds of one model, not {', '.join(sorted(models))}")
-    (model,) = models
+    # The package names the AAR: the model's, or the file's when it holds several models.
+    name = next(iter(models)) if len(models) == 1 else Path(aar).stem
     entries = {
-        "AndroidManifest.xml": manifest(model, apis).encode(),
+        "AndroidManifest.xml": manifest(name, apis).encode(),
         "classes.jar": _classes_jar(),
         "proguard.txt": CONSUMER_RULES.encode(),
         "R.txt": b"",
+        f"jni/{ABI}/{JNI_LIBRARY}": (libraries[0].parent / JNI_LIBRARY).read_bytes(),
         **{f"jni/{ABI}/{lib.name}": lib.read_bytes() for lib in libraries},
     }
     write_bytes_atomic(Path(aar), _zip(entries))
@@ -117,6 +119,9 @@ def _built_library(out: Path) -> tuple[Path, str | None, str]:
         raise ModelError(f"{out}: the library is not built yet; build {project} with the NDK "
                          "(docs/android.md), or fuse with $ANDROID_NDK set")
     check_delegate_library(built[0], machine="aarch64")  # not an x86-64 build, a 0-byte or cut-off file
+    if not (built[0].parent / JNI_LIBRARY).is_file():
+        raise ModelError(f"{out}: {built[0].name} has no {JNI_LIBRARY} beside it; build {project} again "
+                         "(docs/android.md)")
     return built[0], spec.gpu_api, Path(plan["model"]).stem
 
 
@@ -134,7 +139,7 @@ def _classes_jar() -> bytes:
                                str(stub)], capture_output=True, text=True)
         if proc.returncode != 0:
             raise ToolchainError(f"javac failed on {JAVA_SOURCE.name}:\n{proc.stderr[-2000:]}")
-        ours = sorted((classes / "org" / "dnnfusion").glob("*.class"))
+        ours = sorted((classes / "org" / "dnnfusion").glob("*.class"))  # the class and its Options
         return _zip({f"org/dnnfusion/{c.name}": c.read_bytes() for c in ours})
 
 

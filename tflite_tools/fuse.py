@@ -44,9 +44,9 @@ from fusion.report import PlanSummary, format_summary
 from fusion.rewrite.fold import restore_decoded
 from halide_gen.aot import compile_kernel, error_line, generator_digest
 from halide_gen.block import build_block_for
-from halide_gen.bundle import (BundleBlock, BundleGraph, BundleInfo, bound_constants, build_cmake_project,
-                               bundle_source, claim_groups, dynamic_model, indistinguishable, link_delegate,
-                               write_cmake_project)
+from halide_gen.bundle import (JNI_LIBRARY, BundleBlock, BundleGraph, BundleInfo, bound_constants,
+                               build_cmake_project, bundle_source, claim_groups, dynamic_model, indistinguishable,
+                               link_delegate, write_cmake_project)
 from halide_gen.lower import LoweringError
 from halide_gen.profile import choose_schedule, jit_kernel, schedule_sources, time_block
 from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
@@ -575,6 +575,8 @@ def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
                                          f"-DANDROID_PLATFORM=android-{ANDROID_MIN_SDK}"])
     built = project / name
     shutil.copy2(build / name, built)
+    if (build / JNI_LIBRARY).exists():  # the JNI library Java goes through (the NDK always builds it)
+        shutil.copy2(build / JNI_LIBRARY, project / JNI_LIBRARY)
     return built
 
 

@@ -14,8 +14,7 @@ namespace dnnfusion {
 struct DelegateState {
   Options options;
   const Bundle* bundle = nullptr;
-  std::mutex report_mutex;  // serialises appends to options.report and options.profile, and last_report
-  std::string last_report;  // the JSON line of the last claim (report.h)
+  std::mutex report_mutex;  // serialises appends to options.report and options.profile
   bool report_warned = false;   // a failed append to options.report was said (once)
   bool profile_warned = false;  // the same for options.profile
   int last_node = -1;       // the execution plan's last node when the delegate last claimed

@@ -50,22 +50,25 @@ bool OpenOpenClDevice() {
   return true;
 }
 
-// OpenCL: the extension string of the context's first device must list cl_khr_fp16.
-std::string OpenClFp16Problem() {
+// OpenCL: a device must open (a phone without a driver, a machine without an ICD); for an fp16
+// bundle, the extension string of the context's first device must list cl_khr_fp16.
+std::string OpenClProblem(bool fp16) {
+  if (halide_opencl_device_interface == nullptr) return "";
+  if (!OpenOpenClDevice()) return "no OpenCL device could be opened";
+  if (!fp16) return "";
   constexpr unsigned kContextDevices = 0x1081, kDeviceExtensions = 0x1030;  // CL_CONTEXT_DEVICES, CL_DEVICE_EXTENSIONS
   using GetContextInfo = int (*)(void*, unsigned, size_t, void*, size_t*);
   using GetDeviceInfo = int (*)(void*, unsigned, size_t, void*, size_t*);
   static const char* const kLibraries[] = {"libOpenCL.so", "libOpenCL.so.1", nullptr};
   auto context_info = reinterpret_cast<GetContextInfo>(ApiSymbol(kLibraries, "clGetContextInfo"));
   auto device_info = reinterpret_cast<GetDeviceInfo>(ApiSymbol(kLibraries, "clGetDeviceInfo"));
-  if (halide_opencl_device_interface == nullptr || halide_acquire_cl_context == nullptr || context_info == nullptr ||
-      device_info == nullptr) {
+  if (halide_acquire_cl_context == nullptr || context_info == nullptr || device_info == nullptr) {
     Log(LogLevel::kInfo, "cannot query the OpenCL device for cl_khr_fp16; assuming it has it");
     return "";
   }
   void* ctx = nullptr;
   void* queue = nullptr;
-  if (!OpenOpenClDevice() || halide_acquire_cl_context(nullptr, &ctx, &queue, true) != 0 || ctx == nullptr) {
+  if (halide_acquire_cl_context(nullptr, &ctx, &queue, true) != 0 || ctx == nullptr) {
     return "no OpenCL device could be opened";
   }
   std::string problem;
@@ -85,8 +88,40 @@ std::string OpenClFp16Problem() {
   return problem;
 }
 
-// Vulkan: shaderFloat16 and storageBuffer16BitAccess, through vkGetPhysicalDeviceFeatures2.
-std::string VulkanFp16Problem() {
+// Whether the Vulkan loader creates an instance with at least one physical device. Asked before
+// the Halide runtime is: where it cannot create one, its context code aborts the process.
+bool VulkanInstanceOpens(const char* const* libraries) {
+  struct InstanceCreateInfo {  // VkInstanceCreateInfo, no layers or extensions
+    int32_t s_type = 1;        // VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO
+    const void* next = nullptr;
+    uint32_t flags = 0;
+    const void* application = nullptr;
+    uint32_t layer_count = 0;
+    const char* const* layers = nullptr;
+    uint32_t extension_count = 0;
+    const char* const* extensions = nullptr;
+  };
+  using GetProcAddr = void* (*)(void*, const char*);
+  using CreateInstance = int32_t (*)(const InstanceCreateInfo*, const void*, void**);
+  using EnumerateDevices = int32_t (*)(void*, uint32_t*, void**);
+  using DestroyInstance = void (*)(void*, const void*);
+  auto proc_addr = reinterpret_cast<GetProcAddr>(ApiSymbol(libraries, "vkGetInstanceProcAddr"));
+  if (proc_addr == nullptr) return false;
+  auto create = reinterpret_cast<CreateInstance>(proc_addr(nullptr, "vkCreateInstance"));
+  void* instance = nullptr;
+  const InstanceCreateInfo info;
+  if (create == nullptr || create(&info, nullptr, &instance) != 0 || instance == nullptr) return false;
+  auto enumerate = reinterpret_cast<EnumerateDevices>(proc_addr(instance, "vkEnumeratePhysicalDevices"));
+  auto destroy = reinterpret_cast<DestroyInstance>(proc_addr(instance, "vkDestroyInstance"));
+  uint32_t devices = 0;
+  const bool found = enumerate != nullptr && enumerate(instance, &devices, nullptr) == 0 && devices > 0;
+  if (destroy != nullptr) destroy(instance, nullptr);
+  return found;
+}
+
+// Vulkan: a device must open; for an fp16 bundle, it must have shaderFloat16 and
+// storageBuffer16BitAccess (vkGetPhysicalDeviceFeatures2).
+std::string VulkanProblem(bool fp16) {
   // The structures as the Vulkan 1.1 headers define them (no Vulkan headers are needed to build).
   struct Float16Int8Features {
     int32_t s_type = 1000082000;  // VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES
@@ -106,11 +141,8 @@ std::string VulkanFp16Problem() {
   using GetProcAddr = void* (*)(void*, const char*);
   using GetFeatures2 = void (*)(void*, Features2*);
   static const char* const kLibraries[] = {"libvulkan.so.1", "libvulkan.so", nullptr};
-  auto proc_addr = reinterpret_cast<GetProcAddr>(ApiSymbol(kLibraries, "vkGetInstanceProcAddr"));
-  if (halide_vulkan_acquire_context == nullptr || proc_addr == nullptr) {
-    Log(LogLevel::kInfo, "cannot query the Vulkan device for fp16 support; assuming it has it");
-    return "";
-  }
+  if (halide_vulkan_acquire_context == nullptr) return "";
+  if (!VulkanInstanceOpens(kLibraries)) return "no Vulkan device could be opened";
   void *allocator = nullptr, *instance = nullptr, *device = nullptr, *physical = nullptr, *queue = nullptr,
        *messenger = nullptr;
   uint32_t family = 0;
@@ -119,8 +151,13 @@ std::string VulkanFp16Problem() {
     return "no Vulkan device could be opened";
   }
   std::string problem;
-  auto get_features = reinterpret_cast<GetFeatures2>(proc_addr(instance, "vkGetPhysicalDeviceFeatures2"));
-  if (get_features == nullptr) {
+  auto proc_addr = reinterpret_cast<GetProcAddr>(ApiSymbol(kLibraries, "vkGetInstanceProcAddr"));
+  if (!fp16) {
+    // The device opens: nothing more to ask.
+  } else if (proc_addr == nullptr) {
+    Log(LogLevel::kInfo, "cannot query the Vulkan device for fp16 support; assuming it has it");
+  } else if (auto get_features = reinterpret_cast<GetFeatures2>(proc_addr(instance, "vkGetPhysicalDeviceFeatures2"));
+             get_features == nullptr) {
     problem = "the Vulkan instance has no vkGetPhysicalDeviceFeatures2 (Vulkan 1.1)";
   } else {
     Float16Int8Features f16;
@@ -141,9 +178,11 @@ std::string VulkanFp16Problem() {
 }  // namespace
 
 std::string GpuDeviceProblem(const Bundle& bundle) {
-  if (!bundle.half_precision) return "";
-  // One answer per process: the device does not change, and opening it twice costs time.
-  static const std::string problem = bundle.gpu_api == kOpenCl ? OpenClFp16Problem() : VulkanFp16Problem();
+  if (bundle.gpu_api == kNoGpu) return "";
+  // One answer per process (a library holds one bundle): the device does not change, and opening
+  // it twice costs time.
+  static const std::string problem =
+      bundle.gpu_api == kOpenCl ? OpenClProblem(bundle.half_precision) : VulkanProblem(bundle.half_precision);
   return problem;
 }
 

@@ -1,7 +1,8 @@
-// What a GPU bundle needs of the device it lands on, checked before anything is claimed: a bundle
-// built with `--gpu-precision fp16` stores tensors in half precision, which an OpenCL device
-// without cl_khr_fp16 (or a Vulkan device without shaderFloat16 and 16-bit storage buffers) cannot
-// compile. Declining up front keeps those nodes with TFLite instead of failing the first invoke.
+// What a GPU bundle needs of the device it lands on, checked before anything is claimed: a device
+// of its API that opens (no driver, no ICD: every kernel would fail), and for a bundle built with
+// `--gpu-precision fp16`, half-precision storage, which an OpenCL device without cl_khr_fp16 (or a
+// Vulkan device without shaderFloat16 and 16-bit storage buffers) cannot compile. Declining up
+// front keeps those nodes with TFLite instead of failing the first invoke.
 #pragma once
 
 #include <string>

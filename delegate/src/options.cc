@@ -66,6 +66,12 @@ bool ParseOptions(const char* const* keys, const char* const* values, size_t cou
         *error = "claim: expected profitable, all or none, got '" + std::string(value) + "'";
         return false;
       }
+    } else if (key == "require_device") {
+      if (std::strcmp(value, "true") != 0 && std::strcmp(value, "false") != 0) {
+        *error = "require_device: expected true or false, got '" + std::string(value) + "'";
+        return false;
+      }
+      out->require_device = std::strcmp(value, "true") == 0;
     } else if (key == "report") {
       out->report = value;
     } else if (key == "profile") {
@@ -85,7 +91,8 @@ bool ParseOptions(const char* const* keys, const char* const* values, size_t cou
         return false;
       }
     } else {
-      *error = "unknown option '" + key + "' (known: num_threads, log_level, claim, blocks, report, profile)";
+      *error = "unknown option '" + key + "' (known: num_threads, log_level, claim, blocks, report, profile, "
+               "require_device)";
       return false;
     }
   }

@@ -19,6 +19,9 @@ struct Options {
   std::string report;   // when set, each Prepare writes its claims and declines here as JSON
   std::string profile;  // when set, each partition appends its blocks' invoke times here as JSON
   std::vector<std::string> blocks;  // when set, claim only these blocks (by name): for bisecting
+  // Creation fails when this device cannot run the kernels (CPU features, the GPU API): an app asks
+  // before it adds the delegate (DnnFusionDelegate.deviceProblem) instead of learning at Prepare.
+  bool require_device = false;
 };
 
 // Parses key/value pairs into `out`. Unknown keys and bad values fail with a message that names

@@ -14,6 +14,7 @@
 #include "cpu_caps.h"
 #include "delegate_state.h"
 #include "dnnfusion/bundle.h"
+#include "gpu_caps.h"
 #include "dnnfusion/tflite_abi.h"
 #include "halide_hooks.h"
 #include "log.h"
@@ -124,6 +125,17 @@ bool KnownBlocks(const Bundle& bundle, const std::vector<std::string>& names, st
 }
 
 }  // namespace
+// Why creation fails, to the caller's reporter; benchmark_model's external_delegate.cc may pass
+// none: then to the log (stderr, or logcat on Android).
+void ReportCreationError(void (*report_error)(const char*), const std::string& error) {
+  const std::string message = "dnnfusion: " + error;
+  if (report_error != nullptr) {
+    report_error(message.c_str());
+  } else {
+    Log(LogLevel::kError, "%s", error.c_str());
+  }
+}
+
 }  // namespace dnnfusion
 
 extern "C" {
@@ -141,14 +153,7 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
     error = "bad delegate option: " + error;
   }
   if (!error.empty()) {
-    const std::string message = "dnnfusion: " + error;
-    // benchmark_model's external_delegate.cc may pass no reporter: fall back to the log (stderr,
-    // or logcat on Android).
-    if (report_error != nullptr) {
-      report_error(message.c_str());
-    } else {
-      Log(LogLevel::kError, "%s", error.c_str());
-    }
+    ReportCreationError(report_error, error);
     delete state;
     std::free(delegate);
     return nullptr;
@@ -171,6 +176,17 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
     // when the first kernel creates the Vulkan context.
     setenv("HL_VK_ALLOC_CONFIG", state->bundle->vulkan_alloc_config, /*overwrite=*/0);
   }
+  if (state->options.require_device) {  // after the Halide hooks: a failing device must not abort
+    std::string problem = CpuProblem(*state->bundle);
+    if (problem.empty()) problem = GpuDeviceProblem(*state->bundle);
+    if (!problem.empty()) {
+      ReportCreationError(report_error, "this device cannot run the kernels (require_device): " + problem);
+      delete state;
+      std::free(delegate);
+      ReleaseThreadPool();
+      return nullptr;
+    }
+  }
   if (state->bundle->gpu_api != kNoGpu) {
     // Template kernels take their scratch from the partition (ScratchSpec), allocated once. What
     // a kernel still allocates itself (an autoscheduled one's intermediates; on Vulkan, staging
@@ -188,8 +204,9 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   // stock LiteRT would no longer load. The flag skips that early preparation (the bundle holds no
   // kernel for an op touching such a tensor: fusion/ecg.py). It also keeps the graph mutable, so a
   // later resize_tensor_input re-prepares our kernels instead of re-running the claim: a partition
-  // then runs TFLite's own kernels for its nodes (tflite_fallback.h). Models without run-time shapes
-  // keep TFLite's re-claim on resize, which declines and leaves the nodes to TFLite.
+  // then runs the kernels compiled for the new shapes, or TFLite's own for its nodes (partition.h).
+  // Models without run-time shapes keep TFLite's re-claim on resize, which picks the graph compiled
+  // for the new shapes, or declines and leaves the nodes to TFLite.
   delegate->flags =
       state->bundle->allow_dynamic_tensors ? kTfLiteDelegateFlagsAllowDynamicTensors : kTfLiteDelegateFlagsNone;
   int blocks = 0;

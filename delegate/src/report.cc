@@ -73,9 +73,8 @@ void RecordReport(DelegateState& state, const Claim& claim) {
             ", \"reason\": " + JsonString(claim.declined[i].reason) + "}";
   }
   line += "]}";
-  std::lock_guard<std::mutex> lock(state.report_mutex);
-  state.last_report = line;
   if (state.options.report.empty()) return;
+  std::lock_guard<std::mutex> lock(state.report_mutex);
   AppendOrWarn(state.options.report, line + "\n", "report", &state.report_warned);
 }
 
@@ -94,11 +93,6 @@ void AppendOrWarn(const std::string& path, const std::string& text, const char* 
     *warned = true;
     Log(LogLevel::kWarning, "cannot write the %s to %s (%s)", what, path.c_str(), std::strerror(errno));
   }
-}
-
-std::string LastReport(DelegateState& state) {
-  std::lock_guard<std::mutex> lock(state.report_mutex);
-  return state.last_report;
 }
 
 }  // namespace dnnfusion

@@ -14,11 +14,8 @@ void LogClaim(const Claim& claim, ClaimPolicy policy);
 
 // Records {"model", "target", "graph_matches", "subgraph", "subgraph_name", "claim", "claimed_blocks",
 // "claimed_nodes", "declined": [{"block", "reason"}]}
-// as the last report and appends it to the `report` file when the option names one.
+// and appends it to the `report` file when the option names one.
 void RecordReport(DelegateState& state, const Claim& claim);
-
-// The last report's JSON line (without its newline); "" before any Prepare.
-std::string LastReport(DelegateState& state);
 
 // Appends `text` to the file at `path` (created if missing) without ever blocking the host: a FIFO
 // with no reader, a full disk or a short write fail it. The first failure per option is a warning
