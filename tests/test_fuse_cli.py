@@ -1,4 +1,5 @@
-"""`tflite_tools fuse --plan-only`: text, JSON, Graphviz, --explain, and every model."""
+"""`tflite_tools fuse --plan-only`: text, JSON, Graphviz, --explain, and every model; the same flags
+with `-o OUT`."""
 
 from __future__ import annotations
 
@@ -53,6 +54,23 @@ def test_dot_output(capsys, model_path, tmp_path):
     assert cli.main(["fuse", "--plan-only", "--dot", str(dot), str(model_path("swish_chain"))]) == 0
     text = dot.read_text()
     assert text.startswith("digraph plan {") and "cluster_0" in text and "n0 -> n1;" in text
+
+
+def test_plan_flags_work_with_out_too(capsys, model_path, tmp_path):
+    # --dot, --json, --explain and --verbose with -o: each does what it does with --plan-only.
+    dot, out = tmp_path / "plan.dot", tmp_path / "out"
+    args = ["fuse", str(model_path("conv_fp16_weights")), "-o", str(out), "--dot", str(dot), "--verbose"]
+    assert cli.main([*args, "--json"]) == 0
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    # The fused model's graph: the rewritten one with the stored weights' decoders put back.
+    assert data["ops"] == 5 and data["ops_after_rewrite"] == 2 + data["decoders"] and data["kernels"] >= 1
+    assert str(out / "model.fused.tflite") in data["written"]
+    assert dot.read_text().startswith("digraph plan {")
+    assert "[rewrite]" in captured.err
+    assert cli.main([*args, "--explain"]) == 0
+    text = capsys.readouterr().out
+    assert "wrote" in text and "constant_folding" in text and "fusion rate" in text
 
 
 def test_fuse_without_out_or_plan_only_is_a_clear_error(capsys, model_path):

@@ -61,17 +61,32 @@ def cmd_fuse(args: argparse.Namespace) -> int:
             target = with_int8_rounding(with_precision(args.target, args.gpu_precision), args.int8_rounding)
         except ValueError as exc:
             raise ModelError(str(exc)) from None
+        if args.dot:
+            _check_dot_path(args.dot)  # before the compile, not after it
         result = fuse(args.model, args.out, target=target, fast_math=args.fast_math, measure=args.measure,
                       cost=cost, progress=_progress_printer(), debug_runtime=args.debug_runtime,
-                      autoschedulers=args.autoschedulers, emit_asm=args.emit_asm, shapes=args.shape)
+                      autoschedulers=args.autoschedulers, emit_asm=args.emit_asm, shapes=args.shape, trace=trace)
+        if args.dot:
+            write_dot(to_dot(result.summary), args.dot)
         with_kernel = [k for k in result.kernels if k.kernel]
+        written = [p for p in (result.model, result.library, result.android_project, result.plan_json,
+                               result.report_md) if p is not None]
+        if args.json:  # plan.json's summary, and what was written
+            print(json.dumps({"model": args.model, "out": str(result.out), "written": [str(p) for p in written],
+                              "kernels": len(with_kernel), "claimed_by_default": sum(k.profitable for k in result.kernels),
+                              "seconds": round(result.seconds, 2), "decoders": result.decoders,
+                              **result.summary.to_json()}, indent=2))
+            return 0
         print(f"{args.model}: {len(result.kernels)} blocks, {len(with_kernel)} with Halide kernels "
               f"({result.claimable_nodes} operators), {sum(k.profitable for k in result.kernels)} claimed by default; "
               f"{result.seconds:.1f} s")
-        for path in (result.model, result.library, result.android_project, result.plan_json, result.report_md):
-            if path is not None:
-                print(f"  wrote {path}")
+        for path in written:
+            print(f"  wrote {path}")
+        if args.explain:
+            print(format_summary(result.summary, args.model, explain=True))
         return 0
+    if args.dot:
+        _check_dot_path(args.dot)
     summary = plan_model(load(args.model), fast_math=args.fast_math, cost=cost, trace=trace)
     if args.dot:
         write_dot(to_dot(summary), args.dot)
@@ -170,6 +185,13 @@ def cmd_aar(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_dot_path(path: str) -> None:
+    """ModelError when `path` names a rendered format (.svg / .png / .pdf) and Graphviz is missing."""
+    fmt = Path(path).suffix.lstrip(".").lower()
+    if fmt in ("svg", "png", "pdf") and shutil.which("dot") is None:
+        raise ModelError(f"{path}: rendering .{fmt} needs Graphviz `dot` (apt-get install graphviz); use a .dot name")
+
+
 def write_dot(text: str, path: str) -> None:
     """Writes Graphviz text, or renders it when `path` ends in .svg / .png / .pdf."""
     target = Path(path)
@@ -177,9 +199,8 @@ def write_dot(text: str, path: str) -> None:
     if fmt not in ("svg", "png", "pdf"):
         write_bytes_atomic(target, text.encode())
         return
+    _check_dot_path(path)
     dot = shutil.which("dot")
-    if dot is None:
-        raise ModelError(f"{path}: rendering .{fmt} needs Graphviz `dot` (apt-get install graphviz); use a .dot name")
     rendered = subprocess.run([dot, f"-T{fmt}"], input=text.encode(), capture_output=True, check=False)
     if rendered.returncode != 0:
         raise ModelError(f"{path}: dot failed: {rendered.stderr.decode(errors='replace').strip()}")

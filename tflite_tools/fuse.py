@@ -126,6 +126,7 @@ class FuseResult:
     decoders: int = 0
     subgraphs: list[SubgraphResult] = field(default_factory=list)  # the others, when the model has more
     variants: list[VariantResult] = field(default_factory=list)  # one per --shape
+    summary: PlanSummary | None = None  # the entry subgraph's rewrite and plan (SubgraphResult: the others)
     sizes: dict[str, int | None] = field(default_factory=dict)  # bytes: original_model, fused_model, library
 
     @property
@@ -166,7 +167,8 @@ def _set_metadata(model: Model, name: str, value: bytes) -> None:
 def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str = "host", fast_math: bool = False,
          measure: bool = False, cost: object | None = None, cache_dir: Path | None = None,
          progress: Progress | None = None, debug_runtime: bool = False,
-         autoschedulers: bool = False, emit_asm: bool = False, shapes: Sequence[str] = ()) -> FuseResult:
+         autoschedulers: bool = False, emit_asm: bool = False, shapes: Sequence[str] = (),
+         trace: Callable[[str], None] | None = None) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by kernel identity) and marks only faster ones
     profitable; otherwise every compiled float block of a CPU target counts as profitable, and
@@ -183,7 +185,8 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     ModelError on input the compiler cannot take. `emit_asm` keeps every kernel's .s and .stmt in
     OUT/asm/<block>/. `shapes` (`[SIGNATURE:]INPUT=DIMS[,...]`, tflite_tools.model.variants) names
     input shapes to compile every block of that subgraph at too: the delegate runs those kernels when
-    the model is resized to them."""
+    the model is resized to them. `trace` receives each rewrite and the graph after each pass
+    (fuse --verbose)."""
     spec = _checked_target(target, measure, autoschedulers)
     variants = [parse_variant(text) for text in shapes]
     start = time.perf_counter()
@@ -196,7 +199,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     try:
         _check_room(staging, job.model_path)
         summaries = [plan_model(model, fast_math=fast_math, cost=cost, config=plan_config(spec), subgraph=i,
-                                prefix=block_prefix(model, i)) for i in range(len(model.subgraphs))]
+                                prefix=block_prefix(model, i), trace=trace) for i in range(len(model.subgraphs))]
         shaped = _shaped_subgraphs(model, variants)
         job.blocks = sum(len(summaries[v.index].plan.blocks) for v in shaped) + \
             sum(len(summary.plan.blocks) for summary in summaries)
@@ -220,7 +223,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             decoders=graphs[0].decoders, subgraphs=[SubgraphResult(g.index, g.name, g.summary, g.decoders)
                                                     for g in own[1:]],
             variants=[VariantResult(g.index, g.name, g.variant.variant.text, g.variant.prefix) for g in graphs if g.variant],
-            sizes=_sizes(job.model_path, staging.path / "model.fused.tflite", library))
+            sizes=_sizes(job.model_path, staging.path / "model.fused.tflite", library), summary=summaries[0])
         _write_plan(job, result, summaries[0], fingerprint, staging.path)
         staging.commit()
     finally:
