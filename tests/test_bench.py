@@ -30,9 +30,11 @@ def test_spread_is_the_interquartile_range_over_the_median():
     assert t.median == 5 and t.spread == pytest.approx((7.5 - 2.5) / 5)
 
 
-def test_benchmark_model_line_reads_like_the_tool():
-    line = timings("xnnpack", [10.0, 20.0]).benchmark_model_line()
-    assert line == "Inference timings in us: Init: 1000, First inference: 500, Warmup (avg): 300, Inference (avg): 15"
+def test_benchmark_model_lines_read_like_the_tool():
+    stats, summary = timings("xnnpack", [10.0, 20.0, 12.5, 11.0]).benchmark_model_lines()
+    assert stats == "count=4 first=10 curr=11 min=10 max=20 avg=13.375 std=4 p5=10 median=11 p95=18"
+    assert summary == ("Inference timings in us: Init: 1000, First inference: 500, Warmup (avg): 300, "
+                       "Inference (avg): 13.375")
 
 
 def test_report_has_every_contender_and_its_ratio():
@@ -40,14 +42,36 @@ def test_report_has_every_contender_and_its_ratio():
     t[1].peak_memory_kib = 2048
     text = format_benchmark(t, "m.tflite", 1)
     assert "builtin" in text and "2.00x" in text and "2.0" in text.splitlines()[4]
-    assert text.count("Inference timings in us:") == 2
+    assert text.count("Inference timings in us:") == 2 and text.count("] count=5 first=") == 2
 
 
 def test_cli_bench_runs_every_contender(capsys, model_path):
     assert cli.main(["bench", str(model_path("add_relu")), "--runs", "3", "--warmup", "1", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [c["name"] for c in data["contenders"]] == ["xnnpack", "builtin"]
-    assert data["contenders"][0]["ratio_to_xnnpack"] == 1.0
+    first = data["contenders"][0]
+    assert first["ratio_to_xnnpack"] == 1.0 and len(first["samples_us"]) == 3 and len(first["warmup_us"]) == 1
+    assert first["min_us"] <= first["p5_us"] <= first["median_us"] <= first["p95_us"] <= first["max_us"]
+    assert first["benchmark_model"][0].startswith("count=3 first=")
+    assert data["host"]["cores"] >= 1 and data["versions"]["halide"]
+
+
+def test_cli_bench_takes_benchmark_models_flags_and_delegate_options(capsys, model_path, tmp_path):
+    # benchmark_model's flag names, and its 'key:value;key:value' delegate options: one contender
+    # with exactly those; --require-claims fails when the delegate claims nothing.
+    from tflite_tools.fuse import fuse
+
+    result = fuse(model_path("add_relu"), tmp_path / "out", cache_dir=tmp_path / "k")
+    args = ["bench", str(result.model), "--external_delegate_path", str(result.library), "--num_runs", "4",
+            "--warmup_runs", "1", "--num_threads", "1", "--require-claims"]
+    assert cli.main([*args, "--delegate-options", "claim:all;log_level:error", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [c["name"] for c in data["contenders"]] == ["xnnpack", "builtin", "dnnfusion"]
+    assert all(len(c["samples_us"]) == 4 for c in data["contenders"])
+    assert cli.main([*args, "--delegate-options", "claim:none"]) == 2
+    assert "the delegate claimed nothing" in capsys.readouterr().err
+    assert cli.main(["bench", str(result.model), "--require-claims"]) == 2
+    assert "need --delegate" in capsys.readouterr().err
 
 
 def test_cli_bench_at_two_threads_runs_each_contender_in_its_own_process(capsys, model_path):
@@ -205,3 +229,13 @@ def test_ctrl_c_during_a_threaded_bench_ends_it_without_a_traceback(model_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines()[-1] == "tflite_tools: interrupted"
+
+
+def test_delegate_options_read_both_forms():
+    from tflite_tools.cli import delegate_options
+    from tflite_tools.model.errors import ModelError
+
+    assert delegate_options(["claim=all", "num_threads:2;log_level:error"], "--option") == {
+        "claim": "all", "num_threads": "2", "log_level": "error"}
+    with pytest.raises(ModelError, match="expected KEY=VALUE or key:value;key:value"):
+        delegate_options(["claim"], "--option")

@@ -23,16 +23,21 @@ meanwhile. Thread pools keep spinning after an invoke (XNNPACK's; the builtin ke
 than 0.2 s), and any one left running shares the cores with the contender being timed: two-thread
 figures measured in one process were 1.4-1.9x where each model alone ran at 1.2-1.3x, and with the
 builtin contender's process merely idle beside it, XNNPACK's own time at two threads doubled.
-Each contender also gets benchmark_model's own summary line (`Inference timings in us: Init: ...,
-First inference: ..., Warmup (avg): ..., Inference (avg): ...`).
+Each contender also gets benchmark_model's own lines, with its fields and precision (`count=50
+first=... curr=... min=... max=... avg=... std=... p5=... median=... p95=...` in microseconds, and
+`Inference timings in us: Init: ..., First inference: ..., Warmup (avg): ..., Inference (avg): ...`).
+TFLite's C++ `benchmark_model` itself is not packaged where this project can reach it (no PyPI wheel
+carries it); `bench` reproduces its figures for each contender side by side.
 Peak memory (`--memory`) is measured per contender in a fresh process: the growth of peak resident
 memory from before the interpreter is built to after one inference.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import multiprocessing
 import os
+import platform
 import signal
 import statistics
 import time
@@ -71,11 +76,32 @@ class Timings:
         q = statistics.quantiles(self.runs_us, n=4)
         return (q[2] - q[0]) / self.median
 
-    def benchmark_model_line(self) -> str:
-        """The figures as benchmark_model prints them."""
+    @property
+    def mean(self) -> float:
+        """Mean inference time."""
+        return statistics.fmean(self.runs_us)
+
+    @property
+    def std(self) -> float:
+        """Standard deviation of the inference times (population, as benchmark_model's Stat)."""
+        return statistics.pstdev(self.runs_us)
+
+    def percentile(self, p: int) -> float:
+        """The p-th percentile of the inference times (p in 1..99)."""
+        if len(self.runs_us) < 2:
+            return self.runs_us[0]
+        return statistics.quantiles(self.runs_us, n=100, method="inclusive")[p - 1]
+
+    def benchmark_model_lines(self) -> list[str]:
+        """The figures as benchmark_model prints them: its Stat line over the timed runs (integer
+        microseconds, the average as C++ streams a double), and its summary line."""
+        runs = self.runs_us
+        stats = (f"count={len(runs)} first={int(runs[0])} curr={int(runs[-1])} min={int(min(runs))} "
+                 f"max={int(max(runs))} avg={self.mean:g} std={int(round(self.std))} p5={int(self.percentile(5))} "
+                 f"median={int(self.percentile(50))} p95={int(self.percentile(95))}")
         warm = statistics.fmean(self.warmup_us) if self.warmup_us else 0.0
-        return (f"Inference timings in us: Init: {self.init_us:.0f}, First inference: {self.first_us:.0f}, "
-                f"Warmup (avg): {warm:.0f}, Inference (avg): {statistics.fmean(self.runs_us):.0f}")
+        return [stats, f"Inference timings in us: Init: {self.init_us:g}, First inference: {self.first_us:g}, "
+                       f"Warmup (avg): {warm:g}, Inference (avg): {self.mean:g}"]
 
 
 def ratios(timings: Sequence[Timings], baseline: str = BASELINE) -> dict[str, float]:
@@ -93,29 +119,38 @@ BATCH = 10
 @dataclass(frozen=True)
 class Contender:
     """One contender: a model under a LiteRT op resolver, with our delegate library claiming
-    `claim` (None: no delegate of ours)."""
+    `claim` (None: no delegate of ours, unless `options` are given) and any further `options`."""
 
     name: str
     model: str
     resolver: str = "xnnpack"
     delegate: str | None = None
     claim: str | None = None
+    options: tuple[tuple[str, str], ...] = ()
 
     def interpreter(self, threads: int) -> Any:
         """The contender's allocated interpreter at `threads` threads."""
         delegates = []
-        if self.claim is not None:
-            delegates.append(runtime.load_delegate(os.fspath(self.delegate), options={
-                "claim": self.claim, "num_threads": str(threads), "log_level": "error"}))
+        if self.claim is not None or self.options:
+            options = {"num_threads": str(threads), "log_level": "error", **dict(self.options)}
+            if self.claim is not None:
+                options["claim"] = self.claim
+            delegates.append(runtime.load_delegate(os.fspath(self.delegate), options=options))
         return runtime.make_interpreter(self.model, self.resolver, threads, delegates=delegates)
 
 
-def contenders(model: str, delegate: str | None) -> list[Contender]:
-    """The contenders that apply to a model (and our delegate library, when given)."""
+def contenders(model: str, delegate: str | None, options: dict[str, str] | None = None,
+               report: os.PathLike | None = None) -> list[Contender]:
+    """The contenders that apply to a model (and our delegate library, when given: claiming all,
+    and claiming the profitable blocks; with `options`, one contender taking exactly those). With
+    `report`, our contenders append their claims there."""
     cases = [Contender("xnnpack", model), Contender("builtin", model, "builtin")]
-    if delegate is not None:
-        cases += [Contender("dnnfusion-all", model, delegate=delegate, claim="all"),
-                  Contender("dnnfusion-profitable", model, delegate=delegate, claim="profitable")]
+    extra = (("report", os.fspath(report)),) if report is not None else ()
+    if delegate is not None and options is not None:
+        cases.append(Contender("dnnfusion", model, delegate=delegate, options=tuple(options.items()) + extra))
+    elif delegate is not None:
+        cases += [Contender("dnnfusion-all", model, delegate=delegate, claim="all", options=extra),
+                  Contender("dnnfusion-profitable", model, delegate=delegate, claim="profitable", options=extra)]
     return cases
 
 
@@ -152,13 +187,15 @@ def _prepared(case: Contender, threads: int, inputs: Inputs) -> tuple[Any, Timin
 
 def benchmark(model: str, delegate: str | None = None, threads: int = 1, runs: int = 50, warmup: int = 5,
               progress: Callable[[int, int, str], None] | None = None, inputs: Inputs = Inputs(),
-              cold: bool = False) -> list[Timings]:
+              cold: bool = False, options: dict[str, str] | None = None,
+              report: os.PathLike | None = None) -> list[Timings]:
     """Times every contender on the same inputs, interleaved (see the module's docstring; `cold`:
-    each invoke after another contender's)."""
+    each invoke after another contender's; `options`, `report`: `contenders`)."""
     if delegate is not None:
         check_unchanged(delegate)
         check_delegate_library(delegate)
-    return time_contenders(contenders(model, delegate), threads, runs, warmup, progress, inputs, cold=cold)
+    return time_contenders(contenders(model, delegate, options, report), threads, runs, warmup, progress, inputs,
+                           cold=cold)
 
 
 def time_contenders(cases: Sequence[Contender], threads: int = 1, runs: int = 50, warmup: int = 5,
@@ -293,26 +330,27 @@ def _status_kib(field_name: str) -> int:
     raise OSError(f"/proc/self/status has no {field_name}")
 
 
-def _peak_memory_child(model: str, delegate: str | None, threads: int, name: str, inputs: Inputs) -> int:
+def _peak_memory_child(model: str, delegate: str | None, threads: int, name: str, inputs: Inputs,
+                       options: dict[str, str] | None) -> int:
     """Peak resident growth (KiB) from building the interpreter through one inference."""
     # Reset the high-water mark left by imports (Linux: writing 5 to clear_refs), so the peak
     # read afterwards is this contender's.
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
     before = _status_kib("VmRSS")
-    interp = next(c for c in contenders(model, delegate) if c.name == name).interpreter(threads)
+    interp = next(c for c in contenders(model, delegate, options) if c.name == name).interpreter(threads)
     inputs.set(interp)
     interp.invoke()
     return _status_kib("VmHWM") - before
 
 
 def measure_peak_memory(timings: Sequence[Timings], model: str, delegate: str | None, threads: int,
-                        inputs: Inputs = Inputs()) -> None:
+                        inputs: Inputs = Inputs(), options: dict[str, str] | None = None) -> None:
     """Fills each contender's peak_memory_kib, measured in a fresh process of its own."""
     context = multiprocessing.get_context("spawn")
     for t in timings:
         with _start_deaf_to_ctrl_c(lambda: context.Pool(1)) as pool:
-            t.peak_memory_kib = pool.apply(_peak_memory_child, (model, delegate, threads, t.name, inputs))
+            t.peak_memory_kib = pool.apply(_peak_memory_child, (model, delegate, threads, t.name, inputs, options))
 
 
 def format_benchmark(timings: Sequence[Timings], model: str, threads: int, cold: bool = False) -> str:
@@ -329,5 +367,41 @@ def format_benchmark(timings: Sequence[Timings], model: str, threads: int, cold:
                      f"{t.spread:>8.1%}{rel[t.name]:>10.2f}x{mem:>10}")
     lines.append("")
     for t in timings:
-        lines.append(f"[{t.name}] {t.benchmark_model_line()}")
+        lines += [f"[{t.name}] {line}" for line in t.benchmark_model_lines()]
     return "\n".join(lines)
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _host_cpu() -> str:
+    """The host CPU's model name (Linux), else what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def benchmark_json(timings: Sequence[Timings], model: str, threads: int, cold: bool = False) -> dict:
+    """`bench --json`: per contender the raw samples (us) with their mean, deviation and
+    percentiles, benchmark_model's figures and the ratio to XNNPACK; the host and the versions."""
+    rel = ratios(timings)
+    return {
+        "model": model, "threads": threads, "cold": cold,
+        "host": {"cpu": _host_cpu(), "cores": os.cpu_count(), "machine": platform.machine(),
+                 "python": platform.python_version()},
+        "versions": {name: _version(name) for name in ("dnnfusion", runtime.RUNTIME.replace("_", "-"), "halide")},
+        "contenders": [{
+            "name": t.name, "samples_us": t.runs_us, "warmup_us": t.warmup_us, "init_us": t.init_us,
+            "first_us": t.first_us, "mean_us": t.mean, "std_us": t.std, "min_us": min(t.runs_us),
+            "max_us": max(t.runs_us), "p5_us": t.percentile(5), "median_us": t.median, "p95_us": t.percentile(95),
+            "spread": t.spread, "ratio_to_xnnpack": rel[t.name], "peak_memory_kib": t.peak_memory_kib,
+            "benchmark_model": t.benchmark_model_lines()} for t in timings]}

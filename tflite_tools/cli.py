@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,7 +24,7 @@ from halide_gen.profile import HostProfiler
 from halide_gen.targets import BASE_TARGETS, INT8_ROUNDINGS, with_int8_rounding, with_precision
 
 from .aar import package_aar
-from .bench import Inputs, benchmark, format_benchmark, measure_peak_memory, ratios
+from .bench import Inputs, benchmark, benchmark_json, format_benchmark, measure_peak_memory
 from .fuse import fuse
 from .info import format_info, model_info
 from .model.atomic import write_bytes_atomic
@@ -121,15 +122,22 @@ def _check_threads(command: str, threads: int) -> None:
         raise ModelError(f"{command}: --threads must be from 1 to {MAX_THREADS}, got {threads}")
 
 
+def delegate_options(items: Sequence[str], flag: str) -> dict[str, str]:
+    """Delegate options from KEY=VALUE items, or benchmark_model's `key:value;key:value` strings."""
+    options = {}
+    for item in items:
+        for pair in filter(None, item.split(";")):
+            key, sep, value = pair.partition("=") if "=" in pair else pair.partition(":")
+            if not sep or not key:
+                raise ModelError(f"{flag} {item!r}: expected KEY=VALUE or key:value;key:value")
+            options[key.strip()] = value.strip()
+    return options
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Runs a model (through a delegate if given) and compares its outputs with LiteRT's reference."""
     _check_threads("run", args.threads)
-    options = {}
-    for item in args.option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ModelError(f"--option {item!r}: expected KEY=VALUE")
-        options[key] = value
+    options = delegate_options(args.option, "--option")
     result = run(args.model, delegate=args.delegate, inputs=args.inputs, threads=args.threads, options=options,
                  seed=args.seed)
     if args.json:
@@ -163,17 +171,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
     _check_threads("bench", args.threads)
     if args.runs < 1 or args.warmup < 0:
         raise ModelError("bench: --runs must be at least 1, --warmup at least 0")
+    if (args.delegate_options or args.require_claims) and not args.delegate:
+        raise ModelError("bench: --delegate-options and --require-claims need --delegate LIB")
     inputs = Inputs(tuple(args.inputs), args.seed)
-    timings = benchmark(args.model, args.delegate, args.threads, args.runs, args.warmup, _progress_printer(),
-                        inputs, cold=args.cold)
+    options = delegate_options(args.delegate_options, "--delegate-options") if args.delegate_options else None
+    with tempfile.TemporaryDirectory(prefix="dnnfusion-bench-") as tmp:
+        claims = Path(tmp) / "claims.jsonl" if args.require_claims else None
+        timings = benchmark(args.model, args.delegate, args.threads, args.runs, args.warmup, _progress_printer(),
+                            inputs, cold=args.cold, options=options, report=claims)
+        if claims is not None and not any(json.loads(line)["claimed_nodes"] for line in
+                                          (claims.read_text().splitlines() if claims.exists() else [])):
+            raise ModelError(f"bench: the delegate claimed nothing in {args.model} (--require-claims)")
     if args.memory:
-        measure_peak_memory(timings, args.model, args.delegate, args.threads, inputs)
+        measure_peak_memory(timings, args.model, args.delegate, args.threads, inputs, options)
     if args.json:
-        rel = ratios(timings)
-        print(json.dumps({"model": args.model, "threads": args.threads, "cold": args.cold, "contenders": [
-            {"name": t.name, "median_us": t.median, "min_us": min(t.runs_us), "max_us": max(t.runs_us),
-             "spread": t.spread, "ratio_to_xnnpack": rel[t.name], "init_us": t.init_us, "first_us": t.first_us,
-             "peak_memory_kib": t.peak_memory_kib} for t in timings]}, indent=2))
+        print(json.dumps(benchmark_json(timings, args.model, args.threads, args.cold), indent=2))
     else:
         print(format_benchmark(timings, args.model, args.threads, args.cold))
     return 0
@@ -261,19 +273,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--inputs", nargs="+", default=[], metavar="NPY",
                      help="one .npy per input (default: random, integers under any table they index)")
     run.add_argument("--compare", action="store_true", help="exit 1 when an output is outside the tolerance")
-    run.add_argument("--threads", type=int, default=1, help="interpreter threads (default 1)")
-    run.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                     help="a delegate option (num_threads, log_level, claim, report); repeatable")
+    run.add_argument("--threads", "--num_threads", type=int, default=1, help="interpreter threads (default 1)")
+    run.add_argument("--option", "--delegate-options", action="append", default=[], metavar="KEY=VALUE",
+                     help="a delegate option (num_threads, log_level, claim, report, ...), or benchmark_model's "
+                          "'key:value;key:value'; repeatable")
     run.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     run.add_argument("--json", action="store_true", help="print one JSON object")
     run.set_defaults(run=cmd_run)
 
     bench = sub.add_parser("bench", help="latency side by side: LiteRT+XNNPACK, LiteRT builtin, our delegate")
     bench.add_argument("model", metavar="MODEL", help="path to a .tflite file (model.fused.tflite with a delegate)")
-    bench.add_argument("--delegate", metavar="LIB", help="a dnnfusion delegate library: adds claim:all and claim:profitable")
-    bench.add_argument("--threads", type=int, default=1, help="threads for every contender (default 1)")
-    bench.add_argument("--runs", type=int, default=50, help="timed runs per contender (default 50)")
-    bench.add_argument("--warmup", type=int, default=5, help="untimed runs per contender first (default 5)")
+    bench.add_argument("--delegate", "--external_delegate_path", metavar="LIB",
+                       help="a dnnfusion delegate library: adds claim:all and claim:profitable")
+    bench.add_argument("--delegate-options", "--external_delegate_options", action="append", default=[],
+                       metavar="'key:value;key:value'",
+                       help="the delegate's options, as benchmark_model takes them: one contender, dnnfusion, "
+                            "with exactly these (instead of claim:all and claim:profitable)")
+    bench.add_argument("--require-claims", action="store_true",
+                       help="exit 2 when the delegate claims nothing (benchmark tools' require-full-delegation check)")
+    bench.add_argument("--threads", "--num_threads", type=int, default=1, help="threads for every contender (default 1)")
+    bench.add_argument("--runs", "--num_runs", type=int, default=50, help="timed runs per contender (default 50)")
+    bench.add_argument("--warmup", "--warmup_runs", type=int, default=5,
+                       help="untimed runs per contender first (default 5)")
     bench.add_argument("--cold", action="store_true",
                        help="one invoke per turn, each after another contender's (default: turns of 10 invokes, "
                             "after one untimed, as an app running one model sees)")
