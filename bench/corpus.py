@@ -227,6 +227,22 @@ for _base in ("mobilenet_v2_128", "unet_transpose", "vit_tiny"):
     recipe(f"{_base}_int8")(_int8(_base))
 
 
+def _open_batch(base: str):
+    """A float recipe with its batch dimension left open (Keras's default: shape signature -1), as
+    most Keras models convert: fused at the converter's static batch of 1."""
+    def make(tf):
+        model, settings = RECIPES[base](tf)
+        inputs = [tf.keras.Input(t.shape[1:], dtype=t.dtype) for t in model.inputs]
+        clone = tf.keras.models.clone_model(model, input_tensors=tf.nest.pack_sequence_as(model.input, inputs))
+        clone.set_weights(model.get_weights())
+        return clone, settings
+    return make
+
+
+for _base in ("mobilenet_v2_128", "vit_tiny"):
+    recipe(f"{_base}_open_batch")(_open_batch(_base))
+
+
 # name -> recipe(torch) returning (module in eval mode, sample input tuple, int8: bool). PyTorch
 # models, converted by litert-torch.
 TORCH_RECIPES: dict[str, Callable] = {}

@@ -161,6 +161,15 @@ def m_exp_reduce_prod(b, x):
     return b.op("REDUCE_PROD", [e, b.const("axes", np.array([3], np.int32))], [1, 4, 4], keep_dims=False)
 
 
+def m_reshape_to_inferred_dim(b, x):
+    # A Keras flatten of an open batch: [batch, 4 * 4 * 8] with the batch read off SHAPE.
+    shape = b.op("SHAPE", [x], [4], dtype="int32", out_type=2)  # INT32
+    batch = b.op("STRIDED_SLICE", [shape, b.const("b0", np.array([0], np.int32)), b.const("b1", np.array([1], np.int32)),
+                                   b.const("b2", np.array([1], np.int32))], [], dtype="int32", shrink_axis_mask=1)
+    target = b.op("PACK", [batch, b.const("rest", np.int32(128))], [2], dtype="int32", values_count=2, axis=0)
+    return b.op("RELU", [b.op("RESHAPE", [x, target], [1, 128])], [1, 128])
+
+
 CASES = {name[2:]: fn for name, fn in globals().items() if name.startswith("m_")}
 
 
@@ -327,3 +336,45 @@ def test_quantize_of_dequantize_gives_back_every_int8(scale, zp):
     before = runtime.run(runtime.make_interpreter(original, resolver="reference"), every)
     after = runtime.run(runtime.make_interpreter(tflite_tools.serialize(model), resolver="reference"), every)
     assert before[0].tobytes() == after[0].tobytes()
+
+
+def _reshape_to_leading_dims(b, x):
+    """x [n, h, ...] reshaped to [n, h, rest], n and h read off SHAPE (a Keras reshape of both)."""
+    shape = b.op("SHAPE", [x], [4], dtype="int32", out_type=2)  # INT32
+
+    def element(k):
+        return b.op("STRIDED_SLICE", [shape, b.const(f"s{k}", np.array([k], np.int32)),
+                                      b.const(f"e{k}", np.array([k + 1], np.int32)), b.const(f"t{k}", np.array([1], np.int32))],
+                    [], dtype="int32", shrink_axis_mask=1)
+
+    target = b.op("PACK", [element(0), element(1), b.const("rest", np.int32(32))], [3], dtype="int32", values_count=3,
+                  axis=0)
+    return b.op("RESHAPE", [x, target], [1, 4, 32])
+
+
+@pytest.mark.parametrize("open_dims, fires", [([0], True), ([0, 1], False)])
+def test_a_reshape_to_a_shape_read_off_an_open_batch_gets_a_constant_shape(open_dims, fires):
+    # One element that varies becomes -1 (the rewritten model runs at another batch exactly as the
+    # original does, and LiteRT sizes the reshape when it prepares); two cannot.
+    b = ModelBuilder()
+    x = b.input("x", S, shape_signature=[-1 if k in open_dims else d for k, d in enumerate(S)])
+    y = _reshape_to_leading_dims(b, x)
+    y.shape_signature = tuple(-1 if k in open_dims else d for k, d in enumerate((1, 4, 32)))
+    b.output(y)
+    original = tflite_tools.serialize(b.build())
+    model = tflite_tools.parse(original)
+    log = rewrite(model)
+    assert (log.counts["reshape_to_inferred_dim"] == 1) == fires
+    if not fires:
+        return
+    reshape = next(op for op in model.main.operators if op.name == "RESHAPE")
+    assert reshape.inputs[1].data.tolist() == [-1, 4, 32] and "SHAPE" not in [op.name for op in model.main.operators]
+    for batch in (1, 3):
+        runs = []
+        for data in (original, tflite_tools.serialize(model)):
+            interp = runtime.make_interpreter(data, resolver="reference")
+            interp.resize_tensor_input(interp.get_input_details()[0]["index"], [batch, *S[1:]])
+            interp.allocate_tensors()
+            runs.append(runtime.run(interp, [np.random.default_rng(batch).standard_normal([batch, *S[1:]])
+                                             .astype(np.float32)])[0])
+        assert runs[0].shape == (batch, 4, 32) and runs[0].tobytes() == runs[1].tobytes()

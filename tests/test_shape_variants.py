@@ -21,7 +21,7 @@ from tflite_tools.fuse import fuse
 from tflite_tools.model.errors import ModelError
 from tflite_tools.model.reader import load
 from tflite_tools.model.variants import parse_variant, resolve
-from tflite_tools.run import compare, read_claims, reference_resolver
+from tflite_tools.run import compare, read_claims, reference_resolver, run
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +179,28 @@ def test_plan_and_report_list_the_shape_variants(kernel_cache, tmp_path, model_p
                                  "prefix": "shape1."}]
     assert {k["block"]: k["shapes"] for k in plan["kernels"]} == {"block_000": None, "shape1.block_000": "x=4x8"}
     assert "`serving_default@x=4x8` (blocks `shape1.block_NNN`)" in result.report_md.read_text()
+
+
+def test_tensors_sized_from_an_open_batch_take_the_shapes_litert_gives_them(kernel_cache, tmp_path):
+    # Converters write 1 for every open dimension, also where a size is a product with one: the rows
+    # of a flattened batch of 4 x 8 are [4, 8] at batch 1, not the [1, 8] written. Kernels are built
+    # at LiteRT's shapes, so the delegate claims them.
+    from tflite_tools import serialize
+    from tflite_tools.model.builder import ModelBuilder
+
+    rng = np.random.default_rng(3)
+    b = ModelBuilder()
+    x = b.input("x", [1, 4, 8], shape_signature=[-1, 4, 8])
+    rows = b.op("RESHAPE", [x, b.const("rows", np.array([-1, 8], np.int32))], [1, 8])  # as a converter writes it
+    rows.shape_signature = (-1, 8)
+    y = b.op("FULLY_CONNECTED", [rows, b.const("w", rng.standard_normal((6, 8)).astype(np.float32)),
+                                 b.const("bias", rng.standard_normal(6).astype(np.float32))], [1, 6],
+             fused_activation_function="RELU")
+    y.shape_signature = (-1, 6)
+    b.output(y)
+    path = tmp_path / "flatten.tflite"
+    path.write_bytes(serialize(b.build()))
+    result = fuse(path, tmp_path / "out", cache_dir=kernel_cache)
+    assert [k.kernel is not None for k in result.kernels] == [True]
+    outcome = run(result.model, delegate=result.library, options={"claim": "all"}, seed=1)
+    assert outcome.ok and outcome.claims["claimed_nodes"] == [0, 1], outcome.claims

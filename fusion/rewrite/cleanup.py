@@ -110,6 +110,76 @@ def reorganize_chain(g: GraphView, op: Operator) -> Rewrite | None:
     return Rewrite(y.num_elements, apply)
 
 
+def _flags(op: Operator, name: str) -> int:
+    return int(getattr(op.options, name, 0) or 0)
+
+
+def _known(g: GraphView, t: Tensor | None, depth: int = 0) -> list[int | None] | None:
+    """The elements of an integer tensor of rank 0 or 1 computed from shapes, each the value it
+    always has or None where it varies: SHAPE of a tensor (a dimension its shape signature leaves
+    open varies, the others are fixed by the model's own declaration), and slices, gathers,
+    products, packs, concatenations and casts of those. None when `t` is not built so."""
+    if t is None or len(t.shape) > 1 or depth > 16:
+        return None
+    if t.is_constant:
+        return [int(v) for v in np.asarray(t.data).reshape(-1)]
+    op = g.producer_of(t)
+    if op is None:
+        return None
+    first = _known(g, op.inputs[0], depth + 1) if op.name != "SHAPE" and op.inputs else None
+    if op.name == "SHAPE":
+        x = op.inputs[0]
+        signature = x.shape_signature if x.shape_signature is not None else x.shape
+        return [None if d < 0 else int(d) for d in signature]
+    if op.name == "CAST":
+        return first
+    if op.name == "GATHER" and first is not None and _flags(op, "axis") == 0:
+        indices = const(op.inputs[1])
+        return None if indices is None else [first[int(i)] for i in np.asarray(indices).reshape(-1)]
+    if op.name == "STRIDED_SLICE" and first is not None and len(op.inputs[0].shape) == 1:
+        begin, end, strides = (const(u) for u in op.inputs[1:4])
+        if begin is None or end is None or strides is None or _flags(op, "ellipsisMask") or _flags(op, "newAxisMask"):
+            return None
+        b = None if _flags(op, "beginMask") & 1 else int(np.asarray(begin).reshape(-1)[0])
+        e = None if _flags(op, "endMask") & 1 else int(np.asarray(end).reshape(-1)[0])
+        picked = first[slice(b, e, int(np.asarray(strides).reshape(-1)[0]))]
+        if _flags(op, "shrinkAxisMask") & 1:
+            picked = first[b:][:1] if b is not None else first[:1]
+        return picked
+    if op.name == "REDUCE_PROD" and first is not None:
+        return [None if None in first else int(np.prod(first, dtype=np.int64))]
+    if op.name in ("PACK", "CONCATENATION") and _flags(op, "axis") == 0:
+        parts = [_known(g, part, depth + 1) for part in op.inputs]
+        return None if any(p is None for p in parts) else [e for p in parts for e in p]
+    return None
+
+
+@rule("reshape_to_inferred_dim", exact=True, family="cleanup")
+def reshape_to_inferred_dim(g: GraphView, op: Operator) -> Rewrite | None:
+    """RESHAPE to a shape computed from shapes with at most one element that varies (a batch read off
+    SHAPE, as Keras models with an open batch convert) -> RESHAPE to a constant shape, -1 there.
+
+    Exact: a reshape keeps the element count, so the one element that varies is the count over the
+    product of the others, which is what -1 asks for; the others are fixed (_known). LiteRT then
+    sizes the output when it prepares the model rather than as it runs, and a kernel may take it
+    (fusion/ecg.py)."""
+    if op.name != "RESHAPE" or len(op.inputs) < 2 or op.inputs[0] is None or op.inputs[1] is None:
+        return None
+    elements = None if op.inputs[1].is_constant else _known(g, op.inputs[1])
+    if (elements is None or len(elements) != len(op.outputs[0].shape) or elements.count(None) > 1
+            or any(e is not None and e < 0 for e in elements)):
+        return None
+    shape = [-1 if e is None else e for e in elements]
+
+    def apply() -> bool:
+        operand = g.constant(op.outputs[0].name + "/shape", np.array(shape, op.inputs[1].numpy_dtype))
+        g.insert_before(op, g.make_op("RESHAPE", [op.inputs[0], operand], list(op.outputs), new_shape=shape))
+        g.remove_op(op)
+        return True
+
+    return Rewrite(op.outputs[0].num_elements, apply)
+
+
 @rule("transpose_chain", exact=True, family="cleanup")
 def transpose_chain(g: GraphView, op: Operator) -> Rewrite | None:
     """TRANSPOSE(TRANSPOSE(x, p), q) -> TRANSPOSE(x, p[q]), or x when the permutations cancel."""
