@@ -22,7 +22,7 @@ EM_AARCH64 = 183
 
 @pytest.fixture(scope="module")
 def android_out(tmp_path_factory) -> Path:
-    """An arm64-android fuse output whose library is built (a host build relabelled aarch64: aar
+    """An arm64-android fuse output whose libraries are built (a host build relabelled aarch64: aar
     reads the ELF header and packs the bytes, which is all an interrupted aar needs)."""
     from tflite_tools.fuse import fuse
 
@@ -34,6 +34,7 @@ def android_out(tmp_path_factory) -> Path:
     built = out / "android" / "arm64-v8a" / "build" / "libadd_relu_dnnfusion.so"
     built.parent.mkdir(parents=True)
     built.write_bytes(library[:18] + EM_AARCH64.to_bytes(2, "little") + library[20:])
+    (built.parent / "libdnnfusion_jni.so").write_bytes(built.read_bytes())  # its JNI library, as the build makes it
     return out
 
 
