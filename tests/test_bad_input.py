@@ -301,3 +301,11 @@ def test_a_tensor_halide_cannot_address_gets_no_kernel():
     model = b.build()
     with pytest.raises(LoweringError, match="over what a Halide buffer can address"):
         build_block("huge", model.main.operators, model.main.outputs)
+
+
+def test_version_names_the_installed_package():
+    import tflite_tools
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"dnnfusion {tflite_tools.__version__}"
+    assert tflite_tools.__version__ != "0+unknown"  # the package is installed, with its version

@@ -20,7 +20,20 @@ _API = {
     "save": "writer", "serialize": "writer",
 }
 
-__all__ = sorted(_API)
+__all__ = sorted(_API) + ["__version__"]
+
+
+def _version() -> str:
+    """The installed dnnfusion package's version (pyproject.toml), or 0+unknown from a bare tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dnnfusion")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,7 @@ from fusion.report import format_summary, to_dot
 from halide_gen.profile import HostProfiler
 from halide_gen.targets import BASE_TARGETS, INT8_ROUNDINGS, with_int8_rounding, with_precision
 
+from . import __version__
 from .aar import package_aar
 from .bench import Inputs, benchmark, benchmark_json, format_benchmark, measure_peak_memory
 from .fuse import fuse
@@ -225,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tflite_tools",
         description="Inspect TensorFlow Lite models and fuse them into Halide kernels (dnnfusion).",
     )
+    parser.add_argument("--version", action="version", version=f"dnnfusion {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     info = sub.add_parser("info", help="summarise a model: I/O, ops, memory, FLOPs")
