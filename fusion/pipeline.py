@@ -65,4 +65,3 @@ def size_as_litert_does(model: Model, subgraph: int) -> None:
     for t, shape in zip(sg.tensors, shapes):
         if shape is not None and id(t) not in running and not t.is_constant:
             t.shape = shape
-

@@ -54,6 +54,8 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         raise ModelError("fuse: say where to write the delegate (-o OUT), or --plan-only to print the plan")
     if args.plan_only and args.shape:
         raise ModelError("fuse: --shape compiles kernels at other input shapes, which --plan-only does not")
+    if args.dot:
+        _check_dot_path(args.dot)  # before the work, not after it
     trace = (lambda line: print(f"[rewrite] {line}", file=sys.stderr)) if args.verbose else None
     cost = None
     if args.cost == "profile":
@@ -63,8 +65,6 @@ def cmd_fuse(args: argparse.Namespace) -> int:
             target = with_int8_rounding(with_precision(args.target, args.gpu_precision), args.int8_rounding)
         except ValueError as exc:
             raise ModelError(str(exc)) from None
-        if args.dot:
-            _check_dot_path(args.dot)  # before the compile, not after it
         result = fuse(args.model, args.out, target=target, fast_math=args.fast_math, measure=args.measure,
                       cost=cost, progress=_progress_printer(), debug_runtime=args.debug_runtime,
                       autoschedulers=args.autoschedulers, emit_asm=args.emit_asm, shapes=args.shape, trace=trace)
@@ -87,8 +87,6 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         if args.explain:
             print(format_summary(result.summary, args.model, explain=True))
         return 0
-    if args.dot:
-        _check_dot_path(args.dot)
     summary = plan_model(load(args.model), fast_math=args.fast_math, cost=cost, trace=trace)
     if args.dot:
         write_dot(to_dot(summary), args.dot)

@@ -60,8 +60,8 @@ from .model.ir import Model, Subgraph
 from .model.reader import load
 from .model.variants import ShapeVariant, parse_variant, resolve, with_shapes
 from .model.writer import save, serialize
-from .runtime import tensor_shapes
 from .outdir import OutputFolder
+from .runtime import tensor_shapes
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
 
@@ -222,7 +222,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
             whole_model_ms=claims.one_thread_ms, whole_model_ms_threaded=claims.threaded_ms,
             decoders=graphs[0].decoders, subgraphs=[SubgraphResult(g.index, g.name, g.summary, g.decoders)
                                                     for g in own[1:]],
-            variants=[VariantResult(g.index, g.name, g.variant.variant.text, g.variant.prefix) for g in graphs if g.variant],
+            variants=[VariantResult(v.index, v.name, v.variant.text, v.prefix) for v in shaped],
             sizes=_sizes(job.model_path, staging.path / "model.fused.tflite", library), summary=summaries[0])
         _write_plan(job, result, summaries[0], fingerprint, staging.path)
         staging.commit()
@@ -301,8 +301,9 @@ class _Shaped:
 
     variant: ShapeVariant
     index: int  # the subgraph
-    shapes: list[tuple[int, ...]]  # by tensor index
+    shapes: list[tuple[int, ...] | None]  # by tensor index (None: LiteRT gave it none)
     prefix: str  # its blocks' names start with it
+    name: str  # `<subgraph label>@<input>=<dims>,...`
 
 
 def _shaped_subgraphs(model: Model, variants: Sequence[ShapeVariant]) -> list[_Shaped]:
@@ -318,7 +319,9 @@ def _shaped_subgraphs(model: Model, variants: Sequence[ShapeVariant]) -> list[_S
             shapes = tensor_shapes(content, index, inputs)
         except ModelError as exc:
             raise ModelError(f"--shape {variant.text!r}: {exc}") from None
-        shaped.append(_Shaped(variant, index, shapes, f"{block_prefix(model, index)}shape{k}."))
+        label = model.subgraph_label(index)
+        dims = ",".join(f"{name.removeprefix(label + ':')}={'x'.join(map(str, d))}" for name, d in variant.inputs)
+        shaped.append(_Shaped(variant, index, shapes, f"{block_prefix(model, index)}shape{k}.", f"{label}@{dims}"))
     return shaped
 
 
@@ -349,10 +352,7 @@ def _compile_subgraph(job: _Job, model: Model, index: int, summary: PlanSummary,
         records, bundle_blocks = _compile_blocks(job, copy, blocks)
         for record in records:
             record.shapes = variant.variant.text
-        shapes = ",".join(f"{name.removeprefix(label + ':')}={'x'.join(map(str, dims))}"
-                          for name, dims in variant.variant.inputs)
-        graphs.append(_Graph(index, f"{label}@{shapes}", summary, records,
-                             bundle_blocks, copy, variant))
+        graphs.append(_Graph(index, variant.name, summary, records, bundle_blocks, copy, variant))
     for graph in graphs:
         for record in graph.records:
             record.subgraph = index

@@ -228,12 +228,14 @@ bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes
     size_t count = 1;
     for (int d = 0; d < spec->rank; ++d) count *= static_cast<size_t>(spec->dims[d]);
     if (t.bytes < (count + 1) / 2) return false;
-    unpacked.resize(count);
-    UnpackInt4(reinterpret_cast<const uint8_t*>(t.data.raw), count, unpacked.data());
-    if (b.pack == static_cast<int>(Pack::kNone)) {
-      std::memcpy(b.packed.data(), unpacked.data(), std::min(count, b.packed.size()));
-      return b.packed.size() == count;
+    const auto* packed = reinterpret_cast<const uint8_t*>(t.data.raw);
+    if (b.pack == static_cast<int>(Pack::kNone)) {  // the unpacked values are the copy
+      if (b.packed.size() != count) return false;
+      UnpackInt4(packed, count, reinterpret_cast<int8_t*>(b.packed.data()));
+      return true;
     }
+    unpacked.resize(count);
+    UnpackInt4(packed, count, unpacked.data());
     values = unpacked.data();
   }
   return PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, b.packed.data(), b.packed_dims,

@@ -14,8 +14,8 @@
 #include "cpu_caps.h"
 #include "delegate_state.h"
 #include "dnnfusion/bundle.h"
-#include "gpu_caps.h"
 #include "dnnfusion/tflite_abi.h"
+#include "gpu_caps.h"
 #include "halide_hooks.h"
 #include "log.h"
 #include "options.h"
@@ -73,9 +73,8 @@ void ClearStaleMarks(TfLiteContext* context) {
   for (int i = 0; i < plan->size; ++i) {
     TfLiteNode* node = nullptr;
     TfLiteRegistration* reg = nullptr;
-    if (context->GetNodeAndRegistration(context, plan->data[i], &node, &reg) != kTfLiteOk || node->delegate != nullptr) {
-      return;
-    }
+    if (context->GetNodeAndRegistration(context, plan->data[i], &node, &reg) != kTfLiteOk) return;
+    if (node->delegate != nullptr) return;
   }
   for (size_t t = 0; t < context->tensors_size; ++t) context->tensors[t].delegate = nullptr;
 }
@@ -124,7 +123,6 @@ bool KnownBlocks(const Bundle& bundle, const std::vector<std::string>& names, st
   return true;
 }
 
-}  // namespace
 // Why creation fails, to the caller's reporter; benchmark_model's external_delegate.cc may pass
 // none: then to the log (stderr, or logcat on Android).
 void ReportCreationError(void (*report_error)(const char*), const std::string& error) {
@@ -136,6 +134,7 @@ void ReportCreationError(void (*report_error)(const char*), const std::string& e
   }
 }
 
+}  // namespace
 }  // namespace dnnfusion
 
 extern "C" {

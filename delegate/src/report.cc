@@ -56,6 +56,7 @@ void LogClaim(const Claim& claim, ClaimPolicy policy) {
 }
 
 void RecordReport(DelegateState& state, const Claim& claim) {
+  if (state.options.report.empty()) return;  // the line goes nowhere else
   const Bundle& bundle = *state.bundle;
   std::string line = "{\"model\": " + JsonString(bundle.model) + ", \"target\": " + JsonString(bundle.target) +
                      ", \"graph_matches\": " + (claim.graph_matches ? "true" : "false") +
@@ -73,7 +74,6 @@ void RecordReport(DelegateState& state, const Claim& claim) {
             ", \"reason\": " + JsonString(claim.declined[i].reason) + "}";
   }
   line += "]}";
-  if (state.options.report.empty()) return;
   std::lock_guard<std::mutex> lock(state.report_mutex);
   AppendOrWarn(state.options.report, line + "\n", "report", &state.report_warned);
 }

@@ -12,9 +12,9 @@ namespace dnnfusion {
 
 void LogClaim(const Claim& claim, ClaimPolicy policy);
 
-// Records {"model", "target", "graph_matches", "subgraph", "subgraph_name", "claim", "claimed_blocks",
+// Appends {"model", "target", "graph_matches", "subgraph", "subgraph_name", "claim", "claimed_blocks",
 // "claimed_nodes", "declined": [{"block", "reason"}]}
-// and appends it to the `report` file when the option names one.
+// to the `report` file, when the option names one.
 void RecordReport(DelegateState& state, const Claim& claim);
 
 // Appends `text` to the file at `path` (created if missing) without ever blocking the host: a FIFO

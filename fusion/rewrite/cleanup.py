@@ -124,13 +124,18 @@ def _known(g: GraphView, t: Tensor | None, depth: int = 0) -> list[int | None] |
     if t.is_constant:
         return [int(v) for v in np.asarray(t.data).reshape(-1)]
     op = g.producer_of(t)
-    if op is None:
+    if op is None or not op.inputs:
         return None
-    first = _known(g, op.inputs[0], depth + 1) if op.name != "SHAPE" and op.inputs else None
     if op.name == "SHAPE":
         x = op.inputs[0]
         signature = x.shape_signature if x.shape_signature is not None else x.shape
         return [None if d < 0 else int(d) for d in signature]
+    if op.name in ("PACK", "CONCATENATION") and _flags(op, "axis") == 0:
+        parts = [_known(g, part, depth + 1) for part in op.inputs]
+        return None if any(p is None for p in parts) else [e for p in parts for e in p]
+    if op.name not in ("CAST", "GATHER", "STRIDED_SLICE", "REDUCE_PROD"):
+        return None
+    first = _known(g, op.inputs[0], depth + 1)
     if op.name == "CAST":
         return first
     if op.name == "GATHER" and first is not None and _flags(op, "axis") == 0:
@@ -141,16 +146,12 @@ def _known(g: GraphView, t: Tensor | None, depth: int = 0) -> list[int | None] |
         if begin is None or end is None or strides is None or _flags(op, "ellipsisMask") or _flags(op, "newAxisMask"):
             return None
         b = None if _flags(op, "beginMask") & 1 else int(np.asarray(begin).reshape(-1)[0])
+        if _flags(op, "shrinkAxisMask") & 1:  # one element: the one at begin
+            return first[b:][:1] if b is not None else first[:1]
         e = None if _flags(op, "endMask") & 1 else int(np.asarray(end).reshape(-1)[0])
-        picked = first[slice(b, e, int(np.asarray(strides).reshape(-1)[0]))]
-        if _flags(op, "shrinkAxisMask") & 1:
-            picked = first[b:][:1] if b is not None else first[:1]
-        return picked
+        return first[slice(b, e, int(np.asarray(strides).reshape(-1)[0]))]
     if op.name == "REDUCE_PROD" and first is not None:
         return [None if None in first else int(np.prod(first, dtype=np.int64))]
-    if op.name in ("PACK", "CONCATENATION") and _flags(op, "axis") == 0:
-        parts = [_known(g, part, depth + 1) for part in op.inputs]
-        return None if any(p is None for p in parts) else [e for p in parts for e in p]
     return None
 
 

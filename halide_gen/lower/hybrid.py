@@ -4,21 +4,20 @@ constant weights beside a float activation, as TFLite's hybrid kernels compute t
 The activation is quantized when the kernel runs, per row (FULLY_CONNECTED: its innermost axis;
 BATCH_MATMUL: each row of its left operand) or per image (the convolutions: a batch element):
 
-- symmetric (FULLY_CONNECTED and BATCH_MATMUL by default; a convolution with one weight scale): in steps of
-  max|row| / 127, each element rounded half away from zero and clamped to [-127, 127]
+- symmetric (FULLY_CONNECTED and BATCH_MATMUL by default; a convolution with one weight scale): in
+  steps of max|row| / 127, each element rounded half away from zero and clamped to [-127, 127]
   (tensor_utils::SymmetricQuantizeFloats);
-- asymmetric (their `asymmetric_quantize_inputs`, which converters set; a convolution
-  with a scale per channel): in steps of (max(row, 0) - min(row, 0)) / 255 about a zero point
-  nudged onto [-128, 127], formed in double as TFLite forms them (AsymmetricQuantizeFloats), which
-  keeps them off the GPU targets.
+- asymmetric (their `asymmetric_quantize_inputs`, which converters set; a convolution with a scale
+  per channel): in steps of (max(row, 0) - min(row, 0)) / 255 about a zero point nudged onto
+  [-128, 127], formed in double as TFLite forms them (AsymmetricQuantizeFloats), which keeps them
+  off the GPU targets.
 
 The int8 products are summed in int32 — FULLY_CONNECTED with the int8 path's dot-product loops
 (VNNI on x86, SDOT on ARM), the zero point's share (zero point x the weights' row sum) taken off
 after; BATCH_MATMUL and the convolutions centred on the zero point (a convolution's padding then
-adds nothing) — and each sum is rescaled
-to float as bias + sum * (row step * weight scale), then activated. The quantization is TFLite's to
-the bit; how far two implementations that round it differently may drift is the dynamic-range rule
-of `run --compare` (tflite_tools/model/hybrid.py).
+adds nothing) — and each sum is rescaled to float as bias + sum * (row step * weight scale), then
+activated. The quantization is TFLite's to the bit; how far two implementations that round it
+differently may drift is the dynamic-range rule of `run --compare` (tflite_tools/model/hybrid.py).
 """
 
 from __future__ import annotations
@@ -222,8 +221,8 @@ def lower_batch_matmul_hybrid(ctx: OpContext) -> list[Value]:
     `asymmetric_quantize_inputs` says, the products summed centred on its zero point, each sum
     rescaled by row step x column scale. No bias, no activation."""
     lhs, rhs = ctx.op.inputs[0], ctx.op.inputs[1]
-    if lhs.type_name != "FLOAT32" or rhs.type_name != "INT8" or not rhs.is_constant:
-        raise LoweringError("dynamic-range BATCH_MATMUL other than a float left operand by int8 constant weights")
+    if lhs.type_name != "FLOAT32" or rhs.type_name != "INT8":
+        raise LoweringError("dynamic-range BATCH_MATMUL other than a float left operand by int8 weights")
     adj_x, adj_y = bool(ctx.option("adjX", False)), bool(ctx.option("adjY", False))
     q = rhs.quantization
     if q is not None and q.per_channel and q.quantized_dimension != len(rhs.shape) - (2 if adj_y else 1):
@@ -232,7 +231,7 @@ def lower_batch_matmul_hybrid(ctx: OpContext) -> list[Value]:
         # TFLite's reference kernel offsets each row's scaling factor by (batch index x rows) per
         # batch axis, which for two varying axes reads other rows' factors: no kernel can agree.
         raise LoweringError("dynamic-range BATCH_MATMUL whose left operand varies along two batch axes")
-    w_scale = ctx.table(int8_weight_scales(ctx, rhs), "w_scale", hl.Float(32))
+    w_scale = _weights_scale(ctx, 1)
     a = ctx.value(0)
     depth, rows = (a.shape[-2], a.shape[:-2] + (a.shape[-1],)) if adj_x else (a.shape[-1], a.shape[:-1])
 
@@ -257,4 +256,3 @@ def lower_batch_matmul_hybrid(ctx: OpContext) -> list[Value]:
 
     return batch_matmul(ctx, centred, ctx.value(1), lambda v, w: hl.widening_mul(v, hl.cast(hl.Int(16), w)),
                         hl.i32(0), finish)
-

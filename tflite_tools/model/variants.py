@@ -82,11 +82,12 @@ def resolve(model: Model, variant: ShapeVariant) -> tuple[int, dict[int, tuple[i
 
 
 def with_shapes(sg: Subgraph, shapes: Sequence[tuple[int, ...] | None]) -> tuple[Subgraph, dict[int, Tensor]]:
-    """A copy of `sg` whose tensor k has shape `shapes[k]` (its own where that is None), and the copy of each tensor by id() of the
-    original. Constant data is shared, not copied; the nodes a decoded weight came from
-    (Tensor.decoded_from) are copied with it, so restoring stored weights in the copy leaves the
-    original as it is (fusion.rewrite.fold.restore_decoded)."""
-    copies = {id(t): replace(t, shape=t.shape if shape is None else tuple(shape)) for t, shape in zip(sg.tensors, shapes)}
+    """A copy of `sg` whose tensor k has shape `shapes[k]` (its own where that is None), and the copy
+    of each tensor by id() of the original. Constant data is shared, not copied; the nodes a decoded
+    weight came from (Tensor.decoded_from) are copied with it, so restoring stored weights in the
+    copy leaves the original as it is (fusion.rewrite.fold.restore_decoded)."""
+    copies = {id(t): replace(t, shape=t.shape if shape is None else tuple(shape))
+              for t, shape in zip(sg.tensors, shapes)}
 
     def copied(t: Tensor | None) -> Tensor | None:
         if t is None:
