@@ -396,11 +396,26 @@ def _saved_model(tf, model, folder: Path) -> str:
     return str(folder)
 
 
+def fuse_for_row(path: Path, work: Path, row: dict):
+    """Fuses `path` for the host into `work` for a corpus row: the FuseResult, with row["seconds"]
+    set, or None with row["note"] saying why fuse refused it."""
+    from tflite_tools.fuse import fuse
+    from tflite_tools.model.errors import ModelError
+
+    start = time.perf_counter()
+    try:
+        result = fuse(path, work / path.stem, cache_dir=work / "cache")
+    except ModelError as exc:
+        row["note"] = f"fuse refused it: {exc}"
+        return None
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    return result
+
+
 def check_model(path: Path, work: Path) -> dict:
     """One corpus row: fuse, run with the delegate (claim:all and default), compare."""
     from tflite_tools import runtime
     from tflite_tools.model.errors import ModelError
-    from tflite_tools.fuse import fuse
     from tflite_tools.run import run
 
     row = {"model": path.stem, "ops": None, "fused": False, "matches": {}, "claimed": None, "declined": [],
@@ -410,13 +425,10 @@ def check_model(path: Path, work: Path) -> dict:
     except (RuntimeError, ValueError) as exc:
         row["note"] = f"stock LiteRT cannot run it: {str(exc).splitlines()[0]}"
         return row
-    start = time.perf_counter()
-    try:
-        result = fuse(path, work / path.stem, cache_dir=work / "cache")
-    except ModelError as exc:
-        row["note"] = f"fuse refused it: {exc}"
+    result = fuse_for_row(path, work, row)
+    if result is None:
         return row
-    row["fused"], row["seconds"] = True, round(time.perf_counter() - start, 1)
+    row["fused"] = True
     row["ops"] = sum(len(k.nodes) for k in result.kernels) + result.decoders  # the delegate runs the decoders too
     row["blocks_without_kernel"] = sorted({k.skipped for k in result.kernels if not k.kernel})
     for claim in ("all", None):

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import halide as hl
 
 from tflite_tools.model.errors import ToolchainError
-from tflite_tools.model.fingerprint import bound_values, subgraph_fingerprint
+from tflite_tools.model.fingerprint import bound_values, nodes_fingerprint
 from tflite_tools.model.ir import Operator, Subgraph, Tensor
 from tflite_tools.model.shapes import sized_at_run_time
 
@@ -103,23 +103,42 @@ def taken_for(graph: BundleGraph, other: Subgraph) -> bool:
             and all(a.opcode.builtin == b.opcode.builtin for a, b in zip(other.operators, graph.operators)))
 
 
-def indistinguishable(subgraphs: Sequence[Subgraph], graphs: Sequence[BundleGraph]) -> dict[int, str]:
-    """By subgraph index, why a graph cannot go in the bundle: the delegate would accept another
-    subgraph of the model as it (taken_for), and that subgraph computes something else (other
-    options, types, quantization or bound constants: its fingerprint without shapes differs), so
-    the graph's kernels, claimed there wherever shapes agree, would give a wrong answer. Subgraphs
-    that compute the same at other sizes (prefill signatures per length) may share kernels."""
-    withheld: dict[int, str] = {}
+def _node_io(sg: Subgraph, index_of: Mapping[int, int], n: int) -> tuple:
+    """Node n as the delegate's block check sees it: builtin code, input and output tensor indices."""
+    op = sg.operators[n]
+    return (op.opcode.builtin, [-1 if t is None else index_of[id(t)] for t in op.inputs],
+            [index_of[id(t)] for t in op.outputs])
+
+
+def _block_form(sg: Subgraph, block: BundleBlock) -> str:
+    """What the block's nodes compute in `sg` at any shapes: options, types, quantization and the
+    values there at the block's bound keys."""
+    values = bound_values(sg, [(block.nodes[k], i) for k, i in block.bound])
+    return nodes_fingerprint(sg, block.nodes, {(k, i): values[(block.nodes[k], i)] for k, i in block.bound},
+                             shapes=False)
+
+
+def indistinguishable(subgraphs: Sequence[Subgraph], graphs: Sequence[BundleGraph]) -> dict[str, str]:
+    """By block name, why a block cannot go in the bundle: the delegate would run it on nodes of
+    another subgraph (a graph it takes for that subgraph, taken_for, whose block check, claim.cc
+    CheckBlock, accepts those nodes: the same builtin codes reading and writing the same tensor
+    indices) where they compute something else (other options, types, quantization or bound
+    constants), which would give a wrong answer wherever the shapes agree. Nodes that compute the
+    same at other sizes (prefill signatures per length) share the kernel."""
+    index_of = [{id(t): i for i, t in enumerate(sg.tensors)} for sg in subgraphs]
+    withheld: dict[str, str] = {}
     for graph in graphs:
-        keys = list(bound_constants(graph.blocks))
         own = subgraphs[graph.index]
-        form = subgraph_fingerprint(own, bound_values(own, keys), shapes=False)
-        for c, other in enumerate(subgraphs):
-            if c != graph.index and taken_for(graph, other) and \
-                    subgraph_fingerprint(other, bound_values(other, keys), shapes=False) != form:
-                withheld[graph.index] = (f"the delegate could not tell this subgraph from subgraph {c}, which has "
-                                         "the same operators but computes something else")
-                break
+        others = [c for c, other in enumerate(subgraphs) if c != graph.index and taken_for(graph, other)]
+        for block in graph.blocks:
+            io = [_node_io(own, index_of[graph.index], n) for n in block.nodes]
+            for c in others:
+                other = subgraphs[c]
+                if all(n < len(other.operators) and _node_io(other, index_of[c], n) == x
+                       for n, x in zip(block.nodes, io)) and _block_form(other, block) != _block_form(own, block):
+                    withheld[block.name] = (f"the delegate could not tell its nodes from those of subgraph {c}, "
+                                            "which have the same operators and tensors but compute something else")
+                    break
     return withheld
 
 

@@ -109,3 +109,26 @@ def pytest_collection_modifyitems(items):
             item.add_marker("cross")
         if isinstance(target, str) and ("opencl" in target or "vulkan" in target):
             item.add_marker("gpu")
+
+
+@pytest.fixture(scope="session")
+def kernel_cache(tmp_path_factory):
+    """One compile cache for the session: models share blocks."""
+    return tmp_path_factory.mktemp("kernels")
+
+
+@pytest.fixture(scope="session")
+def fused(tmp_path_factory, kernel_cache):
+    """Fuses a project test model (by stem, or a path) once for the whole test run."""
+    from tflite_tools.fuse import FuseResult, fuse
+
+    root = tmp_path_factory.mktemp("fused")
+    results: dict[str, FuseResult] = {}
+
+    def get(stem: str | Path) -> FuseResult:
+        model = stem if isinstance(stem, Path) else MODELS / f"{stem}.tflite"
+        if model.stem not in results:
+            results[model.stem] = fuse(model, root / model.stem, cache_dir=kernel_cache)
+        return results[model.stem]
+
+    return get

@@ -26,27 +26,6 @@ from tflite_tools.run import compare, quantized_outputs, read_claims, reference_
 RUNNABLE = [p for p in project_model_paths() if p.stem not in NOT_RUNNABLE]
 
 
-@pytest.fixture(scope="session")
-def kernel_cache(tmp_path_factory):
-    """One compile cache for the session: models share blocks."""
-    return tmp_path_factory.mktemp("kernels")
-
-
-@pytest.fixture(scope="session")
-def fused(tmp_path_factory, kernel_cache):
-    """Fuses a project test model once for the whole test run."""
-    root = tmp_path_factory.mktemp("fused")
-    results: dict[str, FuseResult] = {}
-
-    def get(stem: str | Path) -> FuseResult:
-        model = stem if isinstance(stem, Path) else Path(__file__).parent / "models" / f"{stem}.tflite"
-        if model.stem not in results:
-            results[model.stem] = fuse(model, root / model.stem, cache_dir=kernel_cache)
-        return results[model.stem]
-
-    return get
-
-
 def delegate(result: FuseResult, tmp_path: Path, **options: str):
     """The library loaded with a report file; returns (delegate, report path)."""
     report = tmp_path / f"claims-{len(list(tmp_path.glob('claims-*')))}.jsonl"

@@ -106,16 +106,18 @@ def _with_activation(model_path: Path, subgraph: int, activation: int, out: Path
     return out
 
 
-def test_a_subgraph_the_delegate_could_mistake_for_another_is_left_to_tflite(tmp_path, kernel_cache):
-    # prefill_8 gets RELU6 where prefill_16 has RELU: the delegate, which sees builtin codes and
-    # shapes, would take either for the other after a resize; neither may carry kernels.
+def test_a_block_the_delegate_could_run_on_nodes_computing_something_else_is_left_to_tflite(tmp_path, kernel_cache):
+    # prefill_8 gets RELU6 where prefill_16 and decode have RELU: the delegate, which sees builtin
+    # codes, tensor indices and shapes, would run one's FC kernel on another's nodes after a resize.
+    # Those blocks carry no kernel in any of them; every other block keeps its kernel.
     path = _with_activation(MODEL, 2, fb.ActivationFunctionType.RELU6, tmp_path / "edited.tflite")
+    fc = next(n for n, op in enumerate(tflite_tools.load(path).subgraphs[2].operators) if op.name == "FULLY_CONNECTED")
     result = fuse(path, tmp_path / "out", cache_dir=kernel_cache)
-    withheld = [k for k in result.kernels if k.skipped and "could not tell this subgraph" in k.skipped]
-    assert {k.subgraph for k in withheld} >= {1, 2}
-    assert not any(k.kernel for k in result.kernels if k.subgraph in (1, 2))
+    withheld = [k for k in result.kernels if k.skipped and "could not tell its nodes" in k.skipped]
+    assert {k.subgraph for k in withheld} == {0, 1, 2} and all(fc in k.nodes for k in withheld)
+    assert all(k.kernel for k in result.kernels if fc not in k.nodes)
     _assert_signatures_match(result, tmp_path)
-    # Resized to prefill_16's length, prefill_8 would otherwise run prefill_16's RELU kernels.
+    # Resized to prefill_16's length, prefill_8 would otherwise run prefill_16's RELU kernel.
     assert _prefill_8_at_16_matches(result, tmp_path / "resized.jsonl")
 
 

@@ -33,7 +33,7 @@ import time
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import halide as hl
 
@@ -370,12 +370,12 @@ def _structure(sg: Subgraph) -> list[tuple]:
             for op in sg.operators] + [len(sg.tensors)]
 
 
-def _withhold(graph: _Graph, why: str) -> None:
-    """Leaves every block of `graph` to TFLite, saying why."""
+def _withhold(graph: _Graph, why: str, blocks: Collection[str] | None = None) -> None:
+    """Leaves the named blocks of `graph` (all, by default) to TFLite, saying why."""
     for record in graph.records:
-        if record.kernel:
+        if record.kernel and (blocks is None or record.block in blocks):
             record.kernel, record.profitable, record.skipped = None, False, why
-    graph.blocks = []
+    graph.blocks = [b for b in graph.blocks if blocks is not None and b.name not in blocks]
 
 
 def _bundled(model: Model, graphs: list[_Graph]) -> list[BundleGraph]:
@@ -386,11 +386,12 @@ def _bundled(model: Model, graphs: list[_Graph]) -> list[BundleGraph]:
 
 
 def _withhold_indistinguishable(model: Model, graphs: list[_Graph]) -> None:
-    """Leaves to TFLite every block of a subgraph the delegate could mistake for another that
-    computes something else (halide_gen.bundle.indistinguishable)."""
+    """Leaves to TFLite every block the delegate could run on nodes of another subgraph that
+    compute something else (halide_gen.bundle.indistinguishable)."""
     withheld = indistinguishable(model.subgraphs, _bundled(model, graphs))
-    for graph in (g for g in graphs if g.index in withheld):
-        _withhold(graph, withheld[graph.index])
+    for graph in graphs:
+        for name in {b.name for b in graph.blocks} & withheld.keys():
+            _withhold(graph, withheld[name], {name})
 
 
 def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], list[BundleBlock]]:

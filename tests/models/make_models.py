@@ -551,6 +551,23 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     encoder = OpenEncoder()
     conv = tf.lite.TFLiteConverter.from_concrete_functions([encoder.__call__.get_concrete_function()], encoder)
     write("encoder_open_shapes", conv.convert())
+
+    # Decoders as the decoder corpus builds them (bench/decoders.py), at a tiny size: prefill_4,
+    # prefill_8 and decode over a 16-position KV cache. Gemma-style in float (one key/value head, a
+    # GELU-tanh gate; the converter numbers its two prefills' tensors differently), Llama-style with
+    # ai-edge-quantizer's dynamic int4 weights, Qwen-style with TFLite's dynamic-range int8 (these
+    # two with prefill_8 only).
+    sys.path.insert(0, str(HERE.parents[1] / "bench"))
+    from decoders import Decoder, convert
+
+    for name, style, kv_heads, precision, prefill in (
+            ("tiny_gemma_decoder", "gemma", 1, "", (4, 8)),
+            ("tiny_llama_decoder_int4", "llama", 2, "_int4", (8,)),
+            ("tiny_qwen_decoder_dynamic_range", "qwen", 2, "_dynamic_range", (8,))):
+        if not only or name in only:
+            with tempfile.TemporaryDirectory() as saved:
+                tiny = Decoder(style, 64, 32, 2, 4, kv_heads, 8, 64, 16, prefill)
+                write(name, convert(tf, tiny, precision, Path(saved) / "model"))
     return paths
 
 

@@ -112,6 +112,14 @@ def subgraph_fingerprint(sg: Subgraph, bound: Bound | None = None, shapes: bool 
     return _digest(sg.operators, sg.inputs, sg.outputs, lambda t: index[id(t)], bound or {}, shapes)
 
 
+def nodes_fingerprint(sg: Subgraph, nodes: Sequence[int], bound: Bound | None = None, shapes: bool = True) -> str:
+    """The fingerprint of some of a subgraph's nodes (in the order given), tensors named by their
+    index in the subgraph, `bound` keyed by position in `nodes`: what a kernel of these nodes
+    computes, where the delegate finds them."""
+    index = {id(t): i for i, t in enumerate(sg.tensors)}
+    return _digest([sg.operators[n] for n in nodes], [], [], lambda t: index[id(t)], bound or {}, shapes)
+
+
 def model_fingerprint(fingerprints: Sequence[str]) -> str:
     """The fingerprint of a model from its subgraphs' (in order): a one-subgraph model's is its
     subgraph's."""
