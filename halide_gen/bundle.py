@@ -39,7 +39,10 @@ from .cache import cached_entry
 from .pack import CHANNEL_TILE
 from .targets import ANDROID_MIN_SDK, VULKAN_ALLOC_CONFIG, target_spec
 
-DELEGATE_DIR = Path(__file__).resolve().parent.parent / "delegate"
+# The delegate runtime's sources: inside the package when installed from a wheel, else the
+# checkout's delegate/ (an editable install).
+_PACKAGED_RUNTIME = Path(__file__).resolve().parent / "delegate"
+DELEGATE_DIR = _PACKAGED_RUNTIME if _PACKAGED_RUNTIME.is_dir() else Path(__file__).resolve().parent.parent / "delegate"
 HALIDE_INCLUDE = Path(hl.__file__).parent / "include"
 
 @dataclass
