@@ -89,7 +89,7 @@ def format_summary(summary: PlanSummary, source: str, explain: bool = False) -> 
     return "\n".join(lines)
 
 
-_COLORS = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
+BLOCK_COLORS = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
            "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
 
 
@@ -99,7 +99,7 @@ def to_dot(summary: PlanSummary) -> str:
     ecg = plan.ecg
     lines = ["digraph plan {", "  rankdir=TB;", '  node [shape=box, style="rounded,filled", fontname="Helvetica"];']
     for k, b in enumerate(plan.blocks):
-        color = _COLORS[k % len(_COLORS)] if b.fused else "white"
+        color = BLOCK_COLORS[k % len(BLOCK_COLORS)] if b.fused else "white"
         if b.fused:
             kind = b.mapping.short if b.mapping is not None else "opaque"
             lines.append(f'  subgraph cluster_{k} {{ label="{b.name} ({kind})"; style=dashed;')

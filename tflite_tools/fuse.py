@@ -13,6 +13,8 @@ rewrite -> plan -> lower -> schedule -> compile -> package. OUT receives:
                                the NDK (built here too when $ANDROID_NDK is set)
     plan.json                  blocks, kernels, claims and measurements, for tools
     report.md                  the same for people
+    model_explorer/            Model Explorer's per-node data: blocks.json, claims.json
+    plan.svg                   the plan, where Graphviz is installed
     asm/<block>/               with emit_asm (--emit-asm): each kernel's assembly (.s) and Halide's
                                lowered statement (.stmt), one pair per sub-target
 
@@ -29,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import time
 import warnings
 from dataclasses import dataclass, field, replace
@@ -40,7 +43,7 @@ import halide as hl
 from fusion.cost import default_cache_dir
 from fusion.pipeline import plan_model
 from fusion.plan import PlanConfig
-from fusion.report import PlanSummary, format_summary
+from fusion.report import PlanSummary, format_summary, to_dot
 from fusion.rewrite.fold import restore_decoded
 from halide_gen.aot import compile_kernel, error_line, generator_digest
 from halide_gen.block import build_block_for
@@ -52,6 +55,7 @@ from halide_gen.profile import choose_schedule, jit_kernel, schedule_sources, ti
 from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
 
 from .bench import benchmark
+from .explorer import block_overlay, claims_overlay, write_overlay
 from .model.atomic import load_json_table, save_json_table
 from .model.errors import ModelError, ToolchainError
 from .model.fingerprint import METADATA_NAME, model_fingerprint, subgraph_fingerprint
@@ -224,7 +228,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
                                                     for g in own[1:]],
             variants=[VariantResult(v.index, v.name, v.variant.text, v.prefix) for v in shaped],
             sizes=_sizes(job.model_path, staging.path / "model.fused.tflite", library), summary=summaries[0])
-        _write_plan(job, result, summaries[0], fingerprint, staging.path)
+        _write_plan(job, result, model, summaries[0], fingerprint, staging.path)
         staging.commit()
     finally:
         staging.discard()
@@ -516,8 +520,9 @@ def _package(job: _Job, model: Model, fingerprint: str, graphs: list[_Graph],
     return library, claims
 
 
-def _write_plan(job: _Job, result: FuseResult, summary, fingerprint: str, folder: Path) -> None:
-    """plan.json (for tools) and report.md (for people)."""
+def _write_plan(job: _Job, result: FuseResult, fused: Model, summary, fingerprint: str, folder: Path) -> None:
+    """plan.json (for tools), report.md (for people), Model Explorer's overlays of the fused model and,
+    with Graphviz, plan.svg."""
     out = result.out
     plan = {"model": str(job.model_path), "target": job.spec.name, "fingerprint": fingerprint,
             "library": str(result.library.relative_to(out)) if result.library else None,
@@ -532,6 +537,24 @@ def _write_plan(job: _Job, result: FuseResult, summary, fingerprint: str, folder
             "kernels": [vars(r) for r in result.kernels]}
     (folder / "plan.json").write_text(json.dumps(plan, indent=1))
     (folder / "report.md").write_text(format_report(result, summary, str(job.model_path), job.spec.name))
+    (folder / EXPLORER).mkdir()
+    write_overlay(block_overlay(result, fused), folder / EXPLORER / "blocks.json")
+    write_overlay(claims_overlay(result, fused), folder / EXPLORER / "claims.json")
+    _write_svg(to_dot(summary), folder / "plan.svg")
+
+
+# Model Explorer's per-node data for the fused model (tflite_tools.explorer), in OUT.
+EXPLORER = "model_explorer"
+
+
+def _write_svg(dot: str, path: Path) -> None:
+    """The plan drawn by Graphviz where its `dot` is installed (nothing otherwise: the plan is in
+    report.md and `fuse --dot` writes the source)."""
+    if shutil.which("dot") is None:
+        return
+    done = subprocess.run(["dot", "-Tsvg", "-o", str(path)], input=dot, text=True, capture_output=True, timeout=120)
+    if done.returncode != 0:
+        raise ToolchainError(f"Graphviz could not draw the plan: {error_line(done.stderr)}")
 
 
 def _sizes(original: Path, fused: Path, library: Path | None) -> dict[str, int | None]:
