@@ -19,7 +19,7 @@ sys.path.insert(0, str(REPO))
 
 import tflite_tools  # noqa: E402
 from fusion.pipeline import plan_model  # noqa: E402
-from tflite_tools.info import human_bytes  # noqa: E402
+from tflite_tools.model.stats import human_bytes  # noqa: E402
 
 
 def ours(path: Path, fast_math: bool) -> dict:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tflite_tools.model import stats
-from tflite_tools.info import human_bytes
 from tflite_tools.model.ir import Subgraph
 
 from .plan import Plan
@@ -70,9 +69,9 @@ def format_summary(summary: PlanSummary, source: str, explain: bool = False) -> 
         f"model: {source}",
         f"ops: {data['ops']} before rewriting, {data['ops_after_rewrite']} after",
         f"blocks: {len(data['blocks'])} ({data['fused_blocks']} fused), fusion rate {data['fusion_rate']:.2f}",
-        f"intermediates: {human_bytes(data['intermediate_bytes_before'])} -> "
-        f"{human_bytes(data['intermediate_bytes_after'])}",
-        f"peak live activations: {human_bytes(data['peak_bytes_before'])} -> {human_bytes(data['peak_bytes_after'])}",
+        f"intermediates: {stats.human_bytes(data['intermediate_bytes_before'])} -> "
+        f"{stats.human_bytes(data['intermediate_bytes_after'])}",
+        f"peak live activations: {stats.human_bytes(data['peak_bytes_before'])} -> {stats.human_bytes(data['peak_bytes_after'])}",
     ]
     if explain:
         lines.append("rewrites:" + ("" if data["rewrites"] else " none fired"))

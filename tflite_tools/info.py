@@ -100,16 +100,6 @@ def model_info(model: Model) -> dict[str, Any]:
     }
 
 
-def human_bytes(n: int) -> str:
-    """`13.3 MiB`-style size."""
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def human_count(n: int) -> str:
     """`602.4 M`-style count."""
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -149,10 +139,10 @@ def format_info(info: dict[str, Any], source: str) -> str:
     for label, count in info["op_histogram"].items():
         lines.append(f"  {label:<{width}}  {count:>4}")
     lines.append(f"tensors: {info['tensors']}")
-    lines.append(f"weights: {human_bytes(info['weight_bytes'])}")
+    lines.append(f"weights: {stats.human_bytes(info['weight_bytes'])}")
     lines.append(
-        f"activations: {human_bytes(info['activation_bytes'])} in all, "
-        f"peak live {human_bytes(info['peak_activation_bytes'])}"
+        f"activations: {stats.human_bytes(info['activation_bytes'])} in all, "
+        f"peak live {stats.human_bytes(info['peak_activation_bytes'])}"
     )
     lines.append(f"FLOPs: {human_count(info['flops'])} (2 x MACs of convolutions and matrix products)")
     if n_sub > 1:
@@ -160,7 +150,7 @@ def format_info(info: dict[str, Any], source: str) -> str:
         for s in info["subgraphs"]:
             lines.append(
                 f"  {s['index']}: {s['name'] or '-'}  {s['operators']} ops, "
-                f"peak live {human_bytes(s['peak_activation_bytes'])}"
+                f"peak live {stats.human_bytes(s['peak_activation_bytes'])}"
             )
     flags = []
     if info["custom_ops"]:

@@ -153,3 +153,13 @@ def peak_live_bytes(sg: Subgraph, steps: Sequence[Step] | None = None) -> int:
         delta[lt.first + 1] += lt.tensor.nbytes
         delta[lt.last + 2] -= lt.tensor.nbytes
     return int(np.cumsum(delta).max())
+
+
+def human_bytes(n: int) -> str:
+    """`13.3 MiB`-style size."""
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
