@@ -106,7 +106,7 @@ OPS: dict[str, OpInfo] = {
     "ADD": _ew(A | C), "SUB": _ew(D), "MUL": _ew(A | C | D), "DIV": _ew(D),
     "MAXIMUM": _ew(A | C), "MINIMUM": _ew(A | C), "POW": _ew(), "SQUARED_DIFFERENCE": _ew(C),
     "RELU": _ew(), "RELU6": _ew(), "RELU_N1_TO_1": _ew(), "LEAKY_RELU": _ew(), "PRELU": _ew(),
-    "LOGISTIC": _ew(), "TANH": _ew(), "HARD_SWISH": _ew(), "GELU": _ew(),
+    "LOGISTIC": _ew(), "TANH": _ew(), "HARD_SWISH": _ew(), "GELU": _ew(), "ELU": _ew(),
     "EXP": _ew(A), "LOG": _ew(), "SQRT": _ew(A), "RSQRT": _ew(A), "SQUARE": _ew(A), "ABS": _ew(A),
     "NEG": _ew(C | D), "SIN": _ew(), "COS": _ew(), "FLOOR": _ew(), "CEIL": _ew(), "ROUND": _ew(),
     "CAST": _ew(), "QUANTIZE": _ew(), "DEQUANTIZE": _ew(),

@@ -51,7 +51,7 @@ def positive(shapes):
 
 
 UNARY = ["ABS", "NEG", "EXP", "SQUARE", "SIN", "COS", "FLOOR", "CEIL", "ROUND", "LOGISTIC", "TANH", "RELU",
-         "RELU6", "RELU_N1_TO_1", "HARD_SWISH"]
+         "RELU6", "RELU_N1_TO_1", "HARD_SWISH", "ELU"]
 
 
 @pytest.mark.parametrize("op", UNARY)

@@ -249,14 +249,34 @@ def test_no_producer_is_recomputed_inside_a_reduction(model_path, stem):
     assert all(realised for _, realised in found), found
 
 
-def test_gelu_before_a_fully_connected_layer_is_computed_once():
+def _unary_ops() -> list[tuple[str, dict]]:
+    """Every float elementwise op of one input the lowering knows, with the options it needs."""
+    from halide_gen.lower.elementwise import UNARY
+
+    return [(name, {}) for name in sorted(UNARY)] + [("GELU", {"approximate": False}), ("GELU", {"approximate": True}),
+                                                     ("LEAKY_RELU", {"alpha": 0.2})]
+
+
+@pytest.mark.parametrize("reduction", ["FULLY_CONNECTED", "CONV_2D"])
+@pytest.mark.parametrize("op, options", _unary_ops(), ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}={x}" for k, x in v.items()))
+def test_every_activation_before_a_reduction_is_computed_once_per_element(op, options, reduction):
+    # The class a GELU before a fully-connected layer once belonged to (4x a GPT block's FLOP time):
+    # whatever elementwise op feeds a matrix product or convolution is realised, not inlined into
+    # the reduction, where it would run again for every output channel.
     b = tflite_tools.ModelBuilder()
     rng = np.random.default_rng(0)
-    x = b.input("x", [1, 64, 128])
-    g = b.op("GELU", [x], [1, 64, 128])
-    w = b.const("w", (rng.standard_normal((256, 128)) / 11).astype(np.float32))
-    b.output(b.op("FULLY_CONNECTED", [g, w, None], [1, 64, 256], keep_num_dims=True))
-    assert _realized_producers(b.build()) == [("GELU", True)]
+    shape = [1, 64, 128] if reduction == "FULLY_CONNECTED" else [1, 8, 8, 32]
+    x = b.input("x", shape)
+    a = b.op(op, [x], shape, **options)
+    if reduction == "FULLY_CONNECTED":
+        w = b.const("w", (rng.standard_normal((256, 128)) / 11).astype(np.float32))
+        b.output(b.op("FULLY_CONNECTED", [a, w, None], [1, 64, 256], keep_num_dims=True))
+    else:
+        w = b.const("w", (rng.standard_normal((48, 3, 3, 32)) / 17).astype(np.float32))
+        b.output(b.op("CONV_2D", [a, w, b.const("b", np.zeros(48, np.float32))], [1, 8, 8, 48], padding="SAME",
+                      stride_h=1, stride_w=1))
+    assert _realized_producers(b.build()) == [(op, True)]
 
 
 def test_an_output_that_later_ops_read_is_computed_once_into_its_buffer(tmp_path):

@@ -133,7 +133,7 @@ def rows(op, depth, **opts):
 CASES = {
     **{op: (lambda op=op: unary(op)) for op in [
         "ABS", "NEG", "SIN", "COS", "EXP", "LOG", "SQRT", "RSQRT", "SQUARE", "FLOOR", "CEIL", "ROUND", "LOGISTIC", "TANH",
-        "RELU", "RELU6", "RELU_N1_TO_1", "HARD_SWISH", "LEAKY_RELU"]},
+        "RELU", "RELU6", "RELU_N1_TO_1", "HARD_SWISH", "LEAKY_RELU", "ELU"]},
     "LEAKY_RELU alpha 0.3": lambda: unary("LEAKY_RELU", alpha=0.3),
     "PRELU": lambda: prelu(),
     "GELU": lambda: unary("GELU", approximate=False),

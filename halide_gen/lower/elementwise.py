@@ -143,7 +143,17 @@ UNARY = {
     # division is a 16-cycle instruction per AVX-512 vector, and took a 14x14x240 HARD_SWISH MEAN
     # block to 2.8x XNNPACK's time.
     "HARD_SWISH": lambda x: hl.strict_float(x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) * hl.f32(1.0 / 6.0)),
+    "ELU": lambda x: hl.select(x < 0, _expm1_negative(x), x),  # TFLite: x < 0 ? expm1(x) : x (NaN, -0 pass)
 }
+
+
+def _expm1_negative(x: hl.Expr) -> hl.Expr:
+    """exp(x) - 1 for x < 0, as std::expm1 to float precision: its series near zero, where the
+    subtraction would cancel the digits that matter, exp(x) - 1 below -1/4 (-inf gives -1)."""
+    inner = 1 + x / 7
+    for k in range(6, 1, -1):  # x (1 + x/2 (1 + x/3 (... (1 + x/7))))
+        inner = 1 + x / k * inner
+    return hl.select(x > -0.25, x * inner, ieee.exp(x) - 1)
 
 
 @register(*UNARY)
