@@ -402,8 +402,9 @@ def lower_resize_nearest(ctx: OpContext) -> list[Value]:
         scale = hl.f32(np.float32(_resize_scale(in_size, out_size, align)))
         pos = (hl.cast(hl.Float(32), i) + offset) * scale
         idx = hl.cast(hl.Int(32), round_half_away(pos) if align else hl.floor(pos))
-        idx = hl.min(idx, in_size - 1)
-        return hl.max(idx, 0) if half else idx
+        # Never below 0 (i >= 0), but bounds inference cannot see that through the rounding: a
+        # producer realised before the resize would be read "in an unbounded way" without it.
+        return hl.clamp(idx, 0, in_size - 1)
 
     return [define(ctx.func_name(), out, lambda n, y, xx, c: x(n, source(y, h, out[1]), source(xx, w, out[2]), c))]
 
