@@ -396,15 +396,16 @@ def _saved_model(tf, model, folder: Path) -> str:
     return str(folder)
 
 
-def fuse_for_row(path: Path, work: Path, row: dict):
-    """Fuses `path` for the host into `work` for a corpus row: the FuseResult, with row["seconds"]
-    set, or None with row["note"] saying why fuse refused it."""
+def fuse_for_row(path: Path, work: Path, row: dict, cache: Path | None = None):
+    """Fuses `path` for the host into `work` for a corpus row (kernels cached in `cache`, else in
+    `work`): the FuseResult, with row["seconds"] set, or None with row["note"] saying why fuse
+    refused it."""
     from tflite_tools.fuse import fuse
     from tflite_tools.model.errors import ModelError
 
     start = time.perf_counter()
     try:
-        result = fuse(path, work / path.stem, cache_dir=work / "cache")
+        result = fuse(path, work / path.stem, cache_dir=cache or work / "cache")
     except ModelError as exc:
         row["note"] = f"fuse refused it: {exc}"
         return None
