@@ -36,6 +36,14 @@ def corpus_model_paths() -> list[Path]:
     return sorted(Path(folder).glob("*.tflite")) if folder and Path(folder).is_dir() else []
 
 
+def answers_ctrl_c() -> None:
+    """A child's SIGINT as a terminal's foreground job has it (Popen's preexec_fn): an ignored
+    SIGINT is inherited across exec, and a library loaded into the test process may have left it so."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def model_id(path: Path) -> str:
     """A test id: the model's file stem."""
     return path.stem

@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from conftest import answers_ctrl_c
+
 from tflite_tools import cli
 from tflite_tools.bench import Timings, format_benchmark, ratios
 
@@ -215,7 +217,8 @@ def test_ctrl_c_during_a_threaded_bench_ends_it_without_a_traceback(model_path):
     import time
 
     proc = subprocess.Popen([sys.executable, "-m", "tflite_tools", "bench", str(model_path("add_relu")), "--threads", "2",
-                             "--runs", "1000000"], stderr=subprocess.PIPE, text=True, start_new_session=True)
+                             "--runs", "1000000"], stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=answers_ctrl_c)
     try:
         deadline = time.monotonic() + 120
         # Interrupt once the contenders' processes are timing (progress lines: "[n/total] turn k").

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -367,8 +368,9 @@ def test_model_without_kernels_still_gets_a_library_that_claims_nothing(fused, t
 def test_cli_fuse_then_run_compare(tmp_path, capsys, model_path):
     out = tmp_path / "out"
     assert cli.main(["fuse", str(model_path("conv_relu6")), "-o", str(out)]) == 0
+    drawn = {"plan.svg"} if shutil.which("dot") else set()  # Graphviz draws the plan where it is installed
     assert {p.name for p in out.iterdir()} == {"model.fused.tflite", "libconv_relu6_dnnfusion.so", "plan.json",
-                                               "report.md", ".dnnfusion-out.json"}
+                                               "report.md", ".dnnfusion-out.json", "model_explorer", *drawn}
     capsys.readouterr()
     assert cli.main(["run", str(out / "model.fused.tflite"), "--delegate", str(out / "libconv_relu6_dnnfusion.so"),
                      "--compare", "--option", "claim=all"]) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +51,7 @@ def test_out_records_what_fuse_wrote(capsys, tmp_path, model_path):
     record = json.loads((out / OWNER_FILE).read_text())
     drawn = ["plan.svg"] if shutil.which("dot") else []  # Graphviz draws the plan where it is installed
     assert sorted(record["files"]) == sorted(["model.fused.tflite", LIBRARY, "plan.json", "report.md",
-                                              "model_explorer", *drawn])
+                                              "model_explorer/blocks.json", "model_explorer/claims.json", *drawn])
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no staging folder left beside it
 
 

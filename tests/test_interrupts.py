@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MODELS
+from conftest import MODELS, answers_ctrl_c
 
 MODEL = MODELS / "unet_tiny.tflite"
 EM_AARCH64 = 183
@@ -54,7 +54,8 @@ def _commands(tmp_path: Path, android_out: Path) -> dict[str, list[str]]:
 def test_ctrl_c_at_any_point_ends_a_command_cleanly(command, after, tmp_path, android_out):
     env = {**os.environ, "DNNFUSION_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "tflite_tools", *_commands(tmp_path, android_out)[command]], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=answers_ctrl_c)
     try:
         time.sleep(after)
         if proc.poll() is None:
