@@ -37,8 +37,9 @@ def corpus_model_paths() -> list[Path]:
 
 
 def answers_ctrl_c() -> None:
-    """A child's SIGINT as a terminal's foreground job has it (Popen's preexec_fn): an ignored
-    SIGINT is inherited across exec, and a library loaded into the test process may have left it so."""
+    """A child's SIGINT as a terminal's foreground job has it (Popen's preexec_fn): a test run
+    started as a background job of a non-interactive shell ignores SIGINT (POSIX), and an ignored
+    SIGINT is inherited across exec, so the command under test would never see the Ctrl-C."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
