@@ -252,21 +252,10 @@ def greedy(interp: Any, tokens: np.ndarray, steps: int = GENERATED) -> tuple[lis
 
 # --- check ---
 
-def _interpreter(model: Path, library: Path | None = None, claim: str | None = None, resolver: str = "xnnpack",
-                 report: Path | None = None, threads: int = 1) -> Any:
-    from tflite_tools import runtime
-    delegates = []
-    if library is not None:
-        options = {"num_threads": str(threads), "log_level": "error"}
-        options.update({"claim": claim} if claim else {})
-        options.update({"report": str(report)} if report else {})
-        delegates.append(runtime.load_delegate(str(library), options=options))
-    return runtime.make_interpreter(model, resolver, threads, delegates=delegates)
-
-
 def check_model(path: Path, work: Path) -> dict:
     """One row: fuse, claims per signature, and greedy generation with the delegate against stock."""
     from corpus import fuse_for_row  # beside this script
+    from tflite_tools.bench import Contender
     from tflite_tools.run import read_claims, reference_resolver
 
     row: dict = {"model": path.stem, "note": "", "claims": {}, "tokens": {}}
@@ -276,15 +265,16 @@ def check_model(path: Path, work: Path) -> dict:
     planned = {}
     for k in result.kernels:
         planned[k.subgraph] = planned.get(k.subgraph, 0) + len(k.nodes)
-    stock = _interpreter(path, resolver=reference_resolver(path))
+    stock = Contender("reference", str(path), reference_resolver(path)).interpreter(1)
     words = prompt(stock)
     row["reference"], row["margin"] = greedy(stock, words)
     row["margin"] = min(row["margin"])
-    row["tokens"]["xnnpack"] = greedy(_interpreter(path), words)[0]
+    row["tokens"]["xnnpack"] = greedy(Contender("xnnpack", str(path)).interpreter(1), words)[0]
     for claim in ("all", None):
         report = work / f"{path.stem}.{claim or 'default'}.jsonl"
         report.unlink(missing_ok=True)
-        ours = _interpreter(result.model, result.library, claim, report=report)
+        ours = Contender("dnnfusion", str(result.model), delegate=str(result.library), claim=claim,
+                         options=(("report", str(report)),)).interpreter(1)
         row["tokens"][claim or "default"] = greedy(ours, words)[0]
         claims = read_claims(report)["subgraphs"]
         row["claims"][claim or "default"] = {
@@ -336,14 +326,18 @@ def _signature_invoke(interp: Any, name: str, position: int, seed: int = 0) -> C
 def speed_model(path: Path, work: Path, threads: Sequence[int], runs: int) -> dict:
     """Per thread count and phase, tokens/s of LiteRT + XNNPACK and of ours (claim:all, default),
     timed in turns in one process (median of `runs`)."""
+    from tflite_tools.bench import Contender
     from tflite_tools.fuse import fuse
 
     result = fuse(path, work / path.stem, cache_dir=CACHE)
     row: dict = {"model": path.stem, "phases": {}}
     for t in threads:
-        contenders = {"xnnpack": _interpreter(path, threads=t),
-                      "all": _interpreter(result.model, result.library, "all", threads=t),
-                      "default": _interpreter(result.model, result.library, None, threads=t)}
+        contenders = {"xnnpack": Contender("xnnpack", str(path)).interpreter(t),
+                      "all": Contender("all", str(result.model), delegate=str(result.library),
+                                       claim="all").interpreter(t),
+                      # options alone load the delegate under its default policy
+                      "default": Contender("default", str(result.model), delegate=str(result.library),
+                                           options=(("log_level", "error"),)).interpreter(t)}
         names = sorted(k for k in contenders["xnnpack"].get_signature_list() if k.startswith("prefill_"))
         phases = [(n, int(n.split("_")[1]), 0) for n in names] + [("decode", 1, p) for p in DECODE_POSITIONS]
         for signature, tokens, position in phases:

@@ -89,7 +89,7 @@ def format_summary(summary: PlanSummary, source: str, explain: bool = False) -> 
 
 
 BLOCK_COLORS = ["#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",
-           "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
+                "#d9d9d9", "#bc80bd", "#ccebc5", "#ffed6f"]
 
 
 def to_dot(summary: PlanSummary) -> str:

@@ -135,10 +135,12 @@ def indistinguishable(subgraphs: Sequence[Subgraph], graphs: Sequence[BundleGrap
         others = [c for c, other in enumerate(subgraphs) if c != graph.index and taken_for(graph, other)]
         for block in graph.blocks:
             io = [_node_io(own, index_of[graph.index], n) for n in block.nodes]
-            for c in others:
-                other = subgraphs[c]
-                if all(n < len(other.operators) and _node_io(other, index_of[c], n) == x
-                       for n, x in zip(block.nodes, io)) and _block_form(other, block) != _block_form(own, block):
+            accepted = [c for c in others if all(n < len(subgraphs[c].operators) and
+                                                 _node_io(subgraphs[c], index_of[c], n) == x
+                                                 for n, x in zip(block.nodes, io))]
+            form = _block_form(own, block) if accepted else None
+            for c in accepted:
+                if _block_form(subgraphs[c], block) != form:
                     withheld[block.name] = (f"the delegate could not tell its nodes from those of subgraph {c}, "
                                             "which have the same operators and tensors but compute something else")
                     break
