@@ -83,6 +83,7 @@ PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_
     Member("dot4_rows", "kDot4Rows", 7, "CONV_2D [O, kh, kw, I] -> [kh, ceil(kw * I / 4), O padded, 4], zero-padded"),
     Member("tap_sums", "kTapSums", 8, "int8 depthwise [1, kh, kw, C] -> int32 [C padded]: each channel's sum; "
                                       "refuses -128 (its kernels add two products in int16)"),
+    Member("dot4_blocked", "kDot4Blocked", 9, "dot-product weights [O, ..., I] -> [O padded / tile, ..., I / 4, tile, 4]"),
 ))
 
 ARG_SOURCE = Enum("ArgSource", "Where a kernel argument's data comes from (ArgSpec::source).", (

@@ -72,6 +72,15 @@ def _dot4(a: np.ndarray) -> np.ndarray:
     return np.moveaxis(grouped, 0, -2)
 
 
+def _dot4_blocked(a: np.ndarray) -> np.ndarray:
+    """[O, *mid, I] -> [O_padded / CHANNEL_TILE, *mid, I/4, CHANNEL_TILE, 4]: `_dot4` within each
+    tile of output channels, each tile's weights contiguous (I is a multiple of 4)."""
+    grouped = _dot4(a)  # [*mid, I/4, O_padded, 4]
+    tiles = grouped.shape[-2] // CHANNEL_TILE
+    split = grouped.reshape(grouped.shape[:-2] + (tiles, CHANNEL_TILE, DOT_DEPTH))
+    return np.moveaxis(split, -3, 0)
+
+
 def _dot4_rows(a: np.ndarray) -> np.ndarray:
     """CONV_2D [O, kh, kw, I] -> [kh, ceil(kw*I/4), O_padded, 4]: each filter row's kw*I taps as one
     run of input bytes (a row of an NHWC image), zero-padded to whole groups of 4."""
@@ -112,6 +121,11 @@ PACKERS: dict[str, Packer] = {
     # Dot-product weights [O, *mid, I] -> [*mid, I/4, O_padded, 4] (CONV_2D: [kh, kw, I/4, O, 4];
     # FULLY_CONNECTED: [I/4, O, 4]).
     "dot4": Packer("dot4", lambda s: tuple(s[1:-1]) + (s[-1] // DOT_DEPTH, padded(s[0]), DOT_DEPTH), _dot4),
+    # FULLY_CONNECTED dot-product weights [O, I] -> [O/32, I/4, 32, 4]: "dot4" within each tile of
+    # output channels, the tile's weights contiguous, so a matrix-vector product streams them in
+    # order (lower/nn.py says why FCs take it).
+    "dot4_blocked": Packer("dot4_blocked", lambda s: (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:-1])
+                           + (s[-1] // DOT_DEPTH, CHANNEL_TILE, DOT_DEPTH), _dot4_blocked),
     # Narrow-input CONV_2D weights [O, kh, kw, I] -> [kh, ceil(kw*I/4), O_padded, 4].
     "dot4_rows": Packer("dot4_rows", lambda s: (s[1], -(-s[2] * s[3] // DOT_DEPTH), padded(s[0]), DOT_DEPTH),
                         _dot4_rows),

@@ -90,13 +90,14 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     assert build.returncode == 0, build.stderr[-3000:]
     native = ctypes.CDLL(str(lib)).pack_constant
     rng = np.random.default_rng(0)
-    ranks = {"pad_channels": None, "o_blocked": None, "dot4": None,
+    ranks = {"pad_channels": None, "o_blocked": None, "dot4": None, "dot4_blocked": None,
              "channel_sums": None, "dot4_rows": 4, "tap_sums": None}
     for name in PACKERS:
         for _ in range(25):
-            rank = ranks[name] or int(rng.integers(2 if name == "dot4" else 1, 5))
+            dot = name in ("dot4", "dot4_blocked")
+            rank = ranks[name] or int(rng.integers(2 if dot else 1, 5))
             shape = tuple(int(d) for d in rng.integers(1, 40, rank))
-            if name == "dot4":
+            if dot:
                 shape = shape[:-1] + (4 * -(-shape[-1] // 4),)  # whole groups of 4 input channels
             for dtype in (np.int8,) if name.endswith("_sums") else (np.float32, np.int8, np.int32):
                 src = np.clip(rng.standard_normal(shape) * 50, -127, 127).astype(dtype)

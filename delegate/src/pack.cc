@@ -11,17 +11,20 @@ size_t Product(const int32_t* dims, int rank) {
   return n;
 }
 
-// [O, mid, depth] -> [mid, groups, O_padded, 4]: each output channel's 4 consecutive inputs
-// together, as one dot-product lane sums them (zeros past `depth`, up to groups * 4).
+// [O, mid, depth] -> [O_padded / tile, mid, groups, tile, 4]: each output channel's 4 consecutive
+// inputs together, as one dot-product lane sums them (zeros past `depth`, up to groups * 4). One
+// tile of all the output channels (tile = O_padded) is the unblocked [mid, groups, O_padded, 4].
 bool PackDot4(const uint8_t* src, size_t o_count, size_t mid, size_t depth, uint8_t* dst, const int32_t* dst_dims,
-              int dst_rank, size_t bytes) {
+              int dst_rank, size_t bytes, bool blocked) {
   if (dst_rank < 3 || dst_dims[dst_rank - 1] != 4) return false;
-  const size_t groups = dst_dims[dst_rank - 3], padded = dst_dims[dst_rank - 2];
-  if (padded < o_count || groups * 4 < depth || Product(dst_dims, dst_rank - 3) != mid) return false;
+  const size_t groups = dst_dims[dst_rank - 3], tile = dst_dims[dst_rank - 2];
+  const size_t tiles = blocked ? dst_dims[0] : 1;
+  const size_t mid_dims = Product(dst_dims + (blocked ? 1 : 0), dst_rank - 3 - (blocked ? 1 : 0));
+  if (tile == 0 || tiles * tile < o_count || groups * 4 < depth || mid_dims != mid) return false;
   for (size_t o = 0; o < o_count; ++o) {
     for (size_t m = 0; m < mid; ++m) {
       for (size_t i = 0; i < depth; ++i) {
-        const size_t at = ((m * groups + i / 4) * padded + o) * 4 + i % 4;
+        const size_t at = ((((o / tile) * mid + m) * groups + i / 4) * tile + o % tile) * 4 + i % 4;
         std::memcpy(dst + at * bytes, src + ((o * mid + m) * depth + i) * bytes, bytes);
       }
     }
@@ -78,11 +81,15 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
     case Pack::kDot4:  // [O, mid..., I] -> [mid..., I/4, O_padded, 4]
       if (src_rank < 2 || dst_rank != src_rank + 1 || src_dims[src_rank - 1] % 4 != 0) return false;
       return PackDot4(in, src_dims[0], Product(src_dims + 1, src_rank - 2), src_dims[src_rank - 1], out, dst_dims,
-                      dst_rank, bytes);
+                      dst_rank, bytes, false);
+    case Pack::kDot4Blocked:  // [O, mid..., I] -> [O_padded / T, mid..., I/4, T, 4]
+      if (src_rank < 2 || dst_rank != src_rank + 2 || src_dims[src_rank - 1] % 4 != 0) return false;
+      return PackDot4(in, src_dims[0], Product(src_dims + 1, src_rank - 2), src_dims[src_rank - 1], out, dst_dims,
+                      dst_rank, bytes, true);
     case Pack::kDot4Rows:  // [O, kh, kw, I] -> [kh, ceil(kw*I/4), O_padded, 4]
       if (src_rank != 4 || dst_rank != 4) return false;
       return PackDot4(in, src_dims[0], src_dims[1], static_cast<size_t>(src_dims[2]) * src_dims[3], out, dst_dims,
-                      dst_rank, bytes);
+                      dst_rank, bytes, false);
     case Pack::kChannelSums: {  // int8 [O, ...] -> int32 [O_padded]
       if (bytes != 1 || dst_rank != 1 || src_rank == 0 || dst_dims[0] < src_dims[0]) return false;
       const size_t per_channel = Product(src_dims + 1, src_rank - 1);

@@ -133,14 +133,18 @@ def _within_tile(o):
     return within
 
 
-def _weights(ctx: OpContext, index: int, dot: int = 0):
+def _weights(ctx: OpContext, index: int, dot: int = 0, blocked_dot: bool = False):
     """weight(o, *rest) for TFLite weights [O, *rest]: tile-blocked (pack.py, "o_blocked"), or
-    4-deep for dot products (`dot`: "dot4"), or as TFLite stores them when they are not constant."""
+    4-deep for dot products (`dot`: "dot4", and "dot4_blocked" where `blocked_dot`), or as TFLite
+    stores them when they are not constant."""
     if dot:
-        # One layout for every pixel count: a tile-blocked one ("o_blocked") indexes its channels
-        # modulo the block, which Halide cannot prove dense inside a 4-deep group: the weights were
-        # gathered a byte at a time (MobileNetV2 int8's 7x7 blocks: 10x XNNPACK's instructions).
         assert dot == DOT_DEPTH
+        if blocked_dot:
+            w = ctx.packed(index, "dot4_blocked")
+            return lambda o, *rest: w(o / CHANNEL_TILE, *rest[:-1], rest[-1] / dot, _within_tile(o), rest[-1] % dot)
+        # A convolution's take one layout for every pixel count, unblocked: indexed modulo the block,
+        # its channels were gathered a byte at a time where the tile did not divide the block
+        # (MobileNetV2 int8's 7x7 blocks: 10x XNNPACK's instructions).
         w = ctx.packed(index, "dot4")
         return lambda o, *rest: w(*rest[:-1], rest[-1] / dot, o, rest[-1] % dot)
     blocked = ctx.packed(index, "o_blocked")
@@ -406,7 +410,9 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         ctx.materialize.append(x)
     units, depth = ctx.op.inputs[1].shape
     out = ctx.out_shape()
-    weight = _weights(ctx, 1, dot=arith.dot)
+    # Dot-product weights blocked as the float ones are: a matrix-vector product (a decoder's every
+    # FC) streams them in order, where "dot4" made each channel tile a strided gather.
+    weight = _weights(ctx, 1, dot=arith.dot, blocked_dot=True)
     r = hl.RDom([(0, depth)], ctx.func_name("r"))
 
     # The usual input has the output's leading shape and `depth` innermost: read it at the output's
