@@ -205,6 +205,70 @@ def test_a_tiled_transpose_that_is_also_a_root_or_an_output_is_scheduled_once(ro
         check_model_blocks(b.build(), params=params)
 
 
+@pytest.mark.parametrize("params_name", ["X86", "NEON"])
+def test_a_transposed_block_output_is_written_in_square_tiles_and_exact(params_name):
+    # A decoder's K cache updated in place of one position, then transposed for QK^T in another
+    # block: both are block outputs. Vectorized along its innermost axis, the transpose gathered
+    # one element per lane from rows 3 x 64 floats apart (the block 2.3x its time in tiles).
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule import cpu
+
+    b = tflite_tools.ModelBuilder()
+    cache, update = b.input("cache", [1, 40, 3, 24]), b.input("update", [1, 1, 3, 24])
+    position = b.input("position", [4], dtype="int32")
+    new = b.op("DYNAMIC_UPDATE_SLICE", [cache, b.op("MUL", [update, update], [1, 1, 3, 24]), position],
+               [1, 40, 3, 24])
+    keys = b.op("TRANSPOSE", [new, b.const("perm", np.array([0, 2, 3, 1], np.int32))], [1, 3, 24, 40])
+    b.output(new, keys)
+    model = b.build()
+    params = getattr(cpu, params_name)
+    plan = plan_fusion(build_ecg(model.main))
+    (block,) = plan.blocks
+    kernel = build_block(block.name, [plan.ecg.nodes[i].op for i in block.ops], block.outputs)
+    cpu.schedule_cpu(kernel, params)
+    transposed = kernel.outputs[-1][1].func.name().split("$")[0]
+    assert re.search(rf"for \({re.escape(transposed)}(\$\d+)?\.s0\.\w+\.co_t,", _lowered_stmt(kernel)), "not tiled"
+    check_model_blocks(model, params=params)
+
+
+@pytest.mark.parametrize("dynamic_range", [False, True])
+def test_dot_product_fc_weights_are_blocked_by_channel_tile(dynamic_range):
+    # A decoder's every FC is a matrix-vector product that streams its weights from memory once:
+    # laid out 4-deep with all output channels innermost ("dot4"), each channel tile read 128 bytes
+    # a whole row of channels apart; blocked, each tile's weights are one run (tiles as the float
+    # weights take them).
+    from blockcheck import check_model_blocks
+    from tflite_tools.model.builder import quantization
+
+    rng = np.random.default_rng(0)
+    b = tflite_tools.ModelBuilder()
+    scales = quantization(rng.uniform(0.002, 0.02, 40), 0, axis=0)
+    weights = b.const("w", rng.integers(-127, 128, (40, 64)).astype(np.int8), "int8", quant=scales)
+    if dynamic_range:
+        x = b.input("x", [1, 64])
+        b.output(b.op("FULLY_CONNECTED", [x, weights, None], [1, 40], dtype="float32"))
+    else:
+        x = b.input("x", [1, 64], dtype="int8", quant=quantization([0.05], 3))
+        b.output(b.op("FULLY_CONNECTED", [x, weights, None], [1, 40], dtype="int8", quant=quantization([0.2], -1)))
+    model = b.build()
+    plan = plan_fusion(build_ecg(model.main))
+    (block,) = plan.blocks
+    kernel = build_block(block.name, [plan.ecg.nodes[i].op for i in block.ops], block.outputs)
+    assert "dot4_blocked" in [a.pack for a in kernel.arguments if a.tensor is model.main.operators[0].inputs[1]]
+    check_model_blocks(model)
+
+
+def _lowered_stmt(kernel) -> str:
+    """The scheduled kernel's lowered Halide statement."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.stmt")
+        kernel.pipeline().compile_to_lowered_stmt(path, [a.param for a in kernel.arguments])
+        return open(path).read()
+
+
 def _realized_producers(model):
     """Per block: (what a reduction reads, whether the schedule realises it) for every in-block
     input of a convolution or matrix product that an op with arithmetic of its own computes."""
@@ -222,10 +286,7 @@ def _realized_producers(model):
         if not kernel.accumulators:
             continue
         schedule_cpu(kernel)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "k.stmt")
-            kernel.pipeline().compile_to_lowered_stmt(path, [a.param for a in kernel.arguments])
-            stmt = open(path).read()
+        stmt = _lowered_stmt(kernel)
         produced = {id(t): op for op in ops for t in op.outputs}
         for acc in kernel.accumulators:
             helpers = kernel.op_helpers[acc.op_index]

@@ -1072,5 +1072,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         if id(v.func) in tiled or not tensor.shape:
             continue
         f = v.func
-        _vectorize_inner(f, tensor.shape, params, vectorized, output=True, joins=v.joins)
+        # A transposed output (a decoder's K^T beside its cache) in square tiles, not gathers.
+        if not _tile_transpose(v, params.lanes, vectorized):
+            _vectorize_inner(f, tensor.shape, params, vectorized, output=True, joins=v.joins)
         _split_rows(f, tensor.shape, params, light=light)
