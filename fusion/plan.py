@@ -13,9 +13,7 @@ The algorithm, and where it departs from the paper's text:
 2. **Grow along successors**, recursively: look up Table 3 with the block's *accumulated* fused
    type first and the successor's type second; red stops, green fuses, yellow asks the cost source
    (fuse if latency(block + op) <= latency(block) + latency(op)). Then the constraints and the
-   convexity check. A data-movement successor that only copies a tensor the block stores anyway
-   for Many-to-Many readers (a decoder's updated KV cache, transposed for attention) is left to
-   its readers' block (_Planner.copies_a_block_output).
+   convexity check.
 3. **Grow along predecessors** the same way (the predecessor's type first). An op with several
    predecessors may fuse some and not others.
    *Epilogues first*: an elementwise seed that a Many-to-Many op produces grows along its
@@ -50,7 +48,7 @@ from tflite_tools.model.stats import Step
 
 from .cost import CostSource, RooflineCost, profitable
 from .ecg import ECG
-from .mapping import REORG, SHUFFLE, MappingType, MtM, OtO, op_info
+from .mapping import MappingType, MtM, OtO, op_info
 from .signature import block_signature
 from .table3 import Cell, Color, attention_allowed, cell, conv_chain_allowed, row_reductions_allowed
 
@@ -192,9 +190,6 @@ class _Planner:
         node = self.ecg.nodes[n]
         if n in block or n in self.block_id or not node.fusible:
             return False
-        if forward and self.copies_a_block_output(block, n):
-            self._count("left-to-consumer")
-            return False
         c = cell(btype[0], node.mapping) if forward else cell(node.mapping, btype[0])
         if c.color is Color.RED and (
                 (btype[0] is MtM and node.mapping is MtM and conv_chain_allowed(self.ecg, block, n))
@@ -220,22 +215,6 @@ class _Planner:
         block.add(n)
         btype[0] = c.fused
         return True
-
-    def copies_a_block_output(self, block: set[int], n: int) -> bool:
-        """True for a data-movement op (a TRANSPOSE) whose input the block stores anyway (a graph
-        output, or read by another block) and whose result only Many-to-Many ops read, none of
-        them in the block: taken in, it is one more output, a copy written out in full and read
-        back; in its consumer's block the product reads the stored input where it lies (a
-        decoder's K and V caches, transposed for attention)."""
-        ecg, node = self.ecg, self.ecg.nodes[n]
-        if node.mapping not in (REORG, SHUFFLE) or not node.op.inputs or len(node.op.outputs) != 1:
-            return False
-        source, result = node.op.inputs[0], node.op.outputs[0]
-        if ecg.producer.get(id(source)) not in block or ecg.ir_removable(source, block | {n}):
-            return False
-        readers = ecg.consumers.get(id(result), [])
-        return (id(result) not in ecg.graph_outputs and bool(readers)
-                and all(ecg.nodes[c].mapping is MtM and c not in block for c in readers))
 
     def grow(self, block: set[int], btype: list[MappingType], start: int, forward: bool) -> bool:
         grew = False

@@ -380,27 +380,6 @@ def test_data_movement_keeps_the_consumers_block():
     assert _block_ops(plan_fusion(build_ecg(b.build().main), FixedCost(True))) == [["CONV_2D"], ["CONCATENATION", "CONV_2D"]]
 
 
-@pytest.mark.parametrize("perm", [[0, 2, 3, 1], [0, 2, 1, 3]])
-def test_a_transpose_of_a_stored_tensor_goes_to_the_product_that_reads_it(perm):
-    # A decoder's K or V cache, updated at one position (a graph output) and transposed for
-    # attention: in the update's block the transpose would be one more output, the whole cache
-    # copied out and read back; in the product's block the product reads the stored cache.
-    from blockcheck import check_model_blocks
-
-    b = ModelBuilder()
-    cache, update = b.input("cache", [1, 16, 2, 8]), b.input("update", [1, 1, 2, 8])
-    position, query = b.input("position", [4], dtype="int32"), b.input("query", [1, 2, 3, 8])
-    new = b.op("DYNAMIC_UPDATE_SLICE", [cache, b.op("MUL", [update, update], [1, 1, 2, 8]), position], [1, 16, 2, 8])
-    shape = [1, 2, 8, 16] if perm[-1] == 1 else [1, 2, 16, 8]
-    moved = b.op("TRANSPOSE", [new, b.const("perm", np.array(perm, np.int32))], shape)
-    operand = query if perm[-1] == 1 else b.input("weights", [1, 2, 3, 16])
-    b.output(new, b.op("BATCH_MATMUL", [operand, moved], [1, 2, 3, shape[-1]]))
-    model = b.build()
-    assert _block_ops(plan_fusion(build_ecg(model.main))) == [["MUL", "DYNAMIC_UPDATE_SLICE"],
-                                                               ["TRANSPOSE", "BATCH_MATMUL"]]
-    check_model_blocks(model)
-
-
 def test_a_video_cnns_3d_convolutions_take_their_activations_in():
     # C3D converts as CONV_3D then a RELU op of its own (and a 3-D U-Net's CONV_3D_TRANSPOSE too):
     # each RELU joins a convolution's block, so the model runs in one kernel per convolution, not
