@@ -75,3 +75,17 @@ def test_ctrl_c_at_any_point_ends_a_command_cleanly(command, after, tmp_path, an
         assert (out / "model.fused.tflite").exists() and (out / "plan.json").exists()
     aar = tmp_path / "out.aar"
     assert not aar.exists() or zipfile.ZipFile(aar).testzip() is None  # all or nothing
+
+
+def test_ctrl_c_as_a_finished_command_exits_changes_nothing():
+    # A command done at the moment of a Ctrl-C: Python gives SIGINT its default action back as it
+    # tears down, so the signal ended the process (status -2, a second after `info` started) or
+    # raised in an exit handler. Once the status is decided, SIGINT is ignored.
+    script = ("import atexit, os, signal, sys\n"
+              "atexit.register(os.kill, os.getpid(), signal.SIGINT)\n"
+              "from tflite_tools.console import main\n"
+              "sys.argv = ['tflite_tools', '--version']\n"
+              "sys.exit(main())\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          preexec_fn=answers_ctrl_c)
+    assert proc.returncode == 0 and "KeyboardInterrupt" not in proc.stderr, proc.stderr

@@ -4,6 +4,7 @@ code 130 and one line, not a traceback."""
 
 from __future__ import annotations
 
+import signal
 import sys
 
 
@@ -11,7 +12,13 @@ def main() -> int:
     """Loads the commands and runs the one the arguments name; returns the exit code."""
     try:
         from .cli import main as run_command
+
+        return run_command()
     except KeyboardInterrupt:
         print("tflite_tools: interrupted", file=sys.stderr)
         return 130
-    return run_command()
+    finally:
+        # The command is over (argparse's --help and errors exit from inside it) and its status
+        # decided. Python gives SIGINT back its default action as the interpreter tears down, so a
+        # Ctrl-C then would end a finished command by the signal, or raise in an exit handler.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
