@@ -142,9 +142,9 @@ def _weights(ctx: OpContext, index: int, dot: int = 0, blocked_dot: bool = False
         if blocked_dot:
             w = ctx.packed(index, "dot4_blocked")
             return lambda o, *rest: w(o / CHANNEL_TILE, *rest[:-1], rest[-1] / dot, _within_tile(o), rest[-1] % dot)
-        # A convolution's take one layout for every pixel count, unblocked: indexed modulo the block,
-        # its channels were gathered a byte at a time where the tile did not divide the block
-        # (MobileNetV2 int8's 7x7 blocks: 10x XNNPACK's instructions).
+        # A convolution's weights take one layout for every pixel count, unblocked: indexed modulo
+        # the block, its channels were gathered a byte at a time where the tile did not divide the
+        # block (MobileNetV2 int8's 7x7 blocks: 10x XNNPACK's instructions).
         w = ctx.packed(index, "dot4")
         return lambda o, *rest: w(*rest[:-1], rest[-1] / dot, o, rest[-1] % dot)
     blocked = ctx.packed(index, "o_blocked")
