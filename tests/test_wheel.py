@@ -1,11 +1,13 @@
-"""The package as users install it: a wheel built from the checkout carries the delegate runtime's
-sources and the license, and, installed in a clean venv, runs the README's main job (fuse the bundled
-U-Net, run it with its delegate and compare with LiteRT)."""
+"""The package as users install it: a source distribution of the checkout holds the sources and none
+of the build or bench outputs; the wheel pip builds from it carries the delegate runtime's sources and
+the license, and, installed in a clean venv, runs the README's main job (fuse the bundled U-Net, run
+it with its delegate and compare with LiteRT)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -17,11 +19,34 @@ pytestmark = pytest.mark.network  # the build backend and the dependencies come 
 
 
 @pytest.fixture(scope="module")
-def wheel(tmp_path_factory) -> Path:
+def sdist(tmp_path_factory) -> Path:
+    """The checkout's source distribution, as `python -m build --sdist` makes it (in a venv of its own)."""
+    work = tmp_path_factory.mktemp("sdist")
+    tools = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(tools)], check=True, timeout=300)
+    subprocess.run([str(tools / "bin" / "pip"), "install", "-q", "build"], check=True, timeout=600)
+    subprocess.run([str(tools / "bin" / "python"), "-m", "build", "--sdist", "-o", str(work / "out"), str(REPO)],
+                   check=True, timeout=600, capture_output=True)
+    return next((work / "out").glob("dnnfusion-*.tar.gz"))
+
+
+@pytest.fixture(scope="module")
+def wheel(sdist, tmp_path_factory) -> Path:
+    """The wheel pip builds from the source distribution, as an install from it would."""
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "-q", "-w", str(out)],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(sdist), "--no-deps", "-q", "-w", str(out)],
                    check=True, timeout=600)
     return next(out.glob("dnnfusion-*.whl"))
+
+
+def test_the_source_distribution_holds_the_sources_and_no_outputs(sdist):
+    names = {n.split("/", 1)[1] for n in tarfile.open(sdist).getnames() if "/" in n}
+    assert {"pyproject.toml", "CMakeLists.txt", "LICENSE", "README.md", "delegate/src/plugin.cc",
+            "delegate/include/dnnfusion/bundle_abi.h", "halide_gen/bundle.py", "tflite_tools/cli.py",
+            "tests/models/make_models.py"} <= names
+    # Build outputs, caches and the bench corpora (gigabytes, converted offline) stay out; the test
+    # models are made by tests/models/make_models.py.
+    assert not [n for n in names if n.startswith((".venv/", "build/", "bench/corpus/", "bench/corpus-")) or "__pycache__" in n]
 
 
 def test_the_wheel_carries_the_runtime_sources_inside_the_package_and_the_license(wheel):
