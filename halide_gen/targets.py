@@ -175,11 +175,10 @@ class TargetSpec:
     @property
     def int8_claimed_unmeasured(self) -> bool:
         """Whether int8 blocks are claimed by default without `fuse --measure`: where their kernels
-        are known to beat XNNPACK's QS8 path. ARMv8.2 with dot product: MobileNetV2 int8 runs in
-        0.965x XNNPACK's instructions on a Cortex-A76 (bench/arm_count.py). Not yet on x86 (1.36x
-        its time with the reference rounding) nor on ARMv8.0 cores (widening multiplies instead of
-        SDOT). x86 with XNNPACK's float rounding: 0.88x its time at one thread on a Sapphire Rapids
-        Xeon (bench/RESULTS.md)."""
+        are known to beat XNNPACK's QS8 path: ARMv8.2 with dot product (fewer instructions on a
+        Cortex-A76, bench/RESULTS.md "Benchmarks: the whole set") and x86 with XNNPACK's float
+        rounding (bench/RESULTS-history.md, "x86 int8 rounded as XNNPACK rounds"); not x86 with the
+        reference rounding, nor ARMv8.0 cores (widening multiplies instead of SDOT)."""
         if self.family == "x86":
             return self.int8_rounding == "xnnpack"
         return self.family == "arm" and self.dot_product

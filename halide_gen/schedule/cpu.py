@@ -121,7 +121,7 @@ class CpuParams:
 # took MobileNetV2's blocks cut out one by one from 1.25x to 1.06x XNNPACK (14x14 inverted residuals
 # 1.5-1.6x -> 1.1x, the 7x7x1280 conv 1.43x -> 1.02x); 32 x 8 and the modelled tile were close,
 # 64 x 7 and 16 x 14 slower. Fully connected 32 x 12 (24 accumulators): bert's 256 -> 1024 FC
-# 1.10-1.30x -> 0.99x, gpt2's 1.07x -> 1.00x (bench/RESULTS.md, "Register tiles on full-width AVX-512").
+# 1.10-1.30x -> 0.99x, gpt2's 1.07x -> 1.00x (bench/RESULTS-history.md, "Register tiles on full-width AVX-512").
 # On a Sapphire Rapids Xeon (2 x 512-bit FMA, 2 loads a cycle) 32 x 14 tiles (28 accumulators: 16
 # loads per 28 FMAs against 9 per 14) on MobileNet's 112 / 56 / 28 / 14-pixel rows took
 # MobileNetV2's 14x14 inverted residuals from 1.05-1.19x XNNPACK to 0.95-1.02x (blocks cut out one
