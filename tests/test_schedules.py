@@ -25,6 +25,14 @@ def first_block(model_path, stem):
     return model, [plan.ecg.nodes[i].op for i in block.ops], block
 
 
+def only_block_kernel(model):
+    """The ops of a model planned as one block, and that block's kernel (not yet scheduled)."""
+    plan = plan_fusion(build_ecg(model.main))
+    (block,) = plan.blocks
+    ops = [plan.ecg.nodes[i].op for i in block.ops]
+    return ops, build_block(block.name, ops, block.outputs)
+
+
 @pytest.mark.parametrize("autoscheduler", CPU_AUTOSCHEDULERS)
 @pytest.mark.parametrize("stem", ["swish_chain", "conv_relu6"])
 def test_autoscheduled_kernels_match_litert(model_path, stem, autoscheduler):
@@ -178,10 +186,7 @@ def test_transposed_matmul_operand_is_copied_in_square_tiles_and_exact():
     kt = b.op("TRANSPOSE", [k, b.const("pk", np.array([0, 2, 3, 1], np.int32))], [1, 2, 24, 40])
     b.output(b.op("BATCH_MATMUL", [qt, kt], [1, 2, 40, 40]))
     model = b.build()
-    plan = plan_fusion(build_ecg(model.main))
-    (block,) = plan.blocks
-    ops = [plan.ecg.nodes[i].op for i in block.ops]
-    kernel = build_block(block.name, ops, block.outputs)
+    ops, kernel = only_block_kernel(model)
     tiled = [op for op in ops if op.name == "TRANSPOSE" and _tile_transpose(kernel.values[id(op.outputs[0])], 16, set())]
     assert [list(op.inputs[1].data) for op in tiled] == [[0, 2, 3, 1]]  # K's, not Q's (innermost kept)
     for params in (X86, NEON):
@@ -222,9 +227,7 @@ def test_a_transposed_block_output_is_written_in_square_tiles_and_exact(params_n
     b.output(new, keys)
     model = b.build()
     params = getattr(cpu, params_name)
-    plan = plan_fusion(build_ecg(model.main))
-    (block,) = plan.blocks
-    kernel = build_block(block.name, [plan.ecg.nodes[i].op for i in block.ops], block.outputs)
+    _, kernel = only_block_kernel(model)
     cpu.schedule_cpu(kernel, params)
     transposed = kernel.outputs[-1][1].func.name().split("$")[0]
     assert re.search(rf"for \({re.escape(transposed)}(\$\d+)?\.s0\.\w+\.co_t,", _lowered_stmt(kernel)), "not tiled"
@@ -251,9 +254,7 @@ def test_dot_product_fc_weights_are_blocked_by_channel_tile(dynamic_range):
         x = b.input("x", [1, 64], dtype="int8", quant=quantization([0.05], 3))
         b.output(b.op("FULLY_CONNECTED", [x, weights, None], [1, 40], dtype="int8", quant=quantization([0.2], -1)))
     model = b.build()
-    plan = plan_fusion(build_ecg(model.main))
-    (block,) = plan.blocks
-    kernel = build_block(block.name, [plan.ecg.nodes[i].op for i in block.ops], block.outputs)
+    _, kernel = only_block_kernel(model)
     assert "dot4_blocked" in [a.pack for a in kernel.arguments if a.tensor is model.main.operators[0].inputs[1]]
     check_model_blocks(model)
 
@@ -274,7 +275,6 @@ def _realized_producers(model):
     input of a convolution or matrix product that an op with arithmetic of its own computes."""
     from fusion.mapping import REORG, SHUFFLE, op_mapping
     from halide_gen.schedule.cpu import schedule_cpu
-    import tempfile, os
 
     plan = plan_fusion(build_ecg(model.main))
     found = []

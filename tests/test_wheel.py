@@ -46,7 +46,8 @@ def test_the_source_distribution_holds_the_sources_and_no_outputs(sdist):
             "tests/models/make_models.py"} <= names
     # Build outputs, caches and the bench corpora (gigabytes, converted offline) stay out; the test
     # models are made by tests/models/make_models.py.
-    assert not [n for n in names if n.startswith((".venv/", "build/", "bench/corpus/", "bench/corpus-")) or "__pycache__" in n]
+    outputs = (".venv/", "build/", "bench/corpus/", "bench/corpus-")
+    assert not [n for n in names if n.startswith(outputs) or "__pycache__" in n]
 
 
 def test_the_wheel_carries_the_runtime_sources_inside_the_package_and_the_license(wheel):
