@@ -44,8 +44,8 @@ def test_the_source_distribution_holds_the_sources_and_no_outputs(sdist):
     assert {"pyproject.toml", "CMakeLists.txt", "LICENSE", "README.md", "delegate/src/plugin.cc",
             "delegate/include/dnnfusion/bundle_abi.h", "halide_gen/bundle.py", "tflite_tools/cli.py",
             "tests/models/make_models.py"} <= names
-    # Build outputs, caches and the bench corpora (gigabytes, converted offline) stay out; the test
-    # models are made by tests/models/make_models.py.
+    # Build outputs, caches and the bench corpora (gigabytes, converted offline) stay out; so do the
+    # test models (pyproject's sdist.exclude), which tests/models/make_models.py makes again.
     outputs = (".venv/", "build/", "bench/corpus/", "bench/corpus-")
     assert not [n for n in names if n.startswith(outputs) or "__pycache__" in n]
 
