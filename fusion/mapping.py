@@ -142,6 +142,12 @@ OPS: dict[str, OpInfo] = {
     "CUSTOM:MaxUnpooling2D": OpInfo(OtM),
 }
 
+# The elementwise ops: each output element reads its inputs at its own index (broadcast operands at
+# the broadcast index), so the code generator may compute one inside any tile of its consumer, and
+# each has its lowering in halide_gen/lower/elementwise.py. Data movement that is One-to-One in the
+# paper's sense (CONCATENATION, SLICE, PAD) shifts indices and is not among them.
+ELEMENTWISE = frozenset(name for name, info in OPS.items() if info.elementwise)
+
 
 def op_info(op: Operator) -> OpInfo | None:
     """The table entry for `op`, or None when the op is opaque (control flow, unknown builtins and

@@ -69,11 +69,10 @@ def cell(first: MappingType, second: MappingType) -> Cell:
 # -- the one measured exception ----------------------------------------------------------------
 #
 # Many-to-Many -> Many-to-Many is red in the paper ("too complex, bad for registers and cache").
-# Measured on this project's x86 host (AVX-512, one thread), the whole MobileNetV2
-# inverted-residual block — 1x1 expand conv, 3x3 depthwise, 1x1 project conv, residual add —
-# fused into one Halide pipeline at 0.496 ms against 0.537 ms for the three kernels apart (and
-# 0.673 ms for XNNPACK): the depthwise reads the expanded rows from a small ring buffer instead of
-# a 56x56x144 tensor. So that one chain is yellow (the cost source still decides), not red.
+# Measured, the whole MobileNetV2 inverted-residual block — 1x1 expand conv, 3x3 depthwise, 1x1
+# project conv, residual add — ran faster as one Halide pipeline than as three kernels: the depthwise
+# reads the expanded rows from a small ring buffer instead of a 56x56x144 tensor. So that one chain
+# is yellow (the cost source still decides), not red.
 
 
 def _pointwise(op) -> bool:
@@ -124,10 +123,8 @@ def conv_chain_allowed(ecg, block: frozenset[int] | set[int], candidate: int) ->
 # of the same rows (LayerNorm as converters emit it: the mean, then the mean of the squared
 # differences from it) are each a pass over a row that the next pass reads again while it is still
 # in cache, so a kernel can compute both per row. Apart, LayerNorm took two blocks and wrote the
-# squared differences to memory between them. Measured on the x86 host, one thread, each block cut
-# out (bench/block_table.py): gpt2_small's LayerNorm 5 + 6 us in two kernels, 8 us in one (XNNPACK
-# 6 us for the same ops); bert_small's 4 + 9 us, 10 us in one (XNNPACK 9). Yellow, not green: the
-# cost source decides.
+# squared differences to memory between them; in one kernel it is faster than in two. Yellow, not
+# green: the cost source decides.
 
 # Reductions whose lowering (halide_gen.lower.reduce.row_reduce) sums a row in vector partials.
 ROW_REDUCTIONS = frozenset({"MEAN", "SUM"})
@@ -179,7 +176,7 @@ def row_reductions_allowed(ecg, block: frozenset[int] | set[int], candidate: int
 # (scores | scale + softmax | weights x values), and the [heads, queries, keys] matrix went to memory
 # three times over (scores, exponentials, weights). In one kernel the CPU schedule computes the
 # scores and their softmax for a tile of query rows right where the second product reads them
-# (halide_gen.schedule.cpu._schedule_attention): the matrix never exists whole, a few KB per tile
+# (halide_gen.schedule.attention): the matrix never exists whole, a few KB per tile
 # stay in L1 whatever the sequence length. Yellow, not green: the cost source decides.
 
 ATTENTION_OPS = frozenset({"BATCH_MATMUL", "SOFTMAX"})

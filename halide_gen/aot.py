@@ -24,6 +24,7 @@ from typing import Sequence
 import halide as hl
 import numpy as np
 
+from fusion import mapping
 from tflite_tools.model import fingerprint
 from tflite_tools.model.ir import Operator, Tensor
 
@@ -47,9 +48,10 @@ def generator_digest() -> str:
 
 
 def generator_sources() -> list[Path]:
-    """The files generator_digest hashes: this package's Python files and the identity's canonical
-    form (tflite_tools.model.fingerprint), which decides which blocks share a kernel."""
-    return sorted(Path(__file__).parent.rglob("*.py")) + [Path(fingerprint.__file__)]
+    """The files generator_digest hashes: this package's Python files, the identity's canonical
+    form (tflite_tools.model.fingerprint), which decides which blocks share a kernel, and the op
+    classification the schedules read (fusion.mapping: which ops are elementwise, which Many-to-Many)."""
+    return sorted(Path(__file__).parent.rglob("*.py")) + [Path(fingerprint.__file__), Path(mapping.__file__)]
 
 
 @dataclass

@@ -148,7 +148,7 @@ def _conv(draw, g: Graph, x: Tensor, cout: int, window, depthwise: bool) -> Tens
 
 def conv_2d(draw, g: Graph, x: Tensor):
     # Sometimes whole vectors of channels: a depthwise conv after it then reads its zero padding
-    # in place (schedule.cpu._padding_inlined), which ragged channel counts never do.
+    # in place (schedule.cpu.padding_inlined), which ragged channel counts never do.
     cout = draw(st.one_of(st.integers(1, 12), st.sampled_from([16, 32])))
     return _conv(draw, g, x, cout, _window(draw, *x.shape[1:3]), depthwise=False)
 

@@ -47,7 +47,7 @@ def random_weights(seed: int, scale: float):
 def test_streamed_inverted_residual_matches_litert():
     # Large enough (48x48x144 intermediates, > CpuParams.stream_bytes) that the CPU schedule streams the
     # expand conv and the depthwise input through sliding row buffers.
-    from halide_gen.schedule.cpu import _conv_chain
+    from halide_gen.schedule.conv_chain import conv_chain
 
     w = random_weights(seed=3, scale=0.2)
     b = ModelBuilder()
@@ -61,7 +61,7 @@ def test_streamed_inverted_residual_matches_litert():
     b.output(b.op("ADD", [p, x], [1, 48, 48, 24]))
     model = b.build()
     kernel = build_block("ir", model.main.operators, model.main.outputs)
-    assert _conv_chain(kernel) is not None
+    assert conv_chain(kernel) is not None
     compare(model)
 
 

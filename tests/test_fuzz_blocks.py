@@ -36,7 +36,7 @@ from hypothesis import HealthCheck, given, seed, settings
 import tflite_tools
 from blockcheck import check_fused_model, check_model_blocks
 from graphgen import Drawn, graphs
-from halide_gen.schedule.cpu import X86
+from halide_gen.schedule.params import X86
 from tflite_tools.model.ir import Model
 
 REGRESSIONS = Path(__file__).parent / "models" / "fuzz"

@@ -27,6 +27,16 @@ def test_every_required_op_has_a_mapping_type():
     assert sorted(set(ISSUE_OPS) - set(OPS)) == []
 
 
+
+def test_the_elementwise_ops_are_exactly_those_lowered_as_elementwise():
+    # One definition (fusion.mapping.ELEMENTWISE) that the planner's per-edge types and the
+    # schedules' epilogues both read: every op in it has its float lowering in lower/elementwise.py
+    # (reading each input at its own index), and that module lowers no other op.
+    from fusion.mapping import ELEMENTWISE
+    from halide_gen.lower import LOWERINGS
+
+    assert ELEMENTWISE == {name for name, fn in LOWERINGS.items() if fn.__module__ == "halide_gen.lower.elementwise"}
+
 @pytest.mark.parametrize(
     "op, expected",
     [("ADD", OtO), ("CONCATENATION", OtO), ("SLICE", OtO), ("SPLIT", OtO), ("PAD", OtO), ("MIRROR_PAD", OtM),

@@ -100,11 +100,12 @@ def test_host_profiler_answers_yellow_cells(model_path, tmp_path, monkeypatch, c
 @pytest.mark.parametrize("channels, width", [(1280, 7), (96, 112), (24, 56), (144, 28), (1000, 1), (768, 128), (3, 5)])
 @pytest.mark.parametrize("steps", [1, 4])
 def test_modelled_register_tile_fits_the_registers_and_the_op(channels, width, steps):
-    # NEON's register tile (schedule.cpu.modelled_tile): accumulators, one input vector per pixel
+    # NEON's register tile (schedule.tiles.modelled_tile): accumulators, one input vector per pixel
     # and one step's weights within 31 of the 32 registers, a channel tile dividing the packed
     # channel count, and no wider than the op.
     from halide_gen.pack import padded
-    from halide_gen.schedule.cpu import NEON, modelled_tile
+    from halide_gen.schedule.params import NEON
+    from halide_gen.schedule.tiles import modelled_tile
 
     size, pixels = modelled_tile(channels, width, NEON.lanes, NEON.registers, True, steps)
     vectors = size // NEON.lanes
@@ -113,7 +114,7 @@ def test_modelled_register_tile_fits_the_registers_and_the_op(channels, width, s
 
 
 def test_modelled_tile_prefers_whole_rows_to_a_tail():
-    from halide_gen.schedule.cpu import modelled_tile
+    from halide_gen.schedule.tiles import modelled_tile
 
     assert modelled_tile(1280, 7, 4, 32, True, 4) == (8, 7)  # 7 pixels: no 6 + 1
     assert modelled_tile(1000, 1, 4, 32, True, 4) == (32, 1)  # a GEMV: the widest tile that fits
@@ -160,14 +161,15 @@ def test_padding_read_in_place_where_its_source_is_in_memory(channels, inputs, s
     # tiles only) where what it pads is realised anyway, and copied otherwise; both are exact, on
     # a 9 x 11 map whose rows and columns end mid-tile, for the x86 and the NEON tiles.
     from blockcheck import check_model_blocks
-    from halide_gen.schedule.cpu import NEON, X86, _padding_inlined
+    from halide_gen.schedule.params import NEON, X86
+    from halide_gen.schedule.cpu import padding_inlined
 
     model = _residual(channels, inputs, (9, 11), stride, kernel, activation_between)
     plan = plan_fusion(build_ecg(model.main))
     inlined = 0
     for block in plan.blocks:
         kernel_ = build_block(block.name, [plan.ecg.nodes[i].op for i in block.ops], block.outputs)
-        inlined += len(_padding_inlined(kernel_, X86))
+        inlined += len(padding_inlined(kernel_, X86))
     assert inlined == in_place
     for params in (X86, NEON):
         check_model_blocks(model, params=params)
@@ -175,10 +177,11 @@ def test_padding_read_in_place_where_its_source_is_in_memory(channels, inputs, s
 
 def test_transposed_matmul_operand_is_copied_in_square_tiles_and_exact():
     # QK^T as converters write it: K's transpose moves the innermost axis, so its copy before the
-    # matrix product is scheduled in 16 x 16 tiles (schedule.cpu._tile_transpose) instead of one
+    # matrix product is scheduled in 16 x 16 tiles (schedule.vectors.tile_transpose) instead of one
     # gather per vector; 40 x 24 per head leaves partial tiles on both axes.
     from blockcheck import check_model_blocks
-    from halide_gen.schedule.cpu import NEON, X86, _tile_transpose
+    from halide_gen.schedule.params import NEON, X86
+    from halide_gen.schedule.vectors import tile_transpose
 
     b = tflite_tools.ModelBuilder()
     q, k = b.input("q", [1, 40, 2, 24]), b.input("k", [1, 40, 2, 24])
@@ -187,7 +190,7 @@ def test_transposed_matmul_operand_is_copied_in_square_tiles_and_exact():
     b.output(b.op("BATCH_MATMUL", [qt, kt], [1, 2, 40, 40]))
     model = b.build()
     ops, kernel = only_block_kernel(model)
-    tiled = [op for op in ops if op.name == "TRANSPOSE" and _tile_transpose(kernel.values[id(op.outputs[0])], 16, set())]
+    tiled = [op for op in ops if op.name == "TRANSPOSE" and tile_transpose(kernel.values[id(op.outputs[0])], 16, set())]
     assert [list(op.inputs[1].data) for op in tiled] == [[0, 2, 3, 1]]  # K's, not Q's (innermost kept)
     for params in (X86, NEON):
         check_model_blocks(model, params=params)
@@ -199,7 +202,7 @@ def test_a_tiled_transpose_that_is_also_a_root_or_an_output_is_scheduled_once(ro
     # a root of its own) or a block output (vectorized as one): a second schedule of the tiled axis
     # was a Halide error that ended the fuse.
     from blockcheck import check_model_blocks
-    from halide_gen.schedule.cpu import NEON, X86
+    from halide_gen.schedule.params import NEON, X86
 
     b = tflite_tools.ModelBuilder()
     q, k = b.input("q", [1, rows, 2, depth]), b.input("k", [1, rows, 2, depth])
@@ -216,7 +219,8 @@ def test_a_transposed_block_output_is_written_in_square_tiles_and_exact(params_n
     # block: both are block outputs. Vectorized along its innermost axis, the transpose gathered
     # one element per lane from rows 3 x 64 floats apart (the block 2.3x its time in tiles).
     from blockcheck import check_model_blocks
-    from halide_gen.schedule import cpu
+    from halide_gen.schedule import params as cpu_params
+    from halide_gen.schedule import schedule_cpu
 
     b = tflite_tools.ModelBuilder()
     cache, update = b.input("cache", [1, 40, 3, 24]), b.input("update", [1, 1, 3, 24])
@@ -226,9 +230,9 @@ def test_a_transposed_block_output_is_written_in_square_tiles_and_exact(params_n
     keys = b.op("TRANSPOSE", [new, b.const("perm", np.array([0, 2, 3, 1], np.int32))], [1, 3, 24, 40])
     b.output(new, keys)
     model = b.build()
-    params = getattr(cpu, params_name)
+    params = getattr(cpu_params, params_name)
     _, kernel = only_block_kernel(model)
-    cpu.schedule_cpu(kernel, params)
+    schedule_cpu(kernel, params)
     transposed = kernel.outputs[-1][1].func.name().split("$")[0]
     assert re.search(rf"for \({re.escape(transposed)}(\$\d+)?\.s0\.\w+\.co_t,", _lowered_stmt(kernel)), "not tiled"
     check_model_blocks(model, params=params)
@@ -390,11 +394,11 @@ def test_a_softmax_shares_its_stages_among_threads_only_when_they_are_large(tmp_
 def test_conv_tiles_cover_rows_without_a_one_pixel_tail():
     # x86 conv tiles: 7 pixels where 7 divides the row (MobileNets), 8 where 8 does (U-Nets), never
     # fewer than half the requested count.
-    from halide_gen.schedule.cpu import _whole_rows
+    from halide_gen.schedule.tiles import whole_rows
 
-    assert [_whole_rows(w, 7) for w in (112, 56, 28, 14, 7)] == [7] * 5
-    assert [_whole_rows(w, 7) for w in (64, 32, 16, 8)] == [8] * 4
-    assert all(4 <= _whole_rows(w, 7) <= 8 for w in range(8, 300))
+    assert [whole_rows(w, 7) for w in (112, 56, 28, 14, 7)] == [7] * 5
+    assert [whole_rows(w, 7) for w in (64, 32, 16, 8)] == [8] * 4
+    assert all(4 <= whole_rows(w, 7) <= 8 for w in range(8, 300))
 
 
 def _pointwise_then_3x3(hw: tuple[int, int], cin: int, mid: int, cout: int, seed: int):
@@ -417,12 +421,13 @@ def test_rows_of_a_multiple_of_14_pixels_get_14_pixel_conv_tiles_and_stay_exact(
     # x86: 32 x 14 tiles where 14 divides the row (MobileNets' 112 / 56 / 28 / 14), the whole-row
     # tiles of 7 or 8 elsewhere; a 1x1 and a 3x3 conv on a 28-pixel row checked against LiteRT.
     from blockcheck import check_model_blocks
-    from halide_gen.schedule.cpu import X86, _tile_shape
+    from halide_gen.schedule.params import X86
+    from halide_gen.schedule.tiles import tile_shape
 
     model = _pointwise_then_3x3((3, 28), 16, 40, 24, seed=14)
     ops = model.main.operators
     kernel = build_block("rows", ops, [ops[1].outputs[0]])
-    shapes = [_tile_shape(acc, X86, X86.conv_channels, X86.conv_pixels, True, 1, modelled=True)
+    shapes = [tile_shape(acc, X86, X86.conv_channels, X86.conv_pixels, True, 1, modelled=True)
               for acc in kernel.accumulators]
     assert shapes == [(32, 14), (32, 14)]
     assert check_model_blocks(model)
@@ -431,12 +436,13 @@ def test_rows_of_a_multiple_of_14_pixels_get_14_pixel_conv_tiles_and_stay_exact(
 def test_a_tile_keeps_its_pixels_out_of_one_l1_set():
     # x86 L1 sets span 4 KB with 8 ways: reads 4 KB apart (rows of 1024 floats) fill one set by 8
     # of them, 4000 bytes apart they spread over the sets; 2 KB apart, 16 fit.
-    from halide_gen.schedule.cpu import NEON, X86, _pixels_in_l1_sets
+    from halide_gen.schedule.params import NEON, X86
+    from halide_gen.schedule.tiles import pixels_in_l1_sets
 
-    assert _pixels_in_l1_sets(X86, 4096, 8) and not _pixels_in_l1_sets(X86, 4096, 9)
-    assert _pixels_in_l1_sets(X86, 4000, 14) and _pixels_in_l1_sets(X86, 2048, 16)
-    assert not _pixels_in_l1_sets(X86, 2048, 17) and not _pixels_in_l1_sets(X86, 8192, 12)
-    assert _pixels_in_l1_sets(X86, 0, 64) and _pixels_in_l1_sets(NEON, 4096, 64)  # unknown / not modelled
+    assert pixels_in_l1_sets(X86, 4096, 8) and not pixels_in_l1_sets(X86, 4096, 9)
+    assert pixels_in_l1_sets(X86, 4000, 14) and pixels_in_l1_sets(X86, 2048, 16)
+    assert not pixels_in_l1_sets(X86, 2048, 17) and not pixels_in_l1_sets(X86, 8192, 12)
+    assert pixels_in_l1_sets(X86, 0, 64) and pixels_in_l1_sets(NEON, 4096, 64)  # unknown / not modelled
 
 
 def _fc_then_pointwise(rows: int, depth: int, seed: int):
@@ -464,13 +470,14 @@ def test_rows_4_kb_apart_get_fewer_rows_per_register_tile_and_stay_exact(depth, 
     # a 1x1 conv over 1024 channels 7-pixel tiles instead of 14 (14x14 maps: 1.78 -> 1.01 ms). 1000
     # inputs keep the default tiles. Both blocks exact against LiteRT.
     from blockcheck import check_model_blocks
-    from halide_gen.schedule.cpu import X86, _tile_shape
+    from halide_gen.schedule.params import X86
+    from halide_gen.schedule.tiles import tile_shape
 
     model = _fc_then_pointwise(24, depth, seed=4)
     shapes = []
     for op in model.main.operators:
         (acc,) = build_block("rows", [op], [op.outputs[0]]).accumulators
-        shapes.append(_tile_shape(acc, X86, X86.conv_channels, X86.mm_rows if op.name == "FULLY_CONNECTED"
+        shapes.append(tile_shape(acc, X86, X86.conv_channels, X86.mm_rows if op.name == "FULLY_CONNECTED"
                                   else X86.conv_pixels, True, 1, modelled=True))
     assert shapes == [(32, fc_rows), (32, conv_pixels)]
     assert check_model_blocks(model)
@@ -513,7 +520,7 @@ def test_weights_beyond_the_cache_keep_channel_tiles_outside_the_rows_and_short_
 
     from blockcheck import check_model_blocks
     from halide_gen.schedule import schedule_cpu
-    from halide_gen.schedule.cpu import X86
+    from halide_gen.schedule.params import X86
 
     params = dataclasses.replace(X86, weight_cache_bytes=64 << 10)  # the 3x3 conv's 184 KB outgrow it
     model = _pointwise_then_3x3((5, 9), 96, 128, 40, seed=5)
@@ -537,14 +544,14 @@ def test_weights_beyond_the_cache_keep_channel_tiles_outside_the_rows_and_short_
 @pytest.mark.parametrize("params_name", ["X86", "NEON"])
 def test_concatenated_channels_are_copied_a_whole_vector_from_one_input(tmp_path, params_name):
     # The zero-padded copy of a CONCATENATION a 3x3 conv reads (U-Net's decoder): its few channel
-    # vectors are unrolled (schedule.cpu.UNROLLED_CHANNELS), so each takes one input's channels in
+    # vectors are unrolled (schedule.params.UNROLLED_CHANNELS), so each takes one input's channels in
     # dense loads, never a select between both (unet_small's 128x128 concat + conv: 1.24x -> 0.95x
     # XNNPACK's time); and the block stays exact.
     from blockcheck import check_model_blocks
+    from halide_gen.schedule import params as cpu_params
     from halide_gen.schedule import schedule_cpu
-    from halide_gen.schedule import cpu
 
-    params = getattr(cpu, params_name)
+    params = getattr(cpu_params, params_name)
     b = tflite_tools.ModelBuilder()
     a, c = b.input("a", [1, 9, 9, 16]), b.input("c", [1, 9, 9, 16])
     x = b.op("CONCATENATION", [a, c], [1, 9, 9, 32], axis=3)
@@ -655,7 +662,7 @@ def test_neon_elementwise_outputs_take_several_vectors_per_step(tmp_path):
 
 
 def test_neon_gelu_before_a_matrix_product_runs_four_vectors_a_step_with_no_nan_test(tmp_path):
-    # bert's GELU, materialised once before the FC that reads it (_materialize_prologue), takes 4
+    # bert's GELU, materialised once before the FC that reads it (materialize_prologue), takes 4
     # vectors per loop iteration as a block output does, with no NaN test of its own: NaN carries
     # through erf's clamp and products. It took 34 instructions a vector (a loop of one, fabs / cmhi /
     # bif, a multiply by 1/sqrt(2)); now about 25.
@@ -731,7 +738,7 @@ def test_a_row_reductions_partial_sums_run_in_one_loop_on_neon(tmp_path):
 def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_when_its_scores_are_large(
         tmp_path, monkeypatch, tiled, params_name):
     # Scores, scale, causal mask, softmax and weights x values in one kernel (fusion.table3's
-    # attention exception). Scores under cpu.ATTENTION_TILED_BYTES are computed whole, a stage at a
+    # attention exception). Scores under params.ATTENTION_TILED_BYTES are computed whole, a stage at a
     # time; above it (set to 0 here) a tile of query rows at a time, where the second product reads
     # them: the scores' buffer holds one tile's rows (a tail tile among the 40), never the whole
     # matrix. Exact against LiteRT's reference kernels either way.
@@ -739,11 +746,12 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_when_its_scor
 
     from blockcheck import check_model_blocks
     from graphgen import attention_ops
-    from halide_gen.schedule import cpu, schedule_cpu
+    from halide_gen.schedule import attention, schedule_cpu
+    from halide_gen.schedule import params as cpu_params
 
-    params = getattr(cpu, params_name)
+    params = getattr(cpu_params, params_name)
     if tiled:
-        monkeypatch.setattr(cpu, "ATTENTION_TILED_BYTES", 0)
+        monkeypatch.setattr(attention, "ATTENTION_TILED_BYTES", 0)
     rows = 40
     b = tflite_tools.ModelBuilder()
     q, k, v = (b.input(n, [1, 2, rows, 8]) for n in "qkv")

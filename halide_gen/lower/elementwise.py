@@ -12,7 +12,7 @@ import halide as hl
 
 from ..values import Value, define, read_broadcast
 from . import ieee
-from .registry import LOWERINGS, LoweringError, OpContext, register
+from .registry import LoweringError, OpContext, register
 
 SQRT1_2 = 1.0 / math.sqrt(2.0)
 
@@ -62,8 +62,7 @@ def logistic(x: hl.Expr) -> hl.Expr:
     x >= 0 and t / (1 + t) = e^x / (1 + e^x) below, the reference's 1 / (1 + e^-x) rewritten
     (a rounding apart). A select evaluates every branch in vector code, so the reference's form
     cost two exponentials. The reference's other cut-off, 1 above 16.619047, needs no test: there
-    1 / (1 + t) is 1 or the float below it (t < 6.1e-8). On NEON: efficientnet_b0's swish blocks
-    went from 1.9x XNNPACK's instructions to 0.9-1.2x."""
+    1 / (1 + t) is 1 or the float below it (t < 6.1e-8)."""
     one = hl.f32(1)
     t = ieee.exp_nonpositive(-hl.abs(x))
     # NaN: t is NaN (ieee.exp_nonpositive), both comparisons false, t / (1 + t) NaN.
@@ -140,8 +139,7 @@ UNARY = {
     "RELU_N1_TO_1": lambda x: ieee.clamp(x, -1, 1),
     # In TFLite's order: x * 6 overflows to inf before the scaling for huge x. Scaled by 1/6 as
     # TFLite's NEON kernel does (its scalar loop divides; the two differ by at most an ulp): a
-    # division is a 16-cycle instruction per AVX-512 vector, and took a 14x14x240 HARD_SWISH MEAN
-    # block to 2.8x XNNPACK's time.
+    # division is a 16-cycle instruction per AVX-512 vector.
     "HARD_SWISH": lambda x: hl.strict_float(x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) * hl.f32(1.0 / 6.0)),
     "ELU": lambda x: hl.select(x < 0, _expm1_negative(x), x),  # TFLite: x < 0 ? expm1(x) : x (NaN, -0 pass)
 }
@@ -349,9 +347,3 @@ def lower_quantize(ctx: OpContext) -> list[Value]:
 
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
-
-# Every op this module lowers: each output element reads its inputs at its own index (broadcast
-# operands at the broadcast index), so a schedule may compute such an op inside any tile of its
-# consumer. Data movement that is One-to-One in the paper's sense (CONCATENATION, SLICE, PAD) shifts
-# indices and is not in this set.
-ELEMENTWISE = frozenset(name for name, fn in LOWERINGS.items() if fn.__module__ == __name__)

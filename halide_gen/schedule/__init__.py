@@ -11,26 +11,15 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from .auto import schedule_auto
-from .cpu import NEON, X86, CpuParams, schedule_cpu
+from .cpu import schedule_cpu
 from .gpu import schedule_gpu
+from .params import CPU_PARAMS, NEON, TEMPLATE_VARIANTS, X86, CpuParams
 
 if TYPE_CHECKING:  # pragma: no cover
     import halide as hl
 
     from ..targets import TargetSpec
     from ..block import BlockKernel
-
-
-# The CPU template parameters of each CPU family a TargetSpec may name.
-CPU_PARAMS = {"x86": X86, "arm": NEON}
-
-# Named variants of a CPU family's template parameters: the defaults were measured on one CPU and
-# tile shapes do not carry to the next, so where a default beat an alternative on one host, the
-# alternative is a variant that `fuse --autoschedulers` times per block on the machine it runs on
-# (halide_gen.profile.schedule_sources) next to the defaults and Halide's autoschedulers.
-# "template-7px": x86 conv tiles of 7 pixels on every row (conv_row_pixels off): the 32 x 14 tiles
-# of 14-pixel rows were chosen on a Sapphire Rapids Xeon; a Zen 5 host had chosen 32 x 7 among others.
-TEMPLATE_VARIANTS: dict[str, dict[str, dict]] = {"x86": {"template-7px": {"conv_row_pixels": 0}}, "arm": {}, "gpu": {}}
 
 
 def template_sources(family: str) -> tuple[str, ...]:

@@ -1,0 +1,115 @@
+"""The CPU schedule templates' numbers: register-tile shapes and thresholds per CPU family, as plain
+tables (like XNNPACK's per-microarchitecture configs), and the named variants `fuse --autoschedulers`
+times beside them. Each comment gives the reason for a value; the measurements that chose it are in
+bench/RESULTS-history.md, "Schedule parameters and code choices: the measurements behind them"."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CpuParams:
+    """One CPU family's template parameters (float32 lanes; register tiles as channels x pixels)."""
+
+    lanes: int
+    conv_channels: int
+    conv_pixels: int
+    dw_channels: int
+    dw_pixels: int
+    mm_channels: int  # fully-connected / batch-matmul: output columns per tile
+    mm_rows: int
+    # Smallest float32 intermediates (bytes, summed over a conv chain) worth streaming through row
+    # buffers: below that, strips only add halo recomputation. Tests set 0 to stream small chains.
+    stream_bytes: int = 1 << 20
+    # Fewest output rows per streamed strip: a few coarse tasks, little halo. Tests set 2 so that
+    # small maps are cut into several strips too.
+    strip_rows: int = 8
+    # Pixels of a convolution's tile on rows that are a multiple of this many (0: conv_pixels
+    # everywhere): twice the pixels per weight load where whole tiles of them fill the row.
+    conv_row_pixels: int = 0
+    # Vector registers a convolution's or matrix product's register tile may fill. Nonzero: the
+    # tile shape is chosen per op by tiles.modelled_tile; 0: the fixed shapes above.
+    registers: int = 0
+    # Reduction steps per input load: at 4, a pointwise conv or matrix product loads 4 consecutive
+    # input channels of a pixel in one vector and multiplies by each lane (NEON's `fmla` by element),
+    # instead of one broadcast load per step.
+    reduce_unroll: int = 1
+    # Groups of `reduce_unroll` float steps per loop iteration, where they divide the reduction: at 2,
+    # a matrix product's loop counter, branch and pointer increments come once per 8 steps, not 4.
+    reduce_groups_unrolled: int = 1
+    # Vectors per step of an elementwise stage's long innermost axis, where they divide it.
+    elementwise_vectors: int = 1
+    # (channels, pixels) of an int8 dot-product tile where it is fixed (0: as the float tiles).
+    dot_tile: tuple[int, int] = (0, 0)
+    # Dot-product groups per input load: at 4, a pixel's 16 consecutive input bytes come in one
+    # vector and each `sdot` takes its 4-byte group by lane (NEON's dot product by element).
+    dot_groups: int = 1
+    # (channels, pixels) of an int8 depthwise tile whose taps are narrow products (0: as float):
+    # its channels are one vector of int8 inputs, widened into the int32 sums.
+    narrow_dw_tile: tuple[int, int] = (0, 0)
+    # Work (elements times the terms each sums) below which a stage's loop stays serial: handing
+    # its tasks to the delegate's pool costs more than such a stage takes (tiles.parallel_worthwhile).
+    parallel_work: int = 1 << 14
+    # The same for the stages of a block with no convolution or matrix product (a LayerNorm, a
+    # softmax): a few operations per element, several stages each handed to the threads.
+    parallel_light_work: int = 1 << 16
+    # Weight bytes of a float convolution above which its output-channel tiles go outside its rows
+    # (0: never): about the core's L2. Not set for NEON, whose measure (instructions) cannot see it.
+    weight_cache_bytes: int = 0
+    # Ways of the core's L1 data cache (0: not modelled) and the bytes one way spans: a register
+    # tile whose pixels (a matrix product's rows) put more than `l1_ways` lines in one set evicts its
+    # own inputs every few reduction steps (tiles.pixels_in_l1_sets).
+    l1_ways: int = 0
+    l1_way_bytes: int = 4096
+
+
+# AVX-512 (16 lanes, 32 registers): 32 x 7 conv tiles (7 divides MobileNet's rows) and 32 x 14 on rows
+# that 14 divides, 32 x 12 matrix-product tiles: enough accumulators to hide two FMA pipes' latency.
+# AVX2 and baseline builds split each 16-lane vector into the registers they have. L1: 8 ways of 4 KB.
+X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
+                dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, l1_ways=8)
+
+# NEON (4 lanes, 32 registers): tiles modelled per op (registers=32), 4 reduction steps per input
+# vector load (`fmla` by element) two groups to a loop iteration, 4 SDOT groups per input load.
+NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pixels=4, mm_channels=16, mm_rows=6,
+                 registers=32, reduce_unroll=4, reduce_groups_unrolled=2, elementwise_vectors=4, dot_groups=4,
+                 narrow_dw_tile=(16, 4))
+
+
+# Fewest output rows a convolution shares among threads one row per task: below that (a 7x7 or
+# 1x1 map) its tasks are rows times groups of output-channel tiles, about this many in all, so
+# that 8 threads have a task each. Not for depthwise convolutions, whose channel groups cost more
+# at two threads than they gave.
+ROW_TASKS = 8
+
+# Innermost axes this short (an RGB image's 3 channels) are unrolled inside vectors of pixels.
+INTERLEAVED_CHANNELS = 4
+
+# Innermost axes of up to this many channels, whole vectors, are unrolled: each vector's channels
+# are then constants, so a CONCATENATION's select between its inputs (and their clamps) fold away.
+UNROLLED_CHANNELS = 64
+
+# Maps of at most this many pixels (over more than one row) are tiled in bands of rows, as many as
+# keep a tile's accumulators to the templates' budget (x86): a tile of one row of a 2x2 or 4x4 map
+# read all the weights once per row.
+WHOLE_MAP_PIXELS = 16
+
+CACHE_LINE = 64  # bytes
+
+# Score matrices ([heads, queries, keys] float32) of at most this many bytes are computed whole, a
+# stage at a time, in an attention core's kernel (they stay in L2); larger ones a tile of query rows
+# at a time (attention.schedule_attention), whose tiles read the keys and values again.
+ATTENTION_TILED_BYTES = 1 << 20
+
+
+# The CPU template parameters of each CPU family a TargetSpec may name.
+CPU_PARAMS = {"x86": X86, "arm": NEON}
+
+# Named variants of a CPU family's template parameters: the defaults were measured on one CPU and
+# tile shapes do not carry to the next, so where a default beat an alternative on one host, the
+# alternative is a variant that `fuse --autoschedulers` times per block on the machine it runs on
+# (halide_gen.profile.schedule_sources) next to the defaults and Halide's autoschedulers.
+# "template-7px": x86 conv tiles of 7 pixels on every row (conv_row_pixels off): the 32 x 14 tiles
+# of 14-pixel rows were chosen on a Sapphire Rapids Xeon; a Zen 5 host had chosen 32 x 7 among others.
+TEMPLATE_VARIANTS: dict[str, dict[str, dict]] = {"x86": {"template-7px": {"conv_row_pixels": 0}}, "arm": {}, "gpu": {}}

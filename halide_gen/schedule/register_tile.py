@@ -1,0 +1,314 @@
+"""Register tiles: a convolution or matrix product computed a tile of output channels x pixels
+(or rows) at a time, its accumulators in registers and its reduction loops outside the tile; the
+tile's shape comes from the tile model (tiles.py)."""
+
+from __future__ import annotations
+
+import halide as hl
+import numpy as np
+
+from fusion.mapping import ELEMENTWISE, MtM, op_mapping
+
+from ..block import Accumulator, BlockKernel
+from ..lower import AccumulatorKind
+from .params import INTERLEAVED_CHANNELS, ROW_TASKS, CpuParams
+from .tiles import (depthwise_tile, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape, weights_outgrow_cache,
+                    whole_map_channels, whole_map_rows)
+from .vectors import lanes_of, loop_vars, tile_transpose, vectorize_inner
+
+
+def home_of(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
+    """The Func where the accumulator's op output is realized: the block output that copies it, or
+    that computes it through an elementwise epilogue (the op's result inlined), or else the op's own
+    Func, computed at the root, when later ops of the block read it otherwise."""
+    if kernel.inline_into_output(acc.value.func):
+        for _, v in kernel.outputs:
+            if kernel.copied_from.get(id(v.func)) is acc.value.func:
+                return v.func
+    if _feeds_only_its_epilogue(kernel, acc):
+        return kernel.outputs[0][1].func
+    acc.value.func.compute_root()
+    return acc.value.func
+
+
+def _feeds_only_its_epilogue(kernel: BlockKernel, acc: Accumulator) -> bool:
+    """Whether the block's last reduction feeds nothing but an elementwise epilogue (bias, an
+    activation, HARD_SWISH, a squeeze-excite MUL, a residual ADD) into the block's one output, all
+    at the reduction's own indices: the epilogue then runs in the reduction's register tile instead
+    of a pass of its own over a materialised result (MobileNetV3's first conv + HARD_SWISH, a
+    U-Net's final conv + LOGISTIC)."""
+    if acc is not kernel.accumulators[-1] or len(kernel.outputs) != 1 or len(acc.value.shape) < 2:
+        return False
+    shape = tuple(acc.value.shape)
+    after = kernel.ops[acc.op_index + 1:]
+    return (tuple(kernel.outputs[0][0].shape) == shape
+            and all(op.name in ELEMENTWISE and tuple(op.outputs[0].shape) == shape for op in after))
+
+
+def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int, round_up: bool) -> None:
+    """Aligns the channels an op's own Func is computed over to its tile, when tiles round up.
+
+    A result computed at the root (not inside a block output) is realized over what its consumers
+    read, which may start mid-tile (a STRIDED_SLICE from channel 1 of a depthwise conv): tiles
+    rounded up from there ran past the packed bias (channels padded to pack.CHANNEL_TILE, which
+    every tile size divides). Aligned, every tile lies inside the packing. Block outputs are
+    realized from 0 already (and their bounds are the caller's).
+    """
+    if round_up and home is acc.value.func:
+        home.align_bounds(c, channels)
+
+
+def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: int, pixels: int,
+                   rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
+                   parallel: bool = True, whole_map: bool = False,
+                   rows_outer: bool = False) -> tuple[hl.Var, int] | None:
+    """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
+    its reduction loops (in `rdom_order`, innermost first) outside the tile. `whole_map`: the
+    template owns the loops (not a conv chain's strips), so a tiny map's rows may be one tile
+    (whole_map_rows) and the channel tiles may go outside the rows (weights_outgrow_cache).
+    `rows_outer` (a matrix product): the channel tiles go inside the row tiles instead, and the
+    row-tile loop and the rows of a tile are returned, for stages computed once per row tile
+    (schedule_attention)."""
+    lanes = params.lanes
+    v = loop_vars(home)
+    c = v[0]
+    co, ci = hl.Var(c.name() + "_o"), hl.Var(c.name() + "_i")
+    guard = hl.TailStrategy.GuardWithIf
+    parallel = parallel and parallel_worthwhile(params, acc.value.shape, int(np.prod(acc.extents)))
+    row_loop = None
+    if len(v) == 1:
+        # A rank-1 result (a matrix-vector product): its tiles of output channels are the only
+        # work to share.
+        _align_to_packing(home, acc, c, channels, round_up_channels)
+        home.split(c, co, ci, channels, guard).vectorize(ci, lanes)
+        if parallel:
+            home.parallel(co)
+        acc.acc.compute_at(home, co).vectorize(loop_vars(acc.acc)[0], lanes, hl.TailStrategy.RoundUp)
+        return
+    x = v[1]
+    rvars = [acc.rdom[k] for k in range(acc.rdom.dimensions())]
+    order = rvars if rdom_order is None else [rvars[k] for k in rdom_order]
+    innermost = 0 if rdom_order is None else rdom_order[0]
+    steps, groups = reduction_steps(acc, params, innermost, unroll_taps)
+    if acc.dot and params.dot_tile[0]:
+        channels, pixels = params.dot_tile
+    # A dot-product group is one instruction per accumulator vector: one step of the tile model,
+    # whose input loads then serve `groups` steps (as a float vector load serves 4 fmla by element).
+    channels, pixels = tile_shape(acc, params, channels, pixels, round_up_channels, groups if acc.dot else steps,
+                                   modelled=not unroll_taps)
+    rows = whole_map_rows(acc, params, len(v)) if whole_map else 0
+    if rows:
+        channels, pixels = whole_map_channels(acc, params, channels, round_up_channels, rows), acc.value.shape[-2]
+    few = _few_channels(acc, home, len(v))
+    if few:
+        channels, pixels = few, min(lanes, acc.value.shape[-2])  # a vector of pixels, or the whole row
+    _align_to_packing(home, acc, c, channels, round_up_channels)
+    xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
+    home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
+    if few:
+        # Vectors of pixels, the few channels unrolled: the tile's epilogue (a sigmoid) runs on
+        # whole vectors, not on 2 of 16 lanes.
+        home.reorder(xi, ci).vectorize(xi).unroll(ci)
+    else:
+        # unroll(ci) unrolls the vectors left after vectorize. An int8 output takes a tile's worth of
+        # channels at once, so its int32 epilogue narrows whole registers (4 int32 vectors -> 16 bytes).
+        home.vectorize(ci, lanes_of(home, lanes, channels)).unroll(ci).unroll(xi)
+    few_rows = len(v) > 2 and acc.kind == AccumulatorKind.CONV and acc.value.shape[-3] < ROW_TASKS
+    if rows:
+        # A band of rows (the whole map, where it fits) in one tile: each weight is read once per
+        # band, not once per row, and the bands of a channel tile follow one another while its
+        # slice of the weights is in cache.
+        y = v[2]
+        if rows < acc.value.shape[-3]:
+            y, yi = hl.Var(v[2].name() + "_o"), hl.Var(v[2].name() + "_i")
+            home.split(v[2], y, yi, rows, hl.TailStrategy.RoundUp)
+            home.reorder([hl.VarOrRVar(w) for w in (ci, xi, yi, xo, y, co, *v[3:])]).unroll(yi)
+        else:
+            home.reorder([hl.VarOrRVar(w) for w in (ci, xi, y, xo, co, *v[3:])]).unroll(y)
+        inner_tile = xo
+        if parallel:
+            home.parallel(co)
+    elif whole_map and len(v) > 2 and weights_outgrow_cache(acc, params):
+        # Each channel tile's slice of the weights stays in cache while every row passes; with the
+        # rows outside, all the weights would come from beyond the cache once per row.
+        home.reorder([hl.VarOrRVar(w) for w in (ci, xi, xo, v[2], co, *v[3:])])
+        inner_tile = xo
+        if parallel:
+            home.parallel(co)
+    elif rows_outer:
+        # Channel tiles inside the row tiles, so that what the row-tile loop computes (an attention
+        # core's scores and softmax) serves every channel tile of its rows; the tasks are row tiles
+        # times the outer axis (heads).
+        home.reorder([hl.VarOrRVar(w) for w in (ci, xi, co, xo, *v[2:])])
+        inner_tile = co
+        row_loop = xo
+        if len(v) > 2:
+            fused = hl.Var(xo.name() + "_h")
+            home.fuse(row_loop, v[2], fused)
+            row_loop = fused
+        if parallel:
+            home.parallel(row_loop)
+    elif acc.kind == AccumulatorKind.MATMUL or few_rows:
+        # Output-channel tiles outside the row (or pixel) tiles: for a matrix product, a slice of
+        # the weights stays in cache while every row passes; the tasks are channel tiles times the
+        # next axis (a batch matmul's heads, a small map's rows), never one parallel loop per head.
+        home.reorder([hl.VarOrRVar(w) for w in (ci, xi, xo, co, *v[2:])])
+        inner_tile = xo
+        if parallel and len(v) > 2:
+            _parallel_with_channel_groups(home, co, v[2], -(-acc.value.shape[-1] // channels), acc.value.shape[-3])
+        elif parallel:
+            home.parallel(co)
+    else:
+        inner_tile = co
+        if parallel:
+            home.parallel(v[2] if len(v) > 2 else xo)
+
+    f = acc.acc
+    av = loop_vars(f)
+    f.compute_at(home, inner_tile)  # the innermost of the two tile loops
+    # A fixed-size tile gives the accumulator constant strides, so LLVM keeps it in registers
+    # (a tail tile's smaller realized extent would make the stride a runtime value).
+    f.bound_storage(av[0], channels).bound_storage(av[1], pixels)
+    channel_tail = hl.TailStrategy.RoundUp if round_up_channels else guard
+    # Narrow terms: the whole tile's channels in one vector, so each tap loads a register of int8
+    # inputs (16 bytes on NEON) instead of 4 bytes per int32 vector.
+    acc_lanes = channels if acc.narrow or few else lanes
+    f.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
+    update = f.update()
+    tile_loops = [hl.VarOrRVar(av[0]), hl.VarOrRVar(av[1])]
+    if rows:
+        f.bound_storage(av[2], rows).unroll(av[2])
+        tile_loops.append(hl.VarOrRVar(av[2]))
+        update.unroll(av[2])
+    if steps > 1:
+        # The innermost reduction axis in groups of `steps`, unrolled inside the tile: each pixel's
+        # `steps` consecutive input values come in one vector load (the source read through a
+        # wrapper computed per group), and each lane multiplies a vector of weights.
+        outer, inner = hl.RVar(order[0].name() + "_o"), hl.RVar(order[0].name() + "_i")
+        if groups > 1:  # dot-product groups by lane: `groups` of them per input load
+            rest, group_index = hl.RVar(order[0].name() + "_r"), hl.RVar(order[0].name() + "_g")
+            update.split(order[0], outer, rest, steps * groups).split(rest, group_index, inner, steps)
+            tile_loops.append(hl.VarOrRVar(group_index))
+        else:
+            update.split(order[0], outer, inner, steps)
+        order = [outer, *order[1:]]
+        # A dot-product group is the innermost loop, vectorized with the channels into one
+        # VectorReduce (lanes x 4 int8 products summed into lanes int32: `sdot` on ARMv8.2).
+        tile_loops.insert(0 if acc.dot else len(tile_loops), hl.VarOrRVar(inner))
+    update.reorder(tile_loops + [hl.VarOrRVar(r) for r in order] + [hl.VarOrRVar(a) for a in av[2 + bool(rows):]])
+    if acc.dot:
+        update.atomic().vectorize(inner)
+    update.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
+    if steps > 1:
+        # Unrolled inside the tile: every float step, or the dot-product groups a load serves.
+        if not acc.dot:
+            update.unroll(inner)
+        elif groups > 1:
+            update.unroll(group_index)
+        load_at = _unroll_float_groups(update, acc, params, outer, innermost)
+        if group_wrapper(acc, steps, groups):
+            group = acc.source.in_(f)
+            group.compute_at(f, load_at).vectorize(loop_vars(group)[0], steps * groups)
+            for var in loop_vars(group)[1:]:
+                group.unroll(var)
+    if unroll_taps:
+        for r in order:
+            update.unroll(r)
+    return (row_loop, pixels) if row_loop is not None else None
+
+
+def _unroll_float_groups(update: hl.Stage, acc: Accumulator, params: CpuParams, outer: hl.RVar,
+                         innermost: int) -> hl.RVar:
+    """Unrolls `params.reduce_groups_unrolled` iterations of a float tile's loop over groups of
+    reduction steps (`outer`) where they divide it and it is the only reduction axis with more
+    than one step (a matrix product, a pointwise conv); returns the loop each group's input loads
+    belong in (the unrolled one, or `outer` unchanged). Not inside a 3x3 conv's taps: LLVM then
+    loads both groups' inputs at once and spills the tile."""
+    unrolled = params.reduce_groups_unrolled
+    groups = acc.extents[innermost] // params.reduce_unroll
+    taps = any(e > 1 for k, e in enumerate(acc.extents) if k != innermost)
+    if acc.dot or unrolled < 2 or groups % unrolled or taps:
+        return outer
+    pairs, within = hl.RVar(outer.name() + "_p"), hl.RVar(outer.name() + "_u")
+    update.split(outer, pairs, within, unrolled).unroll(within)
+    return within
+
+
+def _parallel_with_channel_groups(home: hl.Func, co: hl.Var, outer: hl.Var, tiles: int, extent: int) -> None:
+    """Runs `home` in parallel over `outer` (`extent` rows, or a batch) times groups of its `tiles`
+    channel tiles, about ROW_TASKS tasks in all. Whole groups, not single tiles: Halide's pool takes
+    each task under one lock, and 126 single tiles of a 7x7 map made two threads slower than one."""
+    groups = min(tiles, -(-ROW_TASKS // extent))
+    if groups > 1:
+        cg, cgi = hl.Var(co.name() + "_g"), hl.Var(co.name() + "_gi")
+        home.split(co, cg, cgi, -(-tiles // groups), hl.TailStrategy.GuardWithIf)  # cg lands next to `outer`
+        task = hl.Var(co.name() + "_task")
+        home.fuse(cg, outer, task).parallel(task)
+    else:
+        home.parallel(outer)
+
+
+def _few_channels(acc: Accumulator, home: hl.Func, rank: int) -> int:
+    """The channel count of a float convolution whose output has so few (<= INTERLEAVED_CHANNELS,
+    rounded up to a power of two) that its register tile runs over vectors of pixels instead, when
+    an elementwise epilogue is computed in the tile (its home is not the op's own result); else 0."""
+    channels = acc.value.shape[-1]
+    if acc.kind != AccumulatorKind.CONV or acc.dot or acc.narrow or rank < 3 or channels > INTERLEAVED_CHANNELS:
+        return 0
+    if home is acc.value.func:
+        return 0
+    return 1 << (channels - 1).bit_length()
+
+
+def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParams, vectorized: set[str]) -> None:
+    """Computes the in-block producers of a reduction's inputs once, at the root (`vectorized`:
+    as vectorize_inner takes it).
+
+    Inlined, an elementwise producer (GELU before a fully-connected layer) would be recomputed for
+    every output channel, and a TRANSPOSE before a matrix product would turn its dense loads into
+    strided ones.
+    """
+    op = kernel.ops[acc.op_index]
+    if kernel.op_helpers[acc.op_index]:
+        return  # the op reads its input through a helper it materialises (a zero-padded copy)
+    for t in op.inputs:
+        v = kernel.values.get(id(t)) if t is not None else None
+        if v is None or id(v.func) not in kernel.read_in_block or any(v.func is a.value.func for a in kernel.accumulators):
+            continue
+        producer = next((o for o in kernel.ops[: acc.op_index] if any(u is t for u in o.outputs)), None)
+        if producer is None or op_mapping(producer) == MtM:
+            continue
+        v.func.compute_root()
+        fv = loop_vars(v.func)
+        if not tile_transpose(v, params.lanes, vectorized):
+            vectorize_inner(v.func, v.shape, params, vectorized, output=True, joins=v.joins)
+        if len(fv) > 1 and parallel_worthwhile(params, v.shape):
+            v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
+
+
+def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
+                    whole_map: bool = True) -> None:
+    """Channels x pixels, the taps unrolled (one row at a time, whatever `whole_map` says)."""
+    channels, pixels = depthwise_tile(acc, params)
+    register_tile(home, acc, params, channels, pixels, None, unroll_taps=True,
+                   round_up_channels=True, parallel=parallel)
+
+
+def _tile_conv(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
+               whole_map: bool = True) -> None:
+    """Channels x pixels; RDom (ky, kx, ci) loops ci innermost, then kx, then ky (a filter row's
+    taps, (ky, row), for a narrow-input dot-product conv). `whole_map`: a tiny map in one tile
+    (not where a conv chain computes the map a row at a time)."""
+    innermost_first = list(reversed(range(acc.rdom.dimensions())))
+    register_tile(home, acc, params, params.conv_channels, params.conv_pixels, innermost_first,
+                   unroll_taps=False, round_up_channels=True, parallel=parallel, whole_map=whole_map)
+
+
+def tile_for(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
+              whole_map: bool = True) -> None:
+    """A convolution's register tile, by its kind."""
+    CONV_TILES[acc.kind](acc, home, params, parallel, whole_map)
+
+
+# The register tile of each convolution kind (a conv chain streams only these).
+CONV_TILES = {AccumulatorKind.CONV: _tile_conv, AccumulatorKind.DEPTHWISE: _tile_depthwise}
