@@ -27,7 +27,7 @@ The algorithm, and where it departs from the paper's text:
    XNNPACK's time at one thread, 0.920x / 0.934x -> 0.912x / 0.904x at two; mobilenet_v3_small at
    two threads 0.95x / 0.99x -> 0.88x / 0.89x; the others within noise or better. Data movement (a
    CONCATENATION read in place by the convolution after it) keeps the paper's order, and so do ARM
-   targets (tflite_tools.fuse.plan_config): NEON's register tile leaves no room for an epilogue's
+   targets (halide_gen.targets.TargetSpec.plan_config): NEON's register tile leaves no room for an epilogue's
    constants, and the spills cost more than the pass they save.
 4. Steps 2 and 3 repeat until the block stops growing (the paper runs each once), so a block can
    take in an op that shares its input — LayerNorm's `x` feeds MEAN, SQUARED_DIFFERENCE and SUB.
@@ -76,7 +76,7 @@ class PlanConfig:
     attention_core: bool = True
     # Whether an elementwise seed produced by a Many-to-Many op grows into that op's block (its
     # epilogue) before its consumers' (step 3 of the module docstring); False: the paper's order
-    # (ARM targets: tflite_tools.fuse.plan_config).
+    # (ARM targets: halide_gen.targets.TargetSpec.plan_config).
     epilogue_first: bool = True
 
 

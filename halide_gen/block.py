@@ -14,15 +14,14 @@ from typing import Sequence
 import halide as hl
 import numpy as np
 
+from fusion.mapping import ELEMENTWISE
 from tflite_tools.model.fingerprint import block_identity
 from tflite_tools.model.ir import Operator, Tensor
 
-from .lower import AccumulatorKind, LoweringError, OpContext, RowReduction, ieee, lower
-from .lower.elementwise import ELEMENTWISE
-from .lower.movement import host_checked_indices
-from .lower.quantized import int8_rounding_forms, integer_width_forms, x86_integer_forms
+from .lower import AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, lower
+from .lowering_options import LoweringOptions, lowering_with
 from .pack import PACKERS, pack
-from .values import DIM_NAMES, Value, float_storage, halide_type
+from .values import DIM_NAMES, Value, halide_type
 
 
 _BUILDS = itertools.count()
@@ -96,7 +95,7 @@ class Accumulator:
     acc: hl.Func
     value: Value
     kind: AccumulatorKind
-    rdom: hl.RDom
+    rdom: ReductionDomain
     source: hl.Func | None = None  # the activation the reduction walks, read at consecutive indices
     dot: int = 0  # terms per dot-product lane along the innermost reduction axis (0: no dot product)
     narrow: bool = False  # terms are 8-bit products widened into the sum (lower.registry.accumulate)
@@ -106,15 +105,8 @@ class Accumulator:
 
     @property
     def extents(self) -> list[int]:
-        """The reduction domain's extents, innermost dimension last (they are constants: shapes are
-        static). Read from the Expr's text: Halide's Python bindings expose no constant accessor."""
-        extents = []
-        for k in range(self.rdom.dimensions()):
-            match = re.fullmatch(r"<halide\.Expr of type u?int\d+: (\d+)>", repr(self.rdom[k].extent()))
-            if match is None:
-                raise ValueError(f"reduction extent {self.rdom[k].extent()!r} is not a constant")
-            extents.append(int(match.group(1)))
-        return extents
+        """The reduction domain's extents, innermost dimension last (constants: shapes are static)."""
+        return list(self.rdom.extents)
 
 
 @dataclass
@@ -177,9 +169,9 @@ class BlockKernel:
     def padding_read_in_place(self) -> set[int]:
         """id() of the zero-padded inputs whose source is in memory anyway: a block input, or a
         convolution's or matrix product's result (every schedule realises those). Inlined into the
-        taps, such padding costs a test on the border tiles only (nn._zero_outside); a copy with a
-        zero border cost as much again as the gap to XNNPACK (14x14x384 floats: 11 us of a 100 us
-        inverted residual). Padding of anything else (an activation between two convolutions, an
+        taps, such padding costs a test on the border tiles only (nn._zero_outside), where a copy
+        with a zero border is a pass over the whole map. Padding of anything else (an activation
+        between two convolutions, an
         int8 input converted for VNNI) stays a copy: inlined, it would be recomputed at every tap."""
         realised = {id(a.value.func) for a in self.accumulators}
         realised |= {id(v.func) for a in self.arguments if (v := self.values.get(id(a.tensor))) is not None}
@@ -188,7 +180,7 @@ class BlockKernel:
     def broadcast_sources(self) -> list[Value]:
         """Op results a later op of the block reads broadcast into an output at least 4x larger.
         Inlined, they would be recomputed for every element of the larger output (a squeeze-excite
-        gate's sigmoid once per pixel: 3.4x XNNPACK's time on EfficientNet), so schedules compute
+        gate's sigmoid once per pixel), so schedules compute
         them once, at the root; they are small by construction."""
         produced = {id(t): v for op, values in zip(self.ops, self.op_values) for t, v in zip(op.outputs, values)}
         sources: dict[int, Value] = {}
@@ -215,11 +207,6 @@ class BlockKernel:
         return hl.Pipeline(self.output_funcs() + [v.func for v in self.scratch])
 
 
-# Float storage type per precision: "fp16" holds every tensor a block computes in half precision
-# (halide_gen.values.float_storage); block inputs and outputs keep their TFLite types.
-PRECISIONS = {"fp32": hl.Float(32), "fp16": hl.Float(16)}
-
-
 # The largest buffer a kernel may touch: Halide's limit without the large_buffers feature.
 MAX_BUFFER_BYTES = 2**31 - 1
 
@@ -235,32 +222,23 @@ def _declare_dense(buffer, shape) -> None:
         stride *= int(extent)
 
 
-def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], precision: str = "fp32",
-                native_minmax: bool = False, x86_integer: bool = False, int8_rounding: str = "reference",
-                wide_integers: bool = True, device_code: bool = False) -> BlockKernel:
-    """Lowers `ops` (in execution order) into one pipeline producing `outputs`; `native_minmax` for
-    a target whose float min / max already treat NaN and inf as TFLite does (lower.ieee);
-    `x86_integer` for an x86 target, whose int8 ops take x86's forms (VNNI's unsigned activations,
-    64-bit requantizing products: lower.quantized.x86_integer_forms); `int8_rounding` how int8 sums
-    are requantized ("reference" or "xnnpack": lower.quantized.int8_rounding_forms); `wide_integers`
-    False for a target without 64-bit integers (Vulkan: lower.quantized.integer_width_forms);
-    `device_code` for a GPU target, whose kernels cannot fail an invoke (the host checks indices read
-    from data: lower.movement.host_checked_indices).
+def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
+                options: LoweringOptions = LoweringOptions()) -> BlockKernel:
+    """Lowers `ops` (in execution order) into one pipeline producing `outputs`, in the forms
+    `options` names (halide_gen.lowering_options; the defaults: float32, ARM's integer forms, the
+    reference int8 rounding, host code).
 
     Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
     """
-    with (float_storage(PRECISIONS[precision]), ieee.native_minmax(native_minmax), x86_integer_forms(x86_integer),
-          int8_rounding_forms(int8_rounding), integer_width_forms(wide_integers), host_checked_indices(device_code)):
-        return _build_block(name, ops, outputs)
+    with lowering_with(options):
+        return _build_block(name, ops, outputs, options)
 
 
 def build_block_for(spec, name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
-    """build_block in the forms a target's kernels take (a halide_gen.targets.TargetSpec: its
-    precision, min / max, x86 integer forms, int8 rounding, integer width and device code). Every
-    lowering of a block for a target goes through here, so the kernel compiled and the interface
-    checked against it are the same."""
-    return build_block(name, ops, outputs, spec.precision, spec.native_minmax, spec.x86_integer_forms,
-                       spec.int8_rounding, spec.wide_integers, spec.family == "gpu")
+    """build_block in the forms a target's kernels take (a halide_gen.targets.TargetSpec's
+    lowering_options). Every lowering of a block for a target goes through here, so the kernel
+    compiled and the interface checked against it are the same."""
+    return build_block(name, ops, outputs, spec.lowering_options())
 
 
 def _check_addressable(ops: Sequence[Operator]) -> None:
@@ -276,7 +254,8 @@ def _check_addressable(ops: Sequence[Operator]) -> None:
                                     f"({MAX_BUFFER_BYTES})")
 
 
-def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
+def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
+                 options: LoweringOptions) -> BlockKernel:
     _check_addressable(ops)
     kernel = BlockKernel(_ident(name), list(ops), [], [])
     produced = {id(t) for op in ops for t in op.outputs}
@@ -307,7 +286,8 @@ def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) 
     read_by_ops = {id(t) for op in ops for t in op.inputs if t is not None}
     wrappers: dict[int, hl.Func] = {}  # output index -> its Func, made when an op's result is lowered
     for k, op in enumerate(ops):
-        ctx = OpContext(op, f"{kernel.name}_op{k}_{op.name.lower()}", value_of, computed_in_block=frozenset(produced))
+        ctx = OpContext(op, f"{kernel.name}_op{k}_{op.name.lower()}", value_of, options=options,
+                        computed_in_block=frozenset(produced))
         results = lower(ctx)
         if len(results) != len(op.outputs):
             raise LoweringError(f"{op.name}: lowering made {len(results)} outputs, the op has {len(op.outputs)}")

@@ -13,7 +13,7 @@
     host-vulkan           x86-64 Linux with Vulkan (tested here on Mesa lavapipe)
 
 Each GPU target also comes as `<name>-fp16` (the CLI's `--gpu-precision fp16`, `with_precision`):
-every tensor a block computes is stored in half precision (halide_gen.values.float_storage), with
+every tensor a block computes is stored in half precision (halide_gen.lowering_options), with
 the device's fp16 feature enabled (`cl_half`: cl_khr_fp16; `vk_float16`: shaderFloat16 + 16-bit
 storage).
 
@@ -96,7 +96,7 @@ class TargetSpec:
     name: str
     halide: tuple[str, ...]
     family: str  # "x86", "arm" or "gpu": which schedule family applies
-    precision: str = "fp32"  # how float tensors inside a block are stored (halide_gen.block.PRECISIONS)
+    precision: str = "fp32"  # how float tensors inside a block are stored (halide_gen.lowering_options.PRECISIONS)
     packaging: str = "library"  # one of PACKAGINGS
     int8_rounding: str = "reference"  # how int8 sums are requantized: one of INT8_ROUNDINGS
 
@@ -130,12 +130,6 @@ class TargetSpec:
         return "-".join(self.halide[0].split("-")[:2])
 
     @property
-    def native_minmax(self) -> bool:
-        """Whether the CPU's float min / max give TFLite's NaN and inf answers by themselves (ARM's
-        fmax / fmin do; x86's maxps does not): halide_gen.lower.ieee then emits no extra tests."""
-        return self.family == "arm"
-
-    @property
     def toolchain(self) -> Toolchain:
         """The compiler (and launcher) for this target's CPU; ValueError for a CPU without one."""
         try:
@@ -153,18 +147,17 @@ class TargetSpec:
             return "_nodot" if self.family == "arm" and not self.dot_product else ""
         return f"_{self.gpu_api}" + ("_fp16" if self.precision == "fp16" else "")
 
-    @property
-    def x86_integer_forms(self) -> bool:
-        """Whether int8 ops take x86's forms (halide_gen.lower.quantized.x86_integer_forms):
-        unsigned activations for VNNI's dot products, requantization by 64-bit products."""
-        return self.family == "x86"
+    def lowering_options(self):
+        """The forms this target's kernels take (halide_gen.lowering_options.LoweringOptions): ARM's
+        float min / max give TFLite's NaN and inf answers by themselves (x86's maxps does not); x86
+        takes its integer forms (VNNI reads unsigned activations; a 64-bit product requantizes);
+        Vulkan targets here ask for no 64-bit integers, which phone GPUs often lack; GPU code
+        cannot fail an invoke."""
+        from .lowering_options import LoweringOptions
 
-    @property
-    def wide_integers(self) -> bool:
-        """Whether kernels may compute with 64-bit integers: not on Vulkan (its targets here ask
-        for no int64 support, which phone GPUs often lack); int8 requantization then takes 32-bit
-        pieces (halide_gen.lower.quantized.integer_width_forms)."""
-        return self.gpu_api != "vulkan"
+        return LoweringOptions(precision=self.precision, native_minmax=self.family == "arm",
+                               x86_integer=self.family == "x86", int8_rounding=self.int8_rounding,
+                               wide_integers=self.gpu_api != "vulkan", device_code=self.family == "gpu")
 
     @property
     def dot_product(self) -> bool:
@@ -175,13 +168,35 @@ class TargetSpec:
     @property
     def int8_claimed_unmeasured(self) -> bool:
         """Whether int8 blocks are claimed by default without `fuse --measure`: where their kernels
-        are known to beat XNNPACK's QS8 path: ARMv8.2 with dot product (fewer instructions on a
-        Cortex-A76, bench/RESULTS.md "Benchmarks: the whole set") and x86 with XNNPACK's float
-        rounding (bench/RESULTS-history.md, "x86 int8 rounded as XNNPACK rounds"); not x86 with the
-        reference rounding, nor ARMv8.0 cores (widening multiplies instead of SDOT)."""
+        are known to beat XNNPACK's QS8 path: ARMv8.2 with dot product (bench/RESULTS.md, "Benchmarks:
+        the whole set") and x86 with XNNPACK's float rounding (bench/RESULTS-history.md, "x86 int8
+        rounded as XNNPACK rounds"); not x86 with the reference rounding, nor ARMv8.0 cores (widening
+        multiplies instead of SDOT)."""
         if self.family == "x86":
             return self.int8_rounding == "xnnpack"
         return self.family == "arm" and self.dot_product
+
+    def claims_unmeasured(self, ops) -> bool:
+        """Whether a block of `ops` that has a kernel is claimed by default when nothing was timed
+        (no `fuse --measure`): where kernels of its kind are known to hold their own. Float blocks on
+        CPUs; int8 ones where int8_claimed_unmeasured says (16x8 blocks always: XNNPACK has no int16
+        kernels); never a dynamic-range block (its float inputs quantized as it runs: on whole
+        models XNNPACK's own dynamic quantization still wins, bench/RESULTS.md "Real-size corpus:
+        speed"), nor a GPU block (correct, not yet tuned: claim:all asks for them)."""
+        from tflite_tools.model.hybrid import is_hybrid
+
+        if self.family == "gpu" or any(is_hybrid(op) for op in ops):
+            return False
+        return self.int8_claimed_unmeasured or not computes_on_int8(ops)
+
+    def plan_config(self):
+        """The fusion plan's settings for this target (fusion.plan.PlanConfig): the attention core
+        in one block on CPUs only (a GPU launches each of its stages either way), and elementwise ops
+        in their producer's epilogue except on ARM, where the epilogue's constants do not fit beside
+        NEON's register tile (bench/RESULTS-history.md, "Epilogues first")."""
+        from fusion.plan import PlanConfig
+
+        return PlanConfig(attention_core=self.family != "gpu", epilogue_first=self.family != "arm")
 
     @property
     def gpu_api(self) -> str | None:
@@ -190,6 +205,13 @@ class TargetSpec:
             if api in self.halide[0]:
                 return api
         return None
+
+
+def computes_on_int8(ops) -> bool:
+    """True for a block computing on int8 activations (int8 weights dequantized into a float model
+    do not count)."""
+    return any(t is not None and t.type_name == "INT8" and not t.is_constant
+               for op in ops for t in (*op.inputs, *op.outputs))
 
 
 # The Halide feature that lets each GPU API store and convert half-precision floats.

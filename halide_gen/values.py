@@ -8,36 +8,18 @@ lowering ever thinks about Halide's dimension order.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import halide as hl
 import numpy as np
+
+from .lowering_options import active
 
 # Halide dimension names, innermost first: NHWC's C is "c", W is "x", H is "y", N is "n".
 DIM_NAMES = ("c", "x", "y", "n", "d4", "d5", "d6", "d7")
 
 Index = Sequence[hl.Expr]
-
-# The type float tensors are held in while a block is lowered. Float32 by default; under
-# `float_storage(hl.Float(16))` (the GPU targets' fp16 precision) every tensor an op produces is
-# rounded to half precision when it is defined and widened back to float32 when it is read, so the
-# arithmetic inside an op and every accumulation stay float32 while what is stored between ops is
-# fp16 (TFLite's GPU delegate calls this F32_F16).
-_FLOAT_STORAGE: contextvars.ContextVar[hl.Type] = contextvars.ContextVar("float_storage", default=hl.Float(32))
-
-
-@contextlib.contextmanager
-def float_storage(storage: hl.Type) -> Iterator[None]:
-    """Lowers everything inside the `with` block with float tensors stored as `storage`."""
-    token = _FLOAT_STORAGE.set(storage)
-    try:
-        yield
-    finally:
-        _FLOAT_STORAGE.reset(token)
-
 
 # The largest finite half-precision value.
 FLOAT16_MAX = 65504.0
@@ -82,7 +64,7 @@ class Value:
     readable_channels: int = 0
     # Channels (innermost-axis indices) where the Func's definition passes from one source to the
     # next: a CONCATENATION along its channels. A schedule that splits the channel loop there
-    # copies each part densely instead of selecting between gathers of both (schedule.cpu).
+    # copies each part densely instead of selecting between gathers of both (schedule.vectors).
     joins: tuple[int, ...] = ()
     # A TRANSPOSE's result: output axis k reads input axis perm[k] (a schedule tiles transposes that
     # move the innermost axis). () for anything else.
@@ -112,8 +94,10 @@ class Value:
 def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr], exact: bool = False) -> Value:
     """A new Func of `shape` whose element at TFLite index (i0, ..., ik) is body(i0, ..., ik).
 
-    Float results are stored in the current float_storage type, unless `exact`: a reduction's
-    partial results stay float32 so that every sum is float32 under fp16 storage too.
+    Float results are stored in the active lowering options' float storage type (fp16 on a GPU
+    target in half precision: rounded here, widened back to float32 where read, so the arithmetic
+    inside an op stays float32), unless `exact`: a reduction's partial results stay float32 so that
+    every sum is float32 under fp16 storage too.
     """
     shape = tuple(int(d) for d in shape)
     f = hl.Func(name)
@@ -121,7 +105,7 @@ def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr], exact:
     expr = body(*idx)
     if not isinstance(expr, hl.Expr):  # a FuncRef or a Python number
         expr = hl.Expr(expr)
-    storage = hl.Float(32) if exact else _FLOAT_STORAGE.get()
+    storage = hl.Float(32) if exact else active().float_storage
     if expr.type().is_float() and expr.type() != storage:
         expr = narrow(expr, storage)
     if idx:

@@ -22,8 +22,9 @@ from fusion.rewrite import rewrite
 from halide_gen.block import build_block
 from halide_gen.jit import JitKernel, argument_arrays
 from halide_gen.lower import LoweringError
+from halide_gen.lowering_options import LoweringOptions
 from halide_gen.schedule import schedule_cpu
-from halide_gen.schedule.cpu import X86, CpuParams
+from halide_gen.schedule.params import X86, CpuParams
 from opcheck import BLOCK_FP16_RTOL, FLOAT_RTOL
 from tflite_tools import runtime
 from tflite_tools.model.ir import Model
@@ -74,7 +75,7 @@ def check_model_blocks(model: Model | str | Path, precision: str = "fp32", param
             continue
         ops = [plan.ecg.nodes[i].op for i in block.ops]
         try:
-            lowered = build_block(block.name, ops, block.outputs, precision)
+            lowered = build_block(block.name, ops, block.outputs, LoweringOptions(precision=precision))
         except LoweringError:
             if not allow_unlowered:
                 raise

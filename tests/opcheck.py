@@ -10,6 +10,7 @@ import numpy as np
 import tflite_tools
 from halide_gen.block import build_block
 from halide_gen.jit import JitKernel
+from halide_gen.lowering_options import LoweringOptions
 from halide_gen.values import FLOAT16_MAX
 from tflite_tools import runtime
 from tflite_tools.model.ir import Model
@@ -21,7 +22,7 @@ from tflite_tools.run import reference_resolver
 # far below any real lowering mistake (a wrong index or option shows up as O(1) errors).
 FLOAT_RTOL = 1e-5
 
-# The same bound for fp16 storage (halide_gen.block.PRECISIONS): each op's result is rounded to
+# The same bound for fp16 storage (halide_gen.lowering_options.PRECISIONS): each op's result is rounded to
 # half precision once, a relative error of at most 2^-11 ~ 4.9e-4 of that element; 1e-3 allows that
 # rounding plus the float32 error above, and is still far below a lowering mistake.
 FP16_RTOL = 1e-3
@@ -49,10 +50,11 @@ def reference(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     return runtime.run(interp, list(inputs))
 
 
-def halide(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Outputs of all the model's ops lowered as one Halide block (JIT)."""
+def halide(model: Model, inputs: Sequence[np.ndarray], options: LoweringOptions | None = None) -> list[np.ndarray]:
+    """Outputs of all the model's ops lowered as one Halide block (JIT), in `options`' forms (the
+    defaults at PRECISION unless given)."""
     sg = model.main
-    jit = JitKernel(build_block("block", sg.operators, sg.outputs, PRECISION))
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs, options or LoweringOptions(precision=PRECISION)))
     return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
 
 
@@ -73,9 +75,10 @@ def aot(model: Model, inputs: Sequence[np.ndarray], target: str, work: Path) -> 
 
 
 def compare(model: Model, make_inputs: Callable[[np.random.Generator], list[np.ndarray]] | None = None,
-            rtol: float | None = None, seeds: Sequence[int] = (0,)) -> float:
+            rtol: float | None = None, seeds: Sequence[int] = (0,), options: LoweringOptions | None = None) -> float:
     """Runs both and asserts agreement (within FLOAT_RTOL, or FP16_RTOL under fp16 precision,
-    unless `rtol` says otherwise); returns the worst relative error seen."""
+    unless `rtol` says otherwise); returns the worst relative error seen. `options`: the lowering's
+    forms (opcheck.halide)."""
     if rtol is None:
         rtol = FP16_RTOL if PRECISION == "fp16" else FLOAT_RTOL
     worst = 0.0
@@ -85,7 +88,7 @@ def compare(model: Model, make_inputs: Callable[[np.random.Generator], list[np.n
             inputs = runtime.random_inputs(interp, seed)
         else:
             inputs = make_inputs(np.random.default_rng(seed))
-        for ref, got in zip(reference(model, inputs), halide(model, inputs)):
+        for ref, got in zip(reference(model, inputs), halide(model, inputs, options)):
             assert ref.shape == got.shape, (ref.shape, got.shape)
             if ref.dtype.kind == "f" and PRECISION == "fp16":  # beyond fp16's range, values saturate
                 ref = np.clip(ref, -FLOAT16_MAX, FLOAT16_MAX)

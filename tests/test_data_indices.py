@@ -12,6 +12,7 @@ import pytest
 import opcheck
 from halide_gen.block import build_block
 from halide_gen.lower import LoweringError
+from halide_gen.lowering_options import LoweringOptions
 from tflite_tools import cli, runtime, serialize
 from tflite_tools.model.builder import ModelBuilder
 
@@ -79,8 +80,8 @@ def test_max_unpooling_index_outside_its_window_fails():
         opcheck.halide(b.build(), [np.ones((1, 2, 2, 3), np.float32), bits.view(np.float32)])
 
 
-def test_run_reports_the_failed_invoke_in_one_line(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+def test_run_reports_the_failed_invoke_in_one_line(tmp_path, capsys, monkeypatch, private_cache):
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(private_cache.parent))
     model = tmp_path / "gather.tflite"
     model.write_bytes(serialize(gather_model(0)))
     out = tmp_path / "out"
@@ -110,7 +111,7 @@ def test_device_code_checks_constant_indices_when_it_compiles():
     # indices the block computes itself could only be checked on the device, so TFLite keeps those.
     def lowered(model):
         sg = model.main
-        return build_block("b", sg.operators, sg.outputs, device_code=True)
+        return build_block("b", sg.operators, sg.outputs, LoweringOptions(device_code=True))
 
     (arg,) = [a for a in lowered(gather_model(0)).arguments if a.tensor.name == "ids"]
     assert arg.index_bounds == (5,) and arg.index_op == "gather"

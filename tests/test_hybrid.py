@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import opcheck
-from halide_gen.lower.quantized import x86_integer_forms
+from halide_gen.lowering_options import LoweringOptions
 from tflite_tools import serialize
 from tflite_tools.model.builder import ModelBuilder, quantization
 
@@ -63,8 +63,7 @@ FORMS = [pytest.param(x86, id="x86" if x86 else "arm") for x86 in (True, False)]
 @pytest.mark.parametrize("depth", [32, 30])
 def test_hybrid_fully_connected(x86, per_channel, asymmetric, depth):
     model = _fc_model((1, 5, depth), 24, per_channel=per_channel, asymmetric=asymmetric, keep_num_dims=True)
-    with x86_integer_forms(x86):
-        opcheck.compare(model, _inputs((1, 5, depth)), seeds=(0, 1))
+    opcheck.compare(model, _inputs((1, 5, depth)), seeds=(0, 1), options=LoweringOptions(x86_integer=x86))
 
 
 @pytest.mark.parametrize("x86", FORMS)
@@ -75,8 +74,7 @@ def test_hybrid_fully_connected_with_int4_weights(x86, per_channel, asymmetric, 
     # unpack to int8: the same arithmetic as int8 weights from there on.
     model = _fc_model((1, 5, depth), 7, per_channel=per_channel, asymmetric=asymmetric, keep_num_dims=True, bits=4)
     assert model.main.operators[0].inputs[1].type_name == "INT4"
-    with x86_integer_forms(x86):
-        opcheck.compare(model, _inputs((1, 5, depth)), seeds=(0, 1))
+    opcheck.compare(model, _inputs((1, 5, depth)), seeds=(0, 1), options=LoweringOptions(x86_integer=x86))
 
 
 def test_int4_values_unpack_as_tflite_packs_them():
@@ -137,7 +135,7 @@ def test_hybrid_depthwise(multiplier):
     opcheck.compare(model, _images((2, 8, 6, 6)), seeds=(0, 1))
 
 
-def test_int4_weights_quantized_per_block_are_left_to_tflite_with_the_reason(tmp_path):
+def test_int4_weights_quantized_per_block_are_left_to_tflite_with_the_reason(tmp_path, private_cache):
     # A scale per block of 32 input channels (BlockwiseQuantization): not TFLite's hybrid kernel's form.
     from tflite_tools.fuse import fuse
     from tflite_tools.model.schema import fb
@@ -148,7 +146,7 @@ def test_int4_weights_quantized_per_block_are_left_to_tflite_with_the_reason(tmp
     q.details.blockSize = 32
     path = tmp_path / "blockwise.tflite"
     path.write_bytes(serialize(model))
-    (record,) = fuse(path, tmp_path / "out", cache_dir=tmp_path / "k").kernels
+    (record,) = fuse(path, tmp_path / "out", cache_dir=private_cache).kernels
     assert record.kernel is None and "otherwise than per tensor or per channel" in record.skipped
 
 
@@ -182,7 +180,7 @@ def test_hybrid_batch_matmul(per_channel, asymmetric, adj_x, adj_y, lhs_shape, r
     opcheck.compare(model, _inputs(tuple(stored)), seeds=(0, 1))
 
 
-def test_a_hybrid_batch_matmul_whose_input_varies_along_two_batch_axes_is_left_to_tflite(tmp_path):
+def test_a_hybrid_batch_matmul_whose_input_varies_along_two_batch_axes_is_left_to_tflite(tmp_path, private_cache):
     # TFLite's reference kernel reads other rows' scaling factors there (hybrid.py says how).
     from tflite_tools.fuse import fuse
 
@@ -190,17 +188,17 @@ def test_a_hybrid_batch_matmul_whose_input_varies_along_two_batch_axes_is_left_t
                                    adj_x=False, adj_y=False)
     path = tmp_path / "bmm.tflite"
     path.write_bytes(serialize(model))
-    (record,) = fuse(path, tmp_path / "out", cache_dir=tmp_path / "k").kernels
+    (record,) = fuse(path, tmp_path / "out", cache_dir=private_cache).kernels
     assert record.kernel is None and "varies along two batch axes" in record.skipped
 
 
-def test_a_hybrid_batch_matmul_is_claimed_and_matches_through_the_delegate(tmp_path):
+def test_a_hybrid_batch_matmul_is_claimed_and_matches_through_the_delegate(tmp_path, private_cache):
     from tflite_tools.fuse import fuse
     from tflite_tools.run import run
 
     model, _ = _batch_matmul_model((2, 5, 16), (16, 12), per_channel=True, asymmetric=True, adj_x=True, adj_y=False)
     path = tmp_path / "bmm.tflite"
     path.write_bytes(serialize(model))
-    result = fuse(path, tmp_path / "out", cache_dir=tmp_path / "k")
+    result = fuse(path, tmp_path / "out", cache_dir=private_cache)
     outcome = run(result.model, delegate=result.library, options={"claim": "all"}, seed=3)
     assert outcome.ok and outcome.claims["claimed_nodes"] == [0], outcome.errors

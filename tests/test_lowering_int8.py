@@ -21,7 +21,8 @@ import tflite_tools
 from halide_gen.block import build_block
 from halide_gen.jit import JitKernel
 from halide_gen.lower import LoweringError
-from halide_gen.lower.quantized import quantize_multiplier
+from halide_gen.lower.fixed_point import quantize_multiplier
+from halide_gen.lowering_options import LoweringOptions
 from tflite_tools import runtime
 from tflite_tools.model.builder import ModelBuilder, quantization
 
@@ -42,8 +43,8 @@ REQUANTIZED_SUMS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOS
 def halide(model, inputs, x86_forms: bool = False, target=None, rounding: str = "reference",
            wide_integers: bool = True):
     sg = model.main
-    jit = JitKernel(build_block("block", sg.operators, sg.outputs, x86_integer=x86_forms, int8_rounding=rounding,
-                                wide_integers=wide_integers), target=target)
+    options = LoweringOptions(x86_integer=x86_forms, int8_rounding=rounding, wide_integers=wide_integers)
+    jit = JitKernel(build_block("block", sg.operators, sg.outputs, options), target=target)
     return jit(jit.inputs_from({id(t): a for t, a in zip(sg.inputs, inputs)}))
 
 
@@ -569,14 +570,14 @@ def test_conv_hard_swish_block_int8():
     check(conv_model((1, 9, 9, 8), 24, 3, 2, "SAME", then="HARD_SWISH"), exact=True)
 
 
-def test_depthwise_weights_changed_to_minus_128_after_fuse_are_declined(tmp_path, monkeypatch):
+def test_depthwise_weights_changed_to_minus_128_after_fuse_are_declined(tmp_path, monkeypatch, private_cache):
     # The bundle's depthwise kernel adds int8 products in int16 pairs, built for weights in
     # [-127, 127]; weights are read from the model at run time, so one edited to hold -128 after
     # fuse must leave the node to TFLite, with the reason, and the answers stay TFLite's.
     from tflite_tools.fuse import fuse
     from tflite_tools.run import run
 
-    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(private_cache.parent))
     (tmp_path / "dw.tflite").write_bytes(tflite_tools.serialize(
         conv_model((1, 6, 6, 16), None, 3, 1, "SAME", "RELU6", depthwise=True)))
     result = fuse(tmp_path / "dw.tflite", tmp_path / "out")
@@ -915,7 +916,7 @@ def test_single_rounding_in_32_bit_pieces_equals_the_64_bit_product():
     # FULLY_CONNECTED's requantization, on random and edge values of every int32 x, Q31 m and down 0-31.
     import halide as hl
 
-    from halide_gen.lower.quantized import rounded_once_in_32_bits
+    from halide_gen.lower.fixed_point import rounded_once_in_32_bits
 
     edges = np.array([0, 1, -1, 2, -2, 2**15, -2**15, 2**16 - 1, -2**16, 2**30, -2**30, 2**31 - 1, -2**31], np.int64)
     x = np.concatenate([rng.integers(-2**31, 2**31, 200_000), rng.integers(-2**20, 2**20, 200_000), np.repeat(edges, 500)])
@@ -933,7 +934,7 @@ def test_single_rounding_in_32_bit_pieces_equals_the_64_bit_product():
 
 def test_requantization_without_64_bit_integers_is_exact():
     # Vulkan's targets have no 64-bit integers: the doubling high multiply takes 32-bit pieces
-    # (lower.quantized.srdhm_in_32_bits). Run on the CPU here, every form of it must still equal
+    # (lower.fixed_point.srdhm_in_32_bits). Run on the CPU here, every form of it must still equal
     # the reference: convolutions, ADD's rescaled inputs, MUL, MEAN, a requantizing QUANTIZE, a
     # per-channel FULLY_CONNECTED.
     models = [conv_model((1, 7, 7, 9), 8, 3, 1, "SAME", "RELU6"),

@@ -283,7 +283,7 @@ def test_the_attention_core_fuses_into_one_block(model_path):
 @pytest.mark.parametrize("cost, config", [(FixedCost(False), PlanConfig()),
                                           (FixedCost(True), PlanConfig(attention_core=False))])
 def test_the_cost_source_or_a_gpu_target_keeps_the_attention_core_apart(cost, config):
-    # A GPU target plans with attention_core off (tflite_tools.fuse): each stage is a launch there
+    # A GPU target plans with attention_core off (TargetSpec.plan_config): each stage is a launch there
     # either way.
     ecg = build_ecg(_attention_model().main)
     plan = plan_fusion(ecg, cost, config)
@@ -350,9 +350,8 @@ def test_each_target_family_plans_with_its_own_settings(target, attention_core, 
     # NEON keeps the paper's order: an epilogue's constants do not fit beside its register tile
     # (efficientnet_b0's ARM64 instructions 0.883x -> 0.920x XNNPACK's with epilogues first).
     from halide_gen.targets import target_spec
-    from tflite_tools.fuse import plan_config
 
-    config = plan_config(target_spec(target))
+    config = target_spec(target).plan_config()
     assert (config.attention_core, config.epilogue_first) == (attention_core, epilogue_first)
 
 

@@ -181,7 +181,7 @@ def test_nan_and_inf_as_litert(case):
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_nan_and_inf_as_litert_on_arm64(case, tmp_path, cross_tools):
     # ARM kernels leave NaN and inf to NEON's fmax / fmin instead of testing for them
-    # (halide_gen.lower.ieee.native_minmax): the same cases, compiled for arm64-linux, under qemu.
+    # (LoweringOptions.native_minmax): the same cases, compiled for arm64-linux, under qemu.
     check_specials(case, lambda model, inputs: opcheck.aot(model, inputs, "arm64-linux", tmp_path))
 
 
@@ -209,7 +209,7 @@ def test_compare_treats_specials_in_the_same_place_as_equal(out, ref, ok):
     assert error.ok is ok
 
 
-def test_nan_weights_leave_the_block_to_tflite(tmp_path, monkeypatch):
+def test_nan_weights_leave_the_block_to_tflite(tmp_path, monkeypatch, private_cache):
     # TFLite's depthwise kernel skips the taps that fall on padding; our kernels multiply a
     # zero-padded input, and 0 * NaN is NaN. Found by the mutation fuzzer (garbage in a fused
     # model's weights); weights are read at run time, so the delegate checks them when it claims.
@@ -217,7 +217,7 @@ def test_nan_weights_leave_the_block_to_tflite(tmp_path, monkeypatch):
     from tflite_tools.fuse import fuse
     from tflite_tools.run import run
 
-    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(private_cache.parent))
     w = np.ones((1, 3, 3, 4), np.float32)
     w[0, 0, 0, 2] = np.nan
     b = ModelBuilder()

@@ -40,26 +40,22 @@ from typing import Callable, Collection, Sequence
 
 import halide as hl
 
-from fusion.cost import default_cache_dir
 from fusion.pipeline import plan_model
-from fusion.plan import PlanConfig
-from fusion.report import PlanSummary, format_summary, to_dot
+from fusion.report import PlanSummary, to_dot
 from fusion.rewrite.fold import restore_decoded
-from halide_gen.aot import compile_kernel, error_line, generator_digest
+from halide_gen.aot import compile_kernel, error_line
 from halide_gen.block import build_block_for
 from halide_gen.bundle import (JNI_LIBRARY, BundleBlock, BundleGraph, BundleInfo, bound_constants,
                                build_cmake_project, bundle_source, claim_groups, dynamic_model, indistinguishable,
                                link_delegate, write_cmake_project)
 from halide_gen.lower import LoweringError
-from halide_gen.profile import choose_schedule, jit_kernel, schedule_sources, time_block
 from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
 
-from .bench import benchmark
 from .explorer import block_overlay, claims_overlay, write_overlay
-from .model.atomic import load_json_table, save_json_table
+from .fuse_report import format_report
+from .measure import MEASURED_THREADS, BlockTimings, best_default_claim
 from .model.errors import ModelError, ToolchainError
 from .model.fingerprint import METADATA_NAME, model_fingerprint, subgraph_fingerprint
-from .model.hybrid import is_hybrid
 from .model.ir import Model, Subgraph
 from .model.reader import load
 from .model.variants import ShapeVariant, parse_variant, resolve, with_shapes
@@ -155,15 +151,6 @@ def library_name(model_path: str | os.PathLike, spec: TargetSpec) -> str:
     return f"lib{stem}_dnnfusion{spec.library_suffix}.so"
 
 
-def plan_config(spec: TargetSpec) -> PlanConfig:
-    """The fusion plan's settings for a target: the attention core in one block on CPUs only (a
-    GPU launches each of its stages either way), and elementwise ops in their producer's epilogue
-    except on ARM, where the epilogue's constants do not fit beside NEON's register tile (counted
-    on a Cortex-A76, bench/arm_count.py: efficientnet_b0's swish convolutions 0.883x -> 0.920x
-    XNNPACK's instructions and 0.773x -> 0.883x its memory accesses, spills)."""
-    return PlanConfig(attention_core=spec.family != "gpu", epilogue_first=spec.family != "arm")
-
-
 def _set_metadata(model: Model, name: str, value: bytes) -> None:
     model.metadata = [(k, v) for k, v in model.metadata if k != name] + [(name, value)]
 
@@ -202,7 +189,7 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
     job = _Job(Path(model_path), spec, cache_dir, progress, measure, autoschedulers, emit_asm, debug_runtime)
     try:
         _check_room(staging, job.model_path)
-        summaries = [plan_model(model, fast_math=fast_math, cost=cost, config=plan_config(spec), subgraph=i,
+        summaries = [plan_model(model, fast_math=fast_math, cost=cost, config=spec.plan_config(), subgraph=i,
                                 prefix=block_prefix(model, i), trace=trace) for i in range(len(model.subgraphs))]
         shaped = _shaped_subgraphs(model, variants)
         job.blocks = sum(len(summaries[v.index].plan.blocks) for v in shaped) + \
@@ -401,7 +388,7 @@ def _withhold_indistinguishable(model: Model, graphs: list[_Graph]) -> None:
 def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], list[BundleBlock]]:
     """Lowers, schedules and compiles every planned block (through the kernel cache); returns a
     record per block and the bundle blocks of those with a kernel."""
-    timings = _BlockTimings(job.cache_dir) if job.measure or job.autoschedulers else None
+    timings = BlockTimings(job.cache_dir) if job.measure or job.autoschedulers else None
     records: list[KernelRecord] = []
     blocks: list[BundleBlock] = []
     for block in plan_blocks:
@@ -436,8 +423,7 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
             record.ratio = timings.ratio(artifact.identity, block, ops, record.schedule)
             record.profitable = record.ratio < 1.0
         else:
-            record.profitable = (job.spec.family != "gpu" and not any(is_hybrid(op) for op in ops)
-                                 and (job.spec.int8_claimed_unmeasured or not _quantized(ops)))
+            record.profitable = job.spec.claims_unmeasured(ops)
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable,
                                   bound=lowered.bound))
     for name, why in claim_groups(sg.operators, blocks).items():
@@ -511,8 +497,8 @@ def _package(job: _Job, model: Model, fingerprint: str, graphs: list[_Graph],
     if job.measure and blocks and not job.android:
         job.report(job.blocks, "timing the whole model")
         fused = folder / "model.fused.tflite"
-        claims.one_thread, claims.one_thread_ms = _best_default_claim(fused, library, threads=1)
-        claims.threaded, claims.threaded_ms = _best_default_claim(fused, library, threads=MEASURED_THREADS)
+        claims.one_thread, claims.one_thread_ms = best_default_claim(fused, library, threads=1)
+        claims.threaded, claims.threaded_ms = best_default_claim(fused, library, threads=MEASURED_THREADS)
         if (claims.one_thread, claims.threaded) != (info.default_claim, info.default_claim_threaded):
             info.default_claim, info.default_claim_threaded = claims.one_thread, claims.threaded
             link_delegate(bundle_source(info), blocks, job.spec.name, library, job.cache_dir,
@@ -564,32 +550,6 @@ def _sizes(original: Path, fused: Path, library: Path | None) -> dict[str, int |
             "library": library.stat().st_size if library is not None else None}
 
 
-# The thread count `fuse --measure` times the policies at besides one: the default policy the bundle
-# holds for every interpreter with more than one thread. Two is what a phone app asks for most and
-# what every host here has; claiming only the blocks measured faster at one thread lost at two on
-# MobileNetV3-Small (1.25x XNNPACK where claiming all took 0.87x: each block left to TFLite splits
-# the partitions, and with them the work two threads share).
-MEASURED_THREADS = 2
-
-
-def _medians(medians: dict[str, float]) -> str:
-    """'all 1.234, profitable 1.300, none 1.250' for the report."""
-    return ", ".join(f"{k} {v:.3f}" for k, v in medians.items())
-
-
-def _best_default_claim(model: Path, library: Path, threads: int) -> tuple[str, dict[str, float]]:
-    """Times the whole fused model with XNNPACK alone and with the delegate claiming all / the
-    profitable blocks (interleaved, at `threads` threads) and returns the fastest policy ("none"
-    when XNNPACK alone wins: the delegate then claims nothing unless asked) and the medians in ms.
-    Per-block measurements cannot see a model's cold caches or the cost of splitting XNNPACK's
-    partitions."""
-    timings = benchmark(str(model), str(library), threads=threads, runs=15, warmup=2)
-    medians = {t.name: t.median / 1e3 for t in timings}
-    policy = {"xnnpack": "none", "dnnfusion-all": "all", "dnnfusion-profitable": "profitable"}
-    best = min(policy, key=lambda name: medians[name])
-    return policy[best], {policy[name]: medians[name] for name in policy}
-
-
 def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
     """Builds the Android project with $ANDROID_NDK's toolchain; None when the NDK is not set."""
     ndk = os.environ.get("ANDROID_NDK")
@@ -607,23 +567,6 @@ def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
     return built
 
 
-# Unmeasured, a block is claimed by default only where its kernels are known to hold their own:
-# float blocks on CPUs, and int8 blocks on ARM cores with dot product. GPU kernels are correct but
-# not yet tuned — on an NVIDIA H200 through OpenCL, mobilenet_v3_small took 33.9 ms against
-# XNNPACK's 2.8 ms on one CPU core (docs/android.md) — so a GPU bundle claims nothing unless asked
-# (claim:all), and int8 blocks elsewhere wait for claim:all or --measure (_quantized).
-def _quantized(ops) -> bool:
-    """True for a block computing on int8 activations (int8 weights dequantized into a float model
-    do not count). Unmeasured, such a block is claimed by default only on targets whose int8
-    kernels beat XNNPACK's (TargetSpec.int8_claimed_unmeasured); elsewhere they are exact but slower
-    (MobileNetV2 int8 on x86 with the reference rounding: 1.04x XNNPACK's time, bench/RESULTS.md),
-    so claim:all or `fuse --measure` has to ask for them. 16x8 blocks (int16 activations) are not
-    counted: XNNPACK has no int16 kernels, and LiteRT's own run tests/models/cnn_16x8 in 4.6x the
-    time of ours (`tflite_tools bench`, x86)."""
-    return any(t is not None and t.type_name == "INT8" and not t.is_constant
-               for op in ops for t in (*op.inputs, *op.outputs))
-
-
 def _check_interface(artifact, lowered) -> None:
     """The compiled kernel is the block's own: built from the same identity, taking exactly the
     buffers the bundle will pass; anything else is a compiler bug, never a guess."""
@@ -635,91 +578,3 @@ def _check_interface(artifact, lowered) -> None:
                            f"than {lowered.name}")
 
 
-class _BlockTimings:
-    """Per-block measurements on this host, cached on disk by kernel identity: which schedule
-    source is fastest, and Halide / (LiteRT + XNNPACK) under a source, at one thread."""
-
-    def __init__(self, cache_dir: Path | None):
-        self.path = Path(cache_dir or default_cache_dir()) / "block-timings.json"
-        self.table = load_json_table(self.path)
-
-    @staticmethod
-    def _key(kind: str, *parts: str) -> str:
-        # Measurements die with the code generator that made the kernels they timed.
-        return ":".join([kind, generator_digest(), *parts])
-
-    def best_schedule(self, identity: str, block, ops, target: str = "host") -> str:
-        """The fastest of the templates and Halide's autoschedulers for the block (of kernel
-        `identity`) on `target`."""
-        key = self._key("schedule", target, identity)
-        # A value that is not one of the sources is a damaged table: measure again.
-        if self.table.get(key) not in schedule_sources(target):
-            inputs = [t for t in block.inputs if not t.is_constant]
-            self.table[key] = choose_schedule(ops, block.outputs, inputs, target=target).best
-        return str(self.table[key])
-
-    def ratio(self, identity: str, block, ops, schedule: str) -> float:
-        """Halide (under `schedule`) / (LiteRT + XNNPACK) on the block's nodes (of kernel `identity`)."""
-        key = self._key("ratio", identity, schedule)
-        value = self.table.get(key)
-        if not (isinstance(value, (int, float)) and 0 < value < float("inf")):
-            kernel = jit_kernel(block.name, ops, block.outputs, schedule)
-            self.table[key] = time_block(ops, block.inputs, block.outputs, kernel).ratio
-        return float(self.table[key])
-
-    def save(self) -> None:
-        """Writes the cache; a read-only cache location is skipped."""
-        save_json_table(self.path, self.table)
-
-
-def _size_line(sizes: dict[str, int | None]) -> str:
-    def mib(n: int) -> str:
-        return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
-    text = f"fused model {mib(sizes['fused_model'])} (original {mib(sizes['original_model'])})"
-    return text + (f"; delegate library {mib(sizes['library'])}" if sizes.get("library") is not None else "")
-
-
-def format_report(result: FuseResult, summary, source: str, target: str) -> str:
-    """report.md: the plan, then what became of each block."""
-    with_kernel = [k for k in result.kernels if k.kernel]
-    lines = [
-        f"# dnnfusion report: {Path(source).name} ({target})",
-        "",
-        f"- Blocks: {len(result.kernels)}; with a Halide kernel: {len(with_kernel)} "
-        f"({result.claimable_nodes} of "
-        f"{sum(len(s.subgraph.operators) for s in (summary, *(s.summary for s in result.subgraphs)))} operators); "
-        f"profitable: {sum(k.profitable for k in result.kernels)}",
-        *(["- Other subgraphs, planned and compiled too (their blocks are named `<subgraph>.block_NNN`): "
-           + ", ".join(f"{s.index} `{s.name}`" for s in result.subgraphs)] if result.subgraphs else []),
-        *([f"- Compiled at other input shapes too (`--shape`; the delegate runs these kernels when the model is "
-           "resized to them): " + ", ".join(f"`{v.name}` (blocks `{v.prefix}block_NNN`)" for v in result.variants)]
-          if result.variants else []),
-        f"- Delegate: `{result.library.name if result.library else 'android/arm64-v8a (build it with the NDK)'}`; "
-        f"fused model: `model.fused.tflite`",
-        f"- Size: {_size_line(result.sizes)}",
-        f"- Compile: {result.seconds:.1f} s ({sum(k.cached for k in with_kernel)} of {len(with_kernel)} kernels "
-        "from the cache)",
-        f"- Default claim policy: `{result.default_claim}` at one thread, `{result.default_claim_threaded}` at more"
-        + (" (whole model, median ms: one thread " + _medians(result.whole_model_ms) + f"; {MEASURED_THREADS} threads "
-           + _medians(result.whole_model_ms_threaded) + "; `none` = XNNPACK alone)"
-           if result.whole_model_ms else " (not measured: `fuse --measure` times it)"),
-        "",
-        "## Plan",
-        "",
-        "```",
-        format_summary(summary, source),
-        "```",
-        "",
-        *[line for s in result.subgraphs
-          for line in (f"### Subgraph {s.index}: {s.name}", "", "```", format_summary(s.summary, source), "```", "")],
-        "## Blocks",
-        "",
-        "| block | ops | kernel | schedule | halide / xnnpack | claimed by default | note |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for k in result.kernels:
-        ratio = f"{k.ratio:.2f}" if k.ratio is not None else "not measured"
-        lines.append(f"| {k.block} | {' '.join(k.ops)} | {'`' + k.kernel + '`' if k.kernel else '-'} | "
-                     f"{k.schedule if k.kernel else '-'} | {ratio if k.kernel else '-'} | "
-                     f"{'yes' if k.profitable else 'no'} | {k.skipped or ''} |")
-    return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """Lowerings from TFLite builtins to Halide definitions (one registry, see registry.py)."""
 
 # Importing registers the lowerings.
-from . import elementwise, hybrid, mediapipe, movement, nn, quantized, quantized16, reduce  # noqa: F401
-from .registry import LOWERINGS, AccumulatorKind, LoweringError, OpContext, RowReduction, lower
+from . import elementwise, hybrid, mediapipe, movement, nn, quantized, quantized16, reduce, tables  # noqa: F401
+from .registry import LOWERINGS, AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, lower
 
-__all__ = ["LOWERINGS", "AccumulatorKind", "LoweringError", "OpContext", "RowReduction", "lower"]
+__all__ = ["LOWERINGS", "AccumulatorKind", "LoweringError", "OpContext", "ReductionDomain", "RowReduction", "lower"]

@@ -30,9 +30,8 @@ import numpy as np
 from ..pack import DOT_DEPTH
 from ..values import Value, define, flat_index, unflatten
 from .elementwise import activation, round_half_away
-from .movement import device_code
 from .nn import Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected
-from .quantized import INT8_MAX, INT8_MIN, int8_weight_scales, unsigned_dot_products
+from .fixed_point import INT8_MAX, INT8_MIN, int8_weight_scales
 from .reduce import row_reduce
 from .registry import LoweringError, OpContext, register
 
@@ -74,7 +73,7 @@ def symmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Elemen
 def asymmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Element) -> RowQuantization:
     """Steps of (max(row, 0) - min(row, 0)) / 255 about a nudged zero point, formed in double as
     AsymmetricQuantizeFloats forms them (a row of zeros: step 1, zero point 0)."""
-    if device_code():
+    if ctx.options.device_code:
         raise LoweringError(f"dynamic-range {ctx.op.name} with asymmetric input quantization: its steps are formed "
                             "in double, which GPU targets lack")
     low = _reduced(ctx, "min", rows, depth, element, hl.minimum)
@@ -151,7 +150,7 @@ def lower_fully_connected_hybrid(ctx: OpContext) -> list[Value]:
     rows = x.shape[:-1]
     q = form(ctx, rows, depth, lambda row, k: x.at(row + [k]))
     dot = depth % DOT_DEPTH == 0
-    unsigned = dot and unsigned_dot_products()
+    unsigned = dot and ctx.options.x86_integer
     shift = 128 if unsigned else 0  # VNNI multiplies unsigned activations: q + 128 as uint8
     read_as = hl.UInt(8) if unsigned else hl.Int(8)
     source = define(ctx.func_name("quantized"), x.shape,

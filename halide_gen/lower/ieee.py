@@ -17,36 +17,20 @@ Integer expressions pass through unchanged: only floats have NaN.
 Where the target's float min / max instructions already give TFLite's answer, the explicit tests
 cost instructions for nothing: ARM's `fmax` / `fmin` return NaN when either operand is NaN and
 clamp +-inf like any other value, exactly `std::min(std::max(x, lo), hi)`. A build for such a target
-lowers inside `native_minmax()`, and clamps are then plain min / max (on NEON the tests were 7 % of
-MobileNetV2's instructions; tests/test_special_values.py checks the ARM kernels under qemu).
+lowers with LoweringOptions.native_minmax, and clamps are then plain min / max, where the tests would
+cost a few instructions each (tests/test_special_values.py checks the ARM kernels under qemu).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Iterator
-
 import halide as hl
 import numpy as np
+
+from ..lowering_options import active
 
 FLT_MAX = float(np.finfo(np.float32).max)
 # The largest float whose expf is finite: std::exp overflows to +inf above it.
 EXP_OVERFLOW = float(np.nextafter(np.float32(np.log(FLT_MAX)), np.float32(0)))
-
-
-_NATIVE_MINMAX: contextvars.ContextVar[bool] = contextvars.ContextVar("native_minmax", default=False)
-
-
-@contextlib.contextmanager
-def native_minmax(enabled: bool = True) -> Iterator[None]:
-    """Lowers everything inside the `with` block for a target whose float min / max propagate NaN
-    and whose code keeps a clamp to +-FLT_MAX (ARM NEON; halide_gen.targets.TargetSpec.native_minmax)."""
-    token = _NATIVE_MINMAX.set(enabled)
-    try:
-        yield
-    finally:
-        _NATIVE_MINMAX.reset(token)
 
 
 def _is_float(e: hl.Expr) -> bool:
@@ -78,7 +62,7 @@ def clamp(x: hl.Expr, lo: float, hi: float) -> hl.Expr:
     maxps(lo, x) and minps(hi, m), which return their second operand on a NaN: two instructions,
     exact (NaN and infinity tests on the bits took nine, and LLVM may fold such tests of a computed
     value away under those flags)."""
-    if _NATIVE_MINMAX.get() or not _is_float(x):
+    if active().native_minmax or not _is_float(x):
         return hl.clamp(x, hl.f32(lo), hl.f32(hi))
     at_lo = hl.select(x < hl.f32(lo), hl.f32(lo), x)
     return hl.strict_float(hl.select(at_lo > hl.f32(hi), hl.f32(hi), at_lo))
@@ -86,7 +70,7 @@ def clamp(x: hl.Expr, lo: float, hi: float) -> hl.Expr:
 
 def at_least(x: hl.Expr, lo: float) -> hl.Expr:
     """`x < lo ? lo : x` (TFLite's RELU): NaN stays NaN, in one maxps(lo, x) (see clamp)."""
-    if _NATIVE_MINMAX.get() or not _is_float(x):
+    if active().native_minmax or not _is_float(x):
         return hl.max(x, hl.f32(lo))
     return hl.strict_float(hl.select(x < hl.f32(lo), hl.f32(lo), x))
 

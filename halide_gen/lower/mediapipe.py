@@ -29,7 +29,7 @@ import halide as hl
 
 from ..values import Value, define
 from .nn import float_arithmetic, transpose_conv
-from .registry import LoweringError, OpContext, register
+from .registry import LoweringError, OpContext, ReductionDomain, register
 
 SAME, VALID = 1, 2
 
@@ -87,7 +87,7 @@ def lower_max_pool_argmax(ctx: OpContext) -> list[Value]:
     out = ctx.out_shape(0)
     top, left = ((out[1] * kh - h) // 2, (out[2] * kw - w) // 2) if padding == SAME else (0, 0)
     # r.x (window row) innermost: the order of XNNPACK's column-major index, whose first maximum wins.
-    r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
+    r = ReductionDomain([kh, kw], ctx.func_name("r"))
 
     def candidate(n, y, xx, c):
         return x(n, hl.clamp(y * kh - top + r[0], 0, h - 1), hl.clamp(xx * kw - left + r[1], 0, w - 1), c)

@@ -4,20 +4,18 @@ RESHAPE is div/mod on the row-major offset, TRANSPOSE a permutation of indices, 
 CONCATENATION a select over ranges (DNNFusion §4.4's "loop joint"), PAD a bounds test, GATHER an
 indirect index (checked: an index out of range fails the invoke, as it does in TFLite, and never
 reads out of bounds — in the kernel on a CPU, on the host before the kernel runs on a GPU:
-`host_checked_indices`).
+LoweringOptions.device_code).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import itertools
-from typing import Iterator
 
 import halide as hl
 import numpy as np
 
+from ..lowering_options import active
 from ..values import Value, define, flat_index, read_broadcast, unflatten
 from .elementwise import activation, round_half_away
 from .registry import LoweringError, OpContext, register
@@ -233,35 +231,14 @@ def lower_broadcast_to(ctx: OpContext) -> list[Value]:
     return [define(ctx.func_name(), out, lambda *i: read_broadcast(x, out, i))]
 
 
-_HOST_CHECKED = contextvars.ContextVar("host_checked_indices", default=False)
-
-
-@contextlib.contextmanager
-def host_checked_indices(on: bool) -> Iterator[None]:
-    """Lowers the ops inside the `with` block for device code (`on`: the GPU targets), which cannot
-    fail an invoke: indices read from data are then checked by the delegate on the host before the
-    kernel runs (OpContext.index_checks, the bundle's ArgSpec::n_index_bounds), and the kernel only
-    clamps them."""
-    token = _HOST_CHECKED.set(on)
-    try:
-        yield
-    finally:
-        _HOST_CHECKED.reset(token)
-
-
-def device_code() -> bool:
-    """True while lowering for a GPU target (host_checked_indices)."""
-    return _HOST_CHECKED.get()
-
-
 def checked_index(index: hl.Expr, size: int, op: str) -> hl.Expr:
     """An index read from data, as TFLite treats it: one outside [0, size) fails the invoke
     ("<op> index out of bounds", as LiteRT's kernels say) instead of reading a made-up row. The
     clamp after the check tells bounds inference the range; it never changes a valid index. For
-    device code (`host_checked_indices`) only the clamp: the caller has had the host check it
+    device code (LoweringOptions.device_code) only the clamp: the caller has had the host check it
     (`index_operand`)."""
     index = hl.cast(hl.Int(32), index)
-    if device_code():
+    if active().device_code:
         return hl.clamp(index, 0, size - 1)
     valid = hl.require((index >= 0) & (index < size), index, hl.Expr(f"{op} index out of bounds: got"), index,
                        hl.Expr(f"for a dimension of {size}"))
@@ -273,7 +250,7 @@ def index_operand(ctx: OpContext, i: int, bounds: tuple[int, ...], op: str) -> V
     code the check moves to the host: a constant is checked here (LoweringError if TFLite would fail
     on it), a block input by the delegate before each invoke (ctx.index_checks); indices computed in
     the block are on the device, where nothing can check them, so the block stays with TFLite."""
-    if device_code():
+    if ctx.options.device_code:
         t = ctx.op.inputs[i]
         if t.is_constant:
             values = ctx.const(i).reshape(-1, len(bounds)).astype(np.int64)
@@ -368,8 +345,7 @@ def _bilinear_taps(in_size: int, out_size: int, align: bool, half: bool) -> tupl
 def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
     """TFLite's reference interpolation, including its half-pixel and align-corners variants.
     Source pixels and weights depend on the row or the column alone: they are tables of the
-    output's rows and columns, computed here, not per output pixel (deeplab_like's 16x16 -> 64x64
-    resize: 2.1x -> 0.9x XNNPACK's time)."""
+    output's rows and columns, computed here, not per output pixel."""
     x, out, align, half = resize_inputs(ctx)
     _, h, w, _ = x.shape
     f32 = hl.Float(32)

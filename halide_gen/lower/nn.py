@@ -18,7 +18,7 @@ from ..pack import CHANNEL_TILE, DOT_DEPTH, padded
 from ..values import Value, define, flat_index, unflatten
 from . import ieee
 from .elementwise import activation
-from .registry import AccumulatorKind, LoweringError, OpContext, accumulate, read, register
+from .registry import AccumulatorKind, LoweringError, OpContext, ReductionDomain, accumulate, read, register
 
 
 def same_padding(in_size: int, out_size: int, stride: int, dilation: int, kernel: int) -> int:
@@ -109,10 +109,8 @@ def channel_bias(ctx: OpContext, index: int, zero: hl.Expr | None = None):
 # Weights are tile-blocked ("o_blocked": each tile of output channels holds all its weights
 # contiguously, in the order the register tile consumes them), for every map size and row count.
 # Inside a model they are read cold (the other blocks evict them), and a channel-innermost layout
-# makes a tile gather 128-byte pieces a whole output-channel count apart. Measured inside the model
-# (delegate `profile`, one thread, x86 Zen 5): gpt2_small's 256 -> 256 FC 43 -> 35 us (35 us alone
-# either way), the whole model 1.23 -> 0.95 ms (XNNPACK 1.05); MobileNetV2 3.88 -> 3.73 ms, unet_small
-# 8.11 -> 7.67 ms. Timed alone, with its weights in cache, a conv measured the same either way.
+# makes a tile gather 128-byte pieces a whole output-channel count apart. (A block timed alone, its
+# weights in cache, cannot see the difference: it shows inside the model.)
 
 
 # The smallest register tile of output channels any CPU template takes (NEON: 2 vectors of 4).
@@ -124,8 +122,7 @@ def _within_tile(o):
     number for every o >= 0, in a form Halide simplifies for a register tile of 8, 16 or 32
     channels. A NEON tile starts at 16 * t (or 8 * t), and `(16 * t + 4) % 32` does not simplify,
     so each of its weight vectors got an address of its own (one `ldr` each, where contiguous vectors
-    take an `ldp` per pair); here the tile's vectors share one base: gpt2_small's FC inner loop 102
-    -> 97 instructions per 80 `fmla`, unet_small's 8-channel 3x3 conv tiles 85 -> 80 per 64."""
+    take an `ldp` per pair); here the tile's vectors share one base."""
     within, size = o % _SMALLEST_TILE, _SMALLEST_TILE
     while size < CHANNEL_TILE:
         within += size * ((o / size) % 2)
@@ -144,7 +141,7 @@ def _weights(ctx: OpContext, index: int, dot: int = 0, blocked_dot: bool = False
             return lambda o, *rest: w(o / CHANNEL_TILE, *rest[:-1], rest[-1] / dot, _within_tile(o), rest[-1] % dot)
         # A convolution's weights take one layout for every pixel count, unblocked: indexed modulo
         # the block, its channels were gathered a byte at a time where the tile did not divide the
-        # block (MobileNetV2 int8's 7x7 blocks: 10x XNNPACK's instructions).
+        # block.
         w = ctx.packed(index, "dot4")
         return lambda o, *rest: w(*rest[:-1], rest[-1] / dot, o, rest[-1] % dot)
     blocked = ctx.packed(index, "o_blocked")
@@ -179,7 +176,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         src = _zero_outside(x, ctx.func_name("padded"), arith.fill)
         ctx.materialize.append(src)
         ctx.padded.append((src, x))
-    r = hl.RDom([(0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
+    r = ReductionDomain([kh, kw, cin], ctx.func_name("r"))
 
     def update(n, y, xx, o):
         channel = (o / per_group) * cin + r[2] if groups > 1 else r[2]
@@ -221,7 +218,7 @@ def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: 
     # No source: more than padding (each byte's pixel and channel take a division by cin), so
     # worth its copy on a CPU (BlockKernel.padding_read_in_place).
     ctx.padded.append((src, None))
-    r = hl.RDom([(0, kh), (0, groups * arith.dot)], ctx.func_name("r"))
+    r = ReductionDomain([kh, groups * arith.dot], ctx.func_name("r"))
 
     def update(n_, y_, xx, o):
         pixel = src(n_, y_ * sh - ph + r[0] * dh, (xx * sw - pw) * cin + r[1])
@@ -252,7 +249,7 @@ def lower_conv3d(ctx: OpContext) -> list[Value]:
     src = _zero_outside(x, ctx.func_name("padded"), arith.fill)
     ctx.materialize.append(src)
     ctx.padded.append((src, x))
-    r = hl.RDom([(0, kd), (0, kh), (0, kw), (0, cin)], ctx.func_name("r"))
+    r = ReductionDomain([kd, kh, kw, cin], ctx.func_name("r"))
 
     def update(n, *at):
         *spatial, o = at
@@ -300,7 +297,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
         # widening add into the int32 sum: half the widening adds (ARM: smull, smlal, saddw). The
         # loop is unrolled, so the odd last tap's select and each tap's (ky, kx) fold to constants.
         taps = kh * kw
-        r = hl.RDom([(0, -(-taps // 2))], ctx.func_name("r"))
+        r = ReductionDomain([-(-taps // 2)], ctx.func_name("r"))
 
         def update(n, y, xx, o):
             first, second = 2 * r.x, hl.min(2 * r.x + 1, taps - 1)
@@ -309,7 +306,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
                               hl.cast(product.type(), 0))
             return hl.cast(hl.Int(32), product + other)
     else:
-        r = hl.RDom([(0, kh), (0, kw)], ctx.func_name("r"))
+        r = ReductionDomain([kh, kw], ctx.func_name("r"))
 
         def update(n, y, xx, o):
             return tap(n, y, xx, o, r[0], r[1])
@@ -349,7 +346,7 @@ def transpose_conv(ctx: OpContext, data: int, weights: int, geometry: tuple[tupl
     # Only taps with ky = (y + pad) mod stride (+ multiples of the stride) reach output row y, so
     # the reduction walks those alone: ceil(k / s) taps per axis instead of k (a 2x2 stride-2
     # kernel: one tap instead of four, three of them empty).
-    r = hl.RDom([(0, -(-kh // sh)), (0, -(-kw // sw)), (0, cin)], ctx.func_name("r"))
+    r = ReductionDomain([-(-kh // sh), -(-kw // sw), cin], ctx.func_name("r"))
 
     def update(n, y, xx, o):
         ky, kx = (y + ph) % sh + r[0] * sh, (xx + pw) % sw + r[1] * sw
@@ -378,7 +375,7 @@ def lower_conv3d_transpose(ctx: OpContext) -> list[Value]:
     # The padding of the forward conv whose input is this op's output.
     pads = _padding(ctx, out[1:4], sizes, strides, (1, 1, 1), kernel)
     w = ctx.value(1)  # as stored: a register tile rounds its channels up, so they are clamped
-    r = hl.RDom([(0, -(-k // s)) for k, s in zip(kernel, strides)] + [(0, cin)], ctx.func_name("r"))
+    r = ReductionDomain([-(-k // s) for k, s in zip(kernel, strides)] + [cin], ctx.func_name("r"))
 
     def update(n, *at):
         *pos, o = at
@@ -413,7 +410,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     # Dot-product weights blocked as the float ones are: a matrix-vector product (a decoder's every
     # FC) streams them in order, where "dot4" made each channel tile a strided gather.
     weight = _weights(ctx, 1, dot=arith.dot, blocked_dot=True)
-    r = hl.RDom([(0, depth)], ctx.func_name("r"))
+    r = ReductionDomain([depth], ctx.func_name("r"))
 
     # The usual input has the output's leading shape and `depth` innermost: read it at the output's
     # own leading indices (consecutive along the reduction, so a schedule may load it in vectors).
@@ -445,7 +442,7 @@ def batch_matmul(ctx: OpContext, a: Value, b: Value, term: Callable[[hl.Expr, hl
     adj_x, adj_y = bool(ctx.option("adjX", False)), bool(ctx.option("adjY", False))
     out = ctx.out_shape()
     depth = a.shape[-2] if adj_x else a.shape[-1]
-    r = hl.RDom([(0, depth)], ctx.func_name("r"))
+    r = ReductionDomain([depth], ctx.func_name("r"))
 
     def operand(v: Value, batch, row, col):
         lead = len(out) - 2 - (v.rank - 2)
@@ -468,7 +465,7 @@ def batch_matmul(ctx: OpContext, a: Value, b: Value, term: Callable[[hl.Expr, hl
 
 # Windows of at most this many taps are unrolled into one expression per output (a U-Net's 2x2
 # max pool, a 3x3 one): as an inline reduction each output vector had its own loop nest over the
-# window, and unet_small's MAX_POOL_2D blocks took 1.3-2.2x XNNPACK's ARM64 instructions.
+# window.
 UNROLLED_WINDOW = 16
 
 
@@ -506,7 +503,7 @@ def pool_window(ctx: OpContext) -> PoolWindow:
     sh, sw = int(ctx.option("strideH", 1)), int(ctx.option("strideW", 1))
     ph, pw = _padding(ctx, x.shape[1:3], out[1:3], (sh, sw), (1, 1), (fh, fw))
     _, h, w, _ = x.shape
-    r = hl.RDom([(0, fh), (0, fw)], ctx.func_name("r"))
+    r = ReductionDomain([fh, fw], ctx.func_name("r"))
 
     def tap(n, y, xx, c, ky, kx):
         iy, ix = y * sh - ph + ky, xx * sw - pw + kx

@@ -8,8 +8,8 @@ and applied with gemmlowp's rounding (SaturatingRoundingDoublingHighMul, then Ro
 DEPTHWISE_CONV_2D, TRANSPOSE_CONV, FULLY_CONNECTED, ADD, SUB, MUL, MEAN, the pools, QUANTIZE between
 scales, LEAKY_RELU and PRELU do exactly those integer steps, so they match LiteRT's reference kernels bit for bit, as
 does RESIZE_BILINEAR's fixed-point interpolation.
-HARD_SWISH, GELU, ELU, EXP, LOG, ABS, NEG and the RELUs index a 256-entry table that LiteRT's
-own kernels fill (litert_tables.py), so they equal LiteRT by construction.
+HARD_SWISH, GELU, ELU, EXP, LOG, ABS, NEG, the RELUs, LOGISTIC and TANH index a 256-entry table
+(tables.py), so they equal LiteRT by construction. The fixed-point arithmetic is fixed_point.py's.
 SOFTMAX differs between TFLite's reference and optimized kernels (lookup tables, fixed point); here it is computed in float32 and rounded once, within one
 quantization step (1 LSB) of LiteRT — the bound the tests hold every int8 output to.
 
@@ -18,12 +18,18 @@ and FULLY_CONNECTED sum raw int8 products instead, 4 per lane (one `sdot` on ARM
 Halide): sum (x - zp) * w = sum x * w - zp * sum w, the last term a per-channel constant folded into
 the bias from the packed weight sums ("channel_sums"), the padding filled with zp so that padded taps
 still contribute nothing. On x86 (VNNI multiplies unsigned by signed bytes) the input is read as
-x + 128 in uint8 and the offset folded is zp + 128 (`x86_integer_forms`). DEPTHWISE_CONV_2D folds
+x + 128 in uint8 and the offset folded is zp + 128 (x86's forms, below). DEPTHWISE_CONV_2D folds
 the zero point the same way ("tap_sums") and adds two taps' raw products in int16 before widening
 them into the int32 sum (`paired_taps_hold`; ARM: smull, smlal, saddw — half the widening adds).
 Integer sums are exact in any order, so this is bit for bit the same.
 
-Rounding (`int8_rounding_forms`): "reference" requantizes CONV_2D, DEPTHWISE_CONV_2D and
+x86's forms (LoweringOptions.x86_integer): VNNI's VPDPBUSD multiplies unsigned by signed bytes, so a
+dot-product sum reads its int8 input copied shifted by 128 (x + 128 as uint8, XNNPACK's trick), the
+shift joining the zero point in the folded bias; and requantization is one 64-bit product and one
+shift (fixed_point.rounded_twice_in_64_bits), as x86 has a 32 x 32 -> 64-bit multiply (VPMULDQ) but
+no 32-bit high multiply like ARM's SQRDMULH. Both are exact: the same integers as ARM's forms.
+
+Rounding (LoweringOptions.int8_rounding): "reference" requantizes CONV_2D, DEPTHWISE_CONV_2D and
 FULLY_CONNECTED in fixed point as above, bit for bit LiteRT's reference kernels. "xnnpack" does what
 XNNPACK's QS8/QC8 kernels (LiteRT's default CPU path for int8) do instead: the int32 sum converted to
 float32, multiplied by the float32 scale in_scale * w_scale / out_scale, clamped to the activation's
@@ -39,81 +45,25 @@ signature and the model fingerprint include them.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import math
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import halide as hl
 import numpy as np
 
-from tflite_tools.model.ir import Tensor
-
 from ..pack import DOT_DEPTH
-from ..targets import INT8_ROUNDINGS
 from ..values import Value, define, read_broadcast
 from .elementwise import round_half_away
-from .litert_tables import litert_table
+from .fixed_point import (INT8_MAX, INT8_MIN, activation_range, float_requantize, int8_weight_scales,
+                          multiply_by_quantized_multiplier, multiply_shifted, multiply_single_rounding,
+                          quantize_multiplier, requantization_multipliers, requantize, rounded_twice_in_64_bits,
+                          rounding_divide_by_pot, scale_zp, to_int8, wide_terms, xnnpack_float_scales)
 from .movement import resize_inputs
 from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot,
                  pool_window, transpose_conv, transpose_conv_geometry)
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
 
-INT8_MIN, INT8_MAX = -128, 127
 ADD_LEFT_SHIFT = 20  # TFLite's headroom shift for int8 ADD (add.cc)
-
-_X86_FORMS: contextvars.ContextVar[bool] = contextvars.ContextVar("x86_forms", default=False)
-_WIDE_INTEGERS: contextvars.ContextVar[bool] = contextvars.ContextVar("wide_integers", default=True)
-_ROUNDING: contextvars.ContextVar[str] = contextvars.ContextVar("int8_rounding", default="reference")
-
-
-@contextlib.contextmanager
-def x86_integer_forms(enabled: bool = True) -> Iterator[None]:
-    """Lowers the int8 ops inside the `with` block in the forms x86's instruction set favours
-    (halide_gen.targets.TargetSpec.x86_integer_forms):
-    - dot-product sums read unsigned activations: VNNI's VPDPBUSD multiplies unsigned by signed
-      bytes, so the int8 input is copied shifted by 128 (x + 128 as uint8, XNNPACK's trick) and the
-      shift joins the zero point in the folded bias. ARM's SDOT takes signed bytes as they are.
-    - requantization is one 64-bit product and one shift (`rounded_twice_in_64_bits`): x86 has a
-      32 x 32 -> 64-bit multiply (VPMULDQ) but no 32-bit high multiply like ARM's SQRDMULH.
-    Both are exact: the same integers as the ARM forms."""
-    token = _X86_FORMS.set(enabled)
-    try:
-        yield
-    finally:
-        _X86_FORMS.reset(token)
-
-
-@contextlib.contextmanager
-def integer_width_forms(wide: bool) -> Iterator[None]:
-    """Lowers the int8 ops inside the `with` block with 64-bit intermediates (`wide`: every CPU,
-    OpenCL) or without (Vulkan, whose targets here have no 64-bit integers): the doubling high
-    multiply of requantization then takes 32-bit pieces (`srdhm_in_32_bits`), the same integers."""
-    token = _WIDE_INTEGERS.set(wide)
-    try:
-        yield
-    finally:
-        _WIDE_INTEGERS.reset(token)
-
-
-@contextlib.contextmanager
-def int8_rounding_forms(mode: str) -> Iterator[None]:
-    """Requantizes the int8 convolutions and matrix products lowered inside the `with` block as
-    `mode` says (one of INT8_ROUNDINGS; the module docstring)."""
-    if mode not in INT8_ROUNDINGS:
-        raise ValueError(f"int8 rounding {mode!r} is none of {INT8_ROUNDINGS}")
-    token = _ROUNDING.set(mode)
-    try:
-        yield
-    finally:
-        _ROUNDING.reset(token)
-
-
-def unsigned_dot_products() -> bool:
-    """True where dot-product sums read unsigned activations (x86's forms: x86_integer_forms)."""
-    return _X86_FORMS.get()
-
 
 def _as_unsigned(ctx: OpContext, x: Value) -> Value:
     """int8 x as uint8 x + 128 (the sign bit flipped), read inline by the op's terms."""
@@ -121,257 +71,18 @@ def _as_unsigned(ctx: OpContext, x: Value) -> Value:
                   lambda *i: hl.cast(hl.UInt(8), hl.cast(hl.Int(16), x(*i)) + hl.i16(128)))
 
 
-def _round_half_away(value: float) -> int:
-    """std::round of a Python float (TfLiteRound)."""
-    return int(math.floor(value + 0.5)) if value >= 0 else -int(math.floor(-value + 0.5))
-
-
-def quantize_multiplier(real: float) -> tuple[int, int]:
-    """TFLite's QuantizeMultiplier: `real` = m * 2^(shift - 31), m a Q31 integer in [2^30, 2^31)."""
-    if real == 0:
-        return 0, 0
-    mantissa, shift = math.frexp(real)
-    m = _round_half_away(mantissa * (1 << 31))
-    if m == 1 << 31:
-        m //= 2
-        shift += 1
-    if shift < -31:
-        return 0, 0
-    if shift > 30:
-        return (1 << 31) - 1, 30
-    return m, shift
-
-
-def srdhm(a: hl.Expr, b: hl.Expr) -> hl.Expr:
-    """gemmlowp's SaturatingRoundingDoublingHighMul as one Halide intrinsic.
-
-    gemmlowp adds a nudge of 2^30 (1 - 2^30 when a * b < 0) and truncates toward zero; for either
-    sign that equals floor((a * b + 2^30) / 2^31), and its one overflow (a = b = INT32_MIN) gives
-    INT32_MAX: exactly rounding_mul_shift_right(a, b, 31), which saturates. Halide lowers it to
-    each target's best form (ARM: SQRDMULH); on Vulkan that form needs 64-bit integers, so there
-    (`integer_width_forms(False)`) it is computed in 32-bit pieces instead (b >= 0, as every
-    requantizing multiplier is).
-    """
-    if not _WIDE_INTEGERS.get():
-        return srdhm_in_32_bits(hl.cast(hl.Int(32), a), hl.cast(hl.Int(32), b))
-    return hl.rounding_mul_shift_right(hl.cast(hl.Int(32), a), hl.cast(hl.Int(32), b), 31)
-
-
-def srdhm_in_32_bits(a: hl.Expr, b: hl.Expr) -> hl.Expr:
-    """floor((a * b + 2^30) / 2^31) for int32 a and b >= 0, in 32-bit arithmetic only
-    (`high_product_in_32_bits` with the nudge). Equal to the 64-bit form on 2.2M random and edge pairs."""
-    return high_product_in_32_bits(a, b, nudged=True)
-
-
-def high_product_in_32_bits(a: hl.Expr, b: hl.Expr, nudged: bool) -> hl.Expr:
-    """floor((a * b + (2^30 if `nudged` else 0)) / 2^31) for int32 a and b >= 0, in 32-bit arithmetic.
-
-    With a = ah 2^16 + al and b = bh 2^16 + bl (al, bl the unsigned low halves), a * b + 2^30 is
-    hh 2^32 + (t + m2) 2^16 + r, where hh = ah bh, m1 = ah bl, m2 = al bh, t = m1 + (al bl >> 16)
-    + 2^14 and r < 2^16; so the result is 2 hh + floor((t + m2) / 2^15), t and m2 each within
-    int32, their sum taken as quotients and remainders by 2^15. The last additions wrap in uint32
-    (the true result fits int32). Without the nudge t has no 2^14."""
-    u32, i32 = hl.UInt(32), hl.Int(32)
-    al, ah = a & 0xFFFF, a >> 16
-    bl, bh = b & 0xFFFF, b >> 16
-    low = hl.cast(u32, al) * hl.cast(u32, bl)
-    m2 = al * bh
-    t = ah * bl + hl.cast(i32, low >> 16) + ((1 << 14) if nudged else 0)
-    carry = ((t & 0x7FFF) + (m2 & 0x7FFF)) >> 15
-    total = hl.cast(u32, 2 * (ah * bh)) + hl.cast(u32, t >> 15) + hl.cast(u32, m2 >> 15) + hl.cast(u32, carry)
-    return hl.reinterpret(i32, total)
-
-
-def rounded_once_in_32_bits(x: hl.Expr, m: hl.Expr, down: hl.Expr) -> hl.Expr:
-    """floor((x * m + 2^(30 + down)) / 2^(31 + down)) for int32 x, m >= 0 and down >= 0: TFLite's
-    single-rounding multiply (shift = -down) in 32-bit arithmetic. With H = floor(x m / 2^31) the
-    result is H / 2^down rounded halves up — (H >> down) plus bit down - 1 of H, since the rounding
-    term 2^(30 + down) is a whole multiple of 2^31 when down > 0 — and srdhm when down = 0."""
-    high = high_product_in_32_bits(x, m, nudged=False)
-    halves = shift_right_signed(high, hl.max(down - 1, 0)) & 1
-    return hl.select(down == 0, srdhm_in_32_bits(x, m), shift_right_signed(high, down) + halves)
-
-
-def rounding_divide_by_pot(x: hl.Expr, exponent, positive: bool = False) -> hl.Expr:
-    """gemmlowp's RoundingDivideByPOT: x / 2^exponent (exponent >= 0), halves rounded away from zero.
-
-    As TFLite's NEON kernels compute it: a rounding shift (halves up) of x, less 1 where x < 0 and
-    the exponent is positive (x & -exponent has the sign bit then), the subtraction saturating so
-    INT32_MIN stays itself. ARM: and, sshr, sqadd, srshl — gemmlowp's remainder-and-threshold form
-    took over 20 instructions a vector with per-channel exponents (equal on 2^20 random and edge
-    cases, every exponent 0-31). `positive`: the exponent is known to be over 0 (the fixup is then
-    just x's sign).
-    """
-    exponent = hl.cast(hl.Int(32), exponent)
-    negative_fixup = x >> 31 if positive else (x & -exponent) >> 31
-    fixed = hl.saturating_add(x, negative_fixup)
-    if not _WIDE_INTEGERS.get():
-        half = hl.select(exponent > 0, shift_right_signed(fixed, hl.max(exponent - 1, 0)) & 1, 0)
-        return shift_right_signed(fixed, exponent) + half
-    return hl.rounding_shift_right(fixed, exponent)
-
-
-def shift_right_signed(x: hl.Expr, amount: hl.Expr) -> hl.Expr:
-    """x >> amount, arithmetic, for int32 x, written so that Halide 21's Vulkan backend keeps it
-    arithmetic: it shifts a signed value by a non-constant amount logically (-64 >> 1 came out
-    2147483616, and inside rounding_shift_right -64 / 2^6 came out 67108863). A negative x is
-    complemented, shifted (a logical shift of a non-negative value is arithmetic) and complemented
-    back: the same integers on every target."""
-    return hl.select(x < 0, ~(~x >> amount), x >> amount)
-
-
-def multiply_by_quantized_multiplier(x: hl.Expr, m: int, shift: int) -> hl.Expr:
-    """TFLite's MultiplyByQuantizedMultiplier: x * m * 2^(shift - 31), rounded as gemmlowp does, for
-    a compile-time multiplier (its shifts become immediates, and shifts by 0 disappear)."""
-    if _X86_FORMS.get() and shift <= 0 and m > 0:
-        return rounded_twice_in_64_bits(x, hl.i32(m), *(hl.i64(t) for t in _wide_terms(shift)))
-    scaled = srdhm(x * (1 << shift) if shift > 0 else x, hl.i32(m))
-    return rounding_divide_by_pot(scaled, -shift, positive=True) if shift < 0 else scaled
-
-
-def multiply_shifted(x: hl.Expr, m, up, down, down_positive: bool = False) -> hl.Expr:
-    """MultiplyByQuantizedMultiplier with its shift given as a left multiplier `up` (2^max(shift, 0))
-    and a right exponent `down` (max(-shift, 0); `down_positive` where every channel's is over 0):
-    per-channel tables of each fold to constants where all channels agree (no left shift at all,
-    commonly)."""
-    return rounding_divide_by_pot(srdhm(x * up, m), down, down_positive)
-
-
-def _wide_terms(shift: int) -> tuple[int, int, int]:
-    """The constants of `rounded_twice_in_64_bits` for a shift <= 0: the half step of the second
-    rounding (in units of the 64-bit product), its correction for negative values, the total shift."""
-    return (1 << (30 - shift) if shift < 0 else 0), (-(1 << 31) if shift < 0 else 0), 31 - shift
-
-
-def rounded_twice_in_64_bits(a: hl.Expr, m: hl.Expr, half: hl.Expr, negative: hl.Expr, total: hl.Expr) -> hl.Expr:
-    """MultiplyByQuantizedMultiplier (shift <= 0, m > 0) as one 64-bit product and one shift.
-
-    With x = a * m + 2^30 and e = -shift, gemmlowp's two roundings — floor(x / 2^31), then halves
-    away from zero by 2^e — are floor((x + 2^(e+30) - 2^31 [x < 0]) / 2^(31+e)) (for e = 0 just
-    floor(x / 2^31)): exact, as floor((floor(y) + k) / n) = floor((y + k) / n) for integer k. A
-    positive m never saturates. The other arguments are `_wide_terms` (int64). For x86, which has a
-    32 x 32 -> 64-bit multiply (VPMULDQ) but no high multiply: Halide's general
-    rounding_mul_shift_right took ~40 instructions per 16 lanes.
-    """
-    x = hl.widening_mul(hl.cast(hl.Int(32), a), m) + hl.i64(1 << 30)
-    return hl.cast(hl.Int(32), (x + half + ((x >> 63) & negative)) >> total)
-
-
 def _rounded_twice_per_channel(ctx: OpContext, mults: Sequence[int], shifts: Sequence[int]):
     """rounded_twice_in_64_bits with per-channel multipliers and shifts (tables, or constants)."""
     m = ctx.table(mults, "mult")
-    terms = [_wide_terms(s) for s in shifts]
+    terms = [wide_terms(s) for s in shifts]
     half, negative, total = (ctx.table(column, name, hl.Int(64))
                              for column, name in zip(zip(*terms), ("half", "negative", "total")))
     return lambda acc, oc: rounded_twice_in_64_bits(acc, m(oc), half(oc), negative(oc), total(oc))
 
 
-def _scale_zp(t: Tensor) -> tuple[float, int]:
-    """A per-tensor quantized tensor's scale and zero point. A scale that is not a positive finite
-    number (a converter's output for a tensor that is always zero) is refused: TFLite's kernels
-    refuse it too (no_integer_overflow_from_quantization), and every rescale would divide by it."""
-    q = t.quantization
-    if q is None or q.scale is None or len(q.scale) != 1:
-        raise LoweringError(f"{t.name!r}: expected one scale (per-tensor quantization)")
-    scale = float(q.scale[0])
-    if not (math.isfinite(scale) and scale > 0):
-        raise LoweringError(f"{t.name!r}: quantization scale {scale}")
-    return scale, int(q.zero_point[0]) if q.zero_point is not None else 0
-
-
-def activation_range(act: str | None, scale: float, zp: int, qmin: int = INT8_MIN, qmax: int = INT8_MAX
-                     ) -> tuple[int, int]:
-    """TFLite's CalculateActivationRangeQuantized for an output of range [qmin, qmax] (int8's unless given)."""
-    def q(v: float) -> int:
-        with np.errstate(over="ignore"):
-            steps = float(np.float32(v) / np.float32(scale))
-        if not abs(steps) <= 2**31 - 1:  # TFLite's prepare refuses it (no_integer_overflow_from_quantization)
-            raise LoweringError(f"activation bound {v} is {steps} steps of scale {scale}")
-        return zp + _round_half_away(steps)
-
-    if act is None:
-        return qmin, qmax
-    if act == "RELU":
-        return max(qmin, q(0)), qmax
-    if act == "RELU6":
-        return max(qmin, q(0)), min(qmax, q(6))
-    if act == "RELU_N1_TO_1":
-        return max(qmin, q(-1)), min(qmax, q(1))
-    raise LoweringError(f"quantized fused activation {act}")
-
-
-def multiply_single_rounding(x: hl.Expr, m, shift) -> hl.Expr:
-    """x * m * 2^(shift - 31) rounded once, halves up: the 64-bit product shifted right with
-    rounding (TFLite's single-rounding MultiplyByQuantizedMultiplier, which its reference per-channel
-    FULLY_CONNECTED uses: the double-rounding form differed from it on 8 of 6,144 sums). Without
-    64-bit integers (shift <= 0 only): `rounded_once_in_32_bits`."""
-    shift = hl.cast(hl.Int(32), shift)
-    if not _WIDE_INTEGERS.get():
-        return rounded_once_in_32_bits(hl.cast(hl.Int(32), x), hl.cast(hl.Int(32), m), -shift)
-    return hl.rounding_mul_shift_right(x, hl.cast(hl.Int(32), m), hl.cast(hl.UInt(32), 31 - shift))
-
-
-def xnnpack_float_scales(in_scale: float, w_scales: Sequence[float], out_scale: float) -> list[float]:
-    """XNNPACK's float32 requantization scales, one per weight scale: in_scale * w_scale / out_scale
-    in float32, multiplied first (the order sets the last bit)."""
-    f32 = np.float32
-    return [float(f32(f32(in_scale) * f32(w)) / f32(out_scale)) for w in w_scales]
-
-
-def float_requantize(acc: hl.Expr, scale: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
-    """An int32 sum as the int8 output the way XNNPACK's fp32 requantization computes it: float32
-    sum times float32 scale, clamped to [lo - zp, hi - zp], rounded to nearest even, plus zp. The
-    clamp comes first so the conversion never overflows (a float too large for int32 has no
-    defined conversion); after it the value fits int16, where zp is added."""
-    scaled = hl.clamp(hl.cast(hl.Float(32), acc) * scale, hl.f32(lo - zp), hl.f32(hi - zp))
-    return hl.cast(hl.Int(8), hl.cast(hl.Int(16), hl.round(scaled)) + hl.i16(zp))
-
-
-def to_int8(scaled: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
-    """A rescaled int32 as the int8 output: offset by the zero point, clamped to [lo, hi].
-
-    Narrowed first, as TFLite's NEON kernels do (saturating to int16, adding the zero point there,
-    saturating to int8, clamping 16 lanes at once): the same value, since whatever saturates lies
-    beyond [lo, hi] either way, in half the instructions of an int32 clamp per vector."""
-    narrow = hl.saturating_add(hl.saturating_cast(hl.Int(16), scaled), hl.i16(zp))
-    return hl.clamp(hl.saturating_cast(hl.Int(8), narrow), hl.i8(lo), hl.i8(hi))
-
-
-def requantize(acc: hl.Expr, m: int, shift: int, zp: int, lo: int, hi: int) -> hl.Expr:
-    """An int32 sum as the int8 output: scaled as gemmlowp rounds, offset by the zero point, clamped."""
-    return to_int8(multiply_by_quantized_multiplier(acc, m, shift), zp, lo, hi)
-
-
 def centred(ctx: OpContext, x: Value, zp: int) -> Value:
     """x - zero_point as int16 (an int8 minus an int8 fits), read inline by the op's terms."""
     return define(ctx.func_name("centred"), x.shape, lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
-
-
-def requantization_multipliers(in_scale: float, w_scales: Sequence[float], out_scale: float,
-                               per_tensor_float_product: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """TFLite's Q31 multipliers and shifts (one per weight scale) for a sum of input x weight
-    products: in_scale * w_scale / out_scale in double, except that a FULLY_CONNECTED (or
-    BATCH_MATMUL) with one weight scale forms in_scale * w_scale in float32 first
-    (GetQuantizedConvolutionMultipler), where `per_tensor_float_product`. The last bit depends on it."""
-    if per_tensor_float_product and len(w_scales) == 1:
-        reals = [float(np.float32(in_scale) * np.float32(w_scales[0])) / out_scale]
-    else:
-        reals = [in_scale * s / out_scale for s in w_scales]
-    mults, shifts = zip(*(quantize_multiplier(r) for r in reals))
-    return mults, shifts
-
-
-def int8_weight_scales(ctx: OpContext, weights: Tensor) -> list[float]:
-    """The scales of an op's int8 weights, which TFLite's integer kernels require symmetric (zero
-    points 0); LoweringError for anything else."""
-    wq = weights.quantization
-    if wq is None or wq.scale is None or weights.type_name not in ("INT8", "INT4"):
-        raise LoweringError(f"{ctx.op.name}: quantized data needs int8 weights")
-    if wq.zero_point is not None and np.any(np.asarray(wq.zero_point) != 0):
-        raise LoweringError(f"{ctx.op.name}: weights with a nonzero zero point")
-    if wq.details is not None or len(wq.scale) == 0:  # a scale per block of the input axis, say
-        raise LoweringError(f"{ctx.op.name}: weights quantized otherwise than per tensor or per channel")
-    return [float(s) for s in wq.scale]
 
 
 def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[float], out_scale: float,
@@ -382,12 +93,12 @@ def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[flo
 
     # LiteRT's reference kernels round once for a per-channel FULLY_CONNECTED, twice elsewhere.
     if per_tensor_float_product and len(w_scales) > 1:
-        if not _WIDE_INTEGERS.get() and max(shifts) > 0:
+        if not ctx.options.wide_integers and max(shifts) > 0:
             raise LoweringError("a per-channel int8 FULLY_CONNECTED with a multiplier over 1 rounds a 64-bit product "
                                 "once: no 64-bit integers here")
         m, shift = ctx.table(mults, "mult"), ctx.table(shifts, "shift")
         return lambda acc, oc: multiply_single_rounding(acc, m(oc), shift(oc))
-    if _X86_FORMS.get() and all(s <= 0 for s in shifts):
+    if ctx.options.x86_integer and all(s <= 0 for s in shifts):
         return _rounded_twice_per_channel(ctx, mults, shifts)
     m = ctx.table(mults, "mult")
     up = ctx.table([1 << max(s, 0) for s in shifts], "up")
@@ -398,7 +109,7 @@ def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[flo
 
 def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool = False,
                      paired: bool = False, operands: tuple[int, int, int] = (0, 1, 2)) -> Arithmetic:
-    """Integer terms, an int32 sum started at the int32 bias, requantized as `int8_rounding_forms` says.
+    """Integer terms, an int32 sum started at the int32 bias, requantized as LoweringOptions.int8_rounding says.
 
     `per_tensor_float_product`: see requantization_multipliers.
     `dot`: the loops can sum in dot-product groups (taken where the weights are constant).
@@ -407,14 +118,14 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
     """
     data, weights, bias_index = operands
     x_t, w_t, out_t = ctx.op.inputs[data], ctx.op.inputs[weights], ctx.op.outputs[0]
-    in_scale, in_zp = _scale_zp(x_t)
-    out_scale, out_zp = _scale_zp(out_t)
+    in_scale, in_zp = scale_zp(x_t)
+    out_scale, out_zp = scale_zp(out_t)
     w_scales = int8_weight_scales(ctx, w_t)
     lo, hi = activation_range(ctx.op.fused_activation, out_scale, out_zp)
     if ctx.has_input(bias_index) and ctx.op.inputs[bias_index].type_name != "INT32":
         raise LoweringError(f"{ctx.op.name}: int8 with a {ctx.op.inputs[bias_index].type_name} bias")
 
-    if _ROUNDING.get() == "xnnpack":
+    if ctx.options.int8_rounding == "xnnpack":
         float_scale = ctx.table(xnnpack_float_scales(in_scale, w_scales, out_scale), "scale",
                                 hl.Float(32))
 
@@ -428,7 +139,7 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
 
     bias = channel_bias(ctx, bias_index, zero=hl.i32(0))
     # (Not without 64-bit integers: for Vulkan, Halide widened the paired sum through int64.)
-    if paired and _WIDE_INTEGERS.get() and paired_taps_hold(ctx, weights):
+    if paired and ctx.options.wide_integers and paired_taps_hold(ctx, weights):
         # Raw int8 products with the zero point folded into the bias as for dot products, two taps
         # summed in int16 before widening: exact, as |x * w| <= 128 * 127 makes two fit in int16.
         sums = ctx.packed(weights, "tap_sums")
@@ -437,7 +148,7 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
                           finish=finish, fill=in_zp, paired_taps=True)
     if dot and w_t.is_constant:
         sums = ctx.packed(weights, "channel_sums")
-        unsigned = unsigned_dot_products()
+        unsigned = ctx.options.x86_integer
         offset = in_zp + (128 if unsigned else 0)  # what the input is read as, less its real value
         return Arithmetic(
             source=(lambda x: _as_unsigned(ctx, x)) if unsigned else (lambda x: x),
@@ -504,8 +215,8 @@ def lower_batch_matmul_int8(ctx: OpContext) -> list[Value]:
     as GetQuantizedConvolutionMultipler forms it; rounded twice), plus zp_out, clamped. Exact."""
     if any(t.type_name != "INT8" for t in (*ctx.op.inputs, *ctx.op.outputs)):
         raise LoweringError("BATCH_MATMUL mixing int8 with other types (hybrid)")
-    (s_a, zp_a), (s_b, zp_b) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
-    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    (s_a, zp_a), (s_b, zp_b) = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = scale_zp(ctx.op.outputs[0])
     (m,), (shift,) = requantization_multipliers(s_a, [s_b], s_out, per_tensor_float_product=True)
     return batch_matmul(ctx, centred(ctx, ctx.value(0), zp_a), centred(ctx, ctx.value(1), zp_b), hl.widening_mul,
                         hl.i32(0), lambda acc, _: requantize(acc, m, shift, zp_out, INT8_MIN, INT8_MAX))
@@ -523,8 +234,8 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 ADD and SUB: both inputs shifted left by 20, rescaled to twice the larger input
     scale, added or subtracted, rescaled to the output (add.cc / sub.cc, reference_integer_ops::Add),
     with broadcasting."""
-    (s1, zp1), (s2, zp2) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
-    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    (s1, zp1), (s2, zp2) = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = scale_zp(ctx.op.outputs[0])
     twice_max = 2 * max(s1, s2)
     m1, sh1 = quantize_multiplier(s1 / twice_max)
     m2, sh2 = quantize_multiplier(s2 / twice_max)
@@ -555,7 +266,7 @@ def lower_requantize(ctx: OpContext) -> list[Value]:
     """QUANTIZE between integer quantizations (int8 or int16, in and out: another scale or zero
     point), as TFLite's Requantize: (x - zp_in) rescaled by in_scale / out_scale (one Q31 multiplier,
     possibly a left shift), plus zp_out, clamped to the output type. Exact."""
-    (s_in, zp_in), (s_out, zp_out) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    (s_in, zp_in), (s_out, zp_out) = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.outputs[0])
     m, shift = quantize_multiplier(s_in / s_out)
     element = ctx.out_type()
     x = ctx.value(0)
@@ -575,7 +286,7 @@ def lower_leaky_relu_int8(ctx: OpContext) -> list[Value]:
     """TFLite's QuantizeLeakyRelu: x - zp_in rescaled by in_scale / out_scale where it is >= 0, by
     in_scale * alpha / out_scale where negative (both multipliers formed in float32, as leaky_relu.cc's
     float expressions are, then made Q31), plus zp_out, clamped. Exact."""
-    (s_in, zp_in), (s_out, zp_out) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    (s_in, zp_in), (s_out, zp_out) = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.outputs[0])
     alpha = np.float32(ctx.option("alpha", 0.2))
     if alpha < 0:
         raise LoweringError("int8 LEAKY_RELU with a negative alpha")
@@ -596,8 +307,8 @@ def lower_prelu_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 PRELU: x - zp_in rescaled by in_scale / out_scale where it is >= 0, else times
     (alpha - zp_alpha) and rescaled by in_scale * alpha_scale / out_scale (both formed in float32,
     as prelu.cc's expressions are), plus zp_out, clamped; alpha broadcast. Exact."""
-    (s_in, zp_in), (s_alpha, zp_alpha) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
-    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    (s_in, zp_in), (s_alpha, zp_alpha) = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = scale_zp(ctx.op.outputs[0])
     identity = quantize_multiplier(float(np.float32(s_in) / np.float32(s_out)))
     negative = quantize_multiplier(float(np.float32(s_in) * np.float32(s_alpha) / np.float32(s_out)))
     x, alpha = ctx.value(0), ctx.value(1)
@@ -616,8 +327,8 @@ def lower_prelu_int8(ctx: OpContext) -> list[Value]:
 def lower_mul_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 MUL: (x1 - zp1) * (x2 - zp2) in int32, rescaled by s1 * s2 / s_out (one Q31
     multiplier, the product of scales in double as mul.cc forms it), with broadcasting. Exact."""
-    (s1, zp1), (s2, zp2) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
-    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    (s1, zp1), (s2, zp2) = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = scale_zp(ctx.op.outputs[0])
     m, shift = quantize_multiplier(s1 * s2 / s_out)
     lo, hi = activation_range(ctx.op.fused_activation, s_out, zp_out)
     a, b = ctx.value(0), ctx.value(1)
@@ -639,8 +350,8 @@ def lower_squared_difference_int8(ctx: OpContext) -> list[Value]:
     """TFLite's int8 SQUARED_DIFFERENCE (squared_difference.cc): both inputs centred, shifted left by
     7, rescaled to twice the larger input scale (multipliers under one), subtracted; the difference
     squared in int32 (at most 255^2 * 2^14) and rescaled to the output. With broadcasting. Exact."""
-    (s1, zp1), (s2, zp2) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.inputs[1])
-    s_out, zp_out = _scale_zp(ctx.op.outputs[0])
+    (s1, zp1), (s2, zp2) = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.inputs[1])
+    s_out, zp_out = scale_zp(ctx.op.outputs[0])
     twice_max = 2 * max(s1, s2)
     m1, sh1 = quantize_multiplier(s1 / twice_max)
     m2, sh2 = quantize_multiplier(s2 / twice_max)
@@ -663,7 +374,7 @@ def lower_squared_difference_int8(ctx: OpContext) -> list[Value]:
 
 def _same_scale(ctx: OpContext) -> tuple[float, int]:
     """The scale and zero point an op's int8 input and output share (TFLite requires it of pools)."""
-    q_in, q_out = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    q_in, q_out = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.outputs[0])
     if q_in != q_out:
         raise LoweringError(f"{ctx.op.name}: int8 input and output quantized differently")
     return q_out
@@ -714,80 +425,6 @@ def quantized_average_pool(ctx: OpContext, lo: int, hi: int) -> list[Value]:
     return [define(ctx.func_name(), ctx.out_shape(), body)]
 
 
-def lookup_table(ctx: OpContext, transform) -> list[Value]:
-    """An int8 -> int8 function as TFLite's optimized kernels compute it: a 256-entry table filled as
-    LUTPopulate does (dequantize in float32, `transform`, divide by the output scale, std::round, add
-    the zero point, clamp), then indexed by the input. Exact to LiteRT's builtin kernels, whose int8
-    LOGISTIC and TANH read such a table (its reference kernels compute in fixed point instead and may
-    differ by 1 LSB); `transform` maps float32 arrays (numpy) as the float op does."""
-    in_scale, in_zp = _scale_zp(ctx.op.inputs[0])
-    out_scale, out_zp = _scale_zp(ctx.op.outputs[0])
-    values = np.arange(INT8_MIN, INT8_MAX + 1)
-    dequantized = np.float32(in_scale) * (values - in_zp).astype(np.float32)
-    with np.errstate(over="ignore"):
-        transformed = transform(dequantized).astype(np.float32)
-    # std::round of each float32 product, exactly (in float32, v + 0.5 itself rounds: 0.49999997 -> 1).
-    rescaled = [_round_half_away(float(v)) for v in transformed * (np.float32(1) / np.float32(out_scale))]
-    return indexed_by_input(ctx, np.clip(np.array(rescaled) + out_zp, INT8_MIN, INT8_MAX))
-
-
-def constant_buffer(ctx: OpContext, suffix: str, element: hl.Type, values: Sequence[int]) -> hl.Buffer:
-    """`values` as a one-dimensional buffer of `element` compiled into the kernel (kept alive with
-    the op's constants), read at data-dependent indices (lookup tables)."""
-    table = hl.Buffer(element, [len(values)], ctx.func_name(suffix))
-    np.asarray(table)[:] = np.asarray(values)
-    ctx.constants.append(table)
-    return table
-
-
-def indexed_by_input(ctx: OpContext, table_values: Sequence[int]) -> list[Value]:
-    """The op's output as table_values[x - lowest] for each input x of an integer type whose lowest
-    value is `lowest` (int8: a 256-entry table; int16: 65536), compiled into the kernel."""
-    out_type, in_type = ctx.out_type(), ctx.value(0).type
-    table = constant_buffer(ctx, "table", out_type, table_values)
-    x, lowest = ctx.value(0), -(1 << (in_type.bits() - 1))  # int8 or int16
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - lowest])]
-
-
-# LiteRT's int8 SQRT and RSQRT fail the invoke on a negative input ("only defined for positive
-# values"); their tables answer one as they answer zero (SQRT 0, RSQRT int8's largest step), as
-# the converter's LayerNorm (a variance, zero point -128) never gives them one.
-NONNEGATIVE_DOMAIN = {"SQRT", "RSQRT"}
-
-
-@register("HARD_SWISH", "GELU", "ELU", "EXP", "LOG", "ABS", "NEG", "RELU", "RELU6", "RELU_N1_TO_1", "SQRT", "RSQRT",
-          quantized=True)
-def lower_unary_by_litert_table(ctx: OpContext) -> list[Value]:
-    """An int8 function of one int8 input, through the table LiteRT's own kernel fills for this
-    op, quantization and options (litert_tables): exact to LiteRT by construction (on the inputs
-    LiteRT accepts: NONNEGATIVE_DOMAIN)."""
-    return unary_by_litert_table(ctx, "INT8")
-
-
-def unary_by_litert_table(ctx: OpContext, type_name: str) -> list[Value]:
-    """A function of one input of `type_name` (INT8 or INT16) into the same type, as the table
-    LiteRT fills for the op; inputs under the zero point of an op in NONNEGATIVE_DOMAIN are
-    answered as the zero point is."""
-    if len(ctx.op.inputs) != 1 or ctx.op.inputs[0].type_name != type_name or ctx.op.outputs[0].type_name != type_name:
-        kind = type_name.lower()
-        raise LoweringError(f"{kind} {ctx.op.name} with other than one {kind} input and output")
-    _, in_zp = _scale_zp(ctx.op.inputs[0])
-    _scale_zp(ctx.op.outputs[0])  # per-tensor quantization, or refused
-    return indexed_by_input(ctx, litert_table(ctx.op, in_zp if ctx.op.name in NONNEGATIVE_DOMAIN else None))
-
-
-@register("LOGISTIC", quantized=True)
-def lower_logistic_int8(ctx: OpContext) -> list[Value]:
-    """1 / (1 + e^-x) on int8, through TFLite's lookup table."""
-    return lookup_table(ctx, lambda v: np.float32(1) / (np.float32(1) + np.exp(-v)))
-
-
-@register("TANH", quantized=True)
-def lower_tanh_int8(ctx: OpContext) -> list[Value]:
-    """tanh on int8, through TFLite's lookup table."""
-    return lookup_table(ctx, np.tanh)
-
-
 def _round_to_int8(steps: hl.Expr, zp: int) -> hl.Expr:
     """A float32 count of output quantization steps rounded (halves away from zero, as TfLiteRound),
     offset by the zero point and clamped to int8."""
@@ -809,7 +446,7 @@ def quantized_mean(ctx: OpContext, finish: Callable[[hl.Expr, int, int, int], hl
     """QuantizedMeanOrSum's loops for an int8 or int16 MEAN: `finish`(int32 sum less in_zp * N,
     multiplier, shift, out_zp) rescales it and narrows to the output type."""
     x = ctx.value(0)
-    (in_scale, in_zp), (out_scale, out_zp) = _scale_zp(ctx.op.inputs[0]), _scale_zp(ctx.op.outputs[0])
+    (in_scale, in_zp), (out_scale, out_zp) = scale_zp(ctx.op.inputs[0]), scale_zp(ctx.op.outputs[0])
     axes = reduction_axes(ctx, 1, x.rank)
     count = int(np.prod([x.shape[a] for a in axes]))
     r, source = reduction_domain(ctx, x, axes, ctx.func_name("r"))
@@ -829,8 +466,8 @@ def lower_softmax_int8(ctx: OpContext) -> list[Value]:
     """exp(beta * in_scale * (x - max)) / sum in float32 over the last axis, rounded to the output
     step once (TFLite's int8 kernels use lookup tables or fixed point; within 1 LSB of both)."""
     x = ctx.value(0)
-    in_scale, _ = _scale_zp(ctx.op.inputs[0])
-    out_scale, out_zp = _scale_zp(ctx.op.outputs[0])
+    in_scale, _ = scale_zp(ctx.op.inputs[0])
+    out_scale, out_zp = scale_zp(ctx.op.outputs[0])
     factor = hl.f32(float(ctx.option("beta", 1.0)) * in_scale)
     rows, depth = x.shape[:-1], x.shape[-1]
     row_max = row_reduce(ctx, "max", rows, depth, lambda row, k: hl.cast(hl.Int(32), x.at(row + [k])), hl.maximum)

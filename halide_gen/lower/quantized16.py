@@ -30,11 +30,12 @@ import numpy as np
 from ..values import Value, define, read_broadcast
 from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, transpose_conv,
                  transpose_conv_geometry)
-from .quantized import (_round_half_away, _scale_zp, activation_range, constant_buffer, int8_weight_scales,
-                        multiply_by_quantized_multiplier, quantize_multiplier, quantized_average_pool, quantized_max_pool,
-                        quantized_mean, quantized_resize_bilinear, requantization_multipliers, unary_by_litert_table)
+from .fixed_point import (activation_range, int8_weight_scales, multiply_by_quantized_multiplier, quantize_multiplier,
+                          requantization_multipliers, scale_zp, tflite_round)
+from .quantized import quantized_average_pool, quantized_max_pool, quantized_mean, quantized_resize_bilinear
 from .reduce import row_reduce
 from .registry import LoweringError, OpContext, register
+from .tables import constant_buffer, unary_by_litert_table
 
 INT16_MIN, INT16_MAX = -32768, 32767
 INT16_ADD_LEFT_SHIFT = 15  # add.cc's headroom shift for int16 with general scales
@@ -60,7 +61,7 @@ def to_int16(v: hl.Expr, lo: int = INT16_MIN, hi: int = INT16_MAX) -> hl.Expr:
 
 def _symmetric(ctx: OpContext, index: int) -> float:
     """The scale of an int16 activation, which TFLite requires to be symmetric."""
-    scale, zp = _scale_zp(ctx.op.inputs[index] if index >= 0 else ctx.op.outputs[0])
+    scale, zp = scale_zp(ctx.op.inputs[index] if index >= 0 else ctx.op.outputs[0])
     if zp != 0:
         raise LoweringError(f"{ctx.op.name}: an int16 tensor with zero point {zp}")
     return scale
@@ -248,12 +249,12 @@ def interpolated_table(func, lo: float, hi: float) -> np.ndarray:
     """TFLite's gen_lut: `func` on [lo, hi] as INTERPOLATED_STEPS + 1 int16 entries for
     `interpolated_lookup`, each step's value less half the error of interpolating its midpoint."""
     step = (hi - lo) / INTERPOLATED_STEPS
-    q015 = lambda v: _round_half_away(v * 32768.0)
+    q015 = lambda v: tflite_round(v * 32768.0)
     table = []
     for i in range(INTERPOLATED_STEPS):
         here, there = func(lo + i * step), func(lo + (i + 1) * step)
-        midpoint_error = _round_half_away((there * 32768.0 + q015(here)) / 2.0) - q015(func(lo + i * step + step / 2))
-        table.append(q015(here) - _round_half_away(midpoint_error / 2.0))
+        midpoint_error = tflite_round((there * 32768.0 + q015(here)) / 2.0) - q015(func(lo + i * step + step / 2))
+        table.append(q015(here) - tflite_round(midpoint_error / 2.0))
     table.append(q015(func(hi)))
     return np.clip(table, INT16_MIN, INT16_MAX).astype(np.int16)
 

@@ -18,6 +18,7 @@ from tflite_tools.model.fingerprint import constant_text
 from tflite_tools.model.hybrid import is_hybrid
 from tflite_tools.model.ir import Operator, Tensor
 
+from ..lowering_options import LoweringOptions
 from ..values import Value, dim_vars, halide_type
 
 
@@ -32,6 +33,28 @@ class RowReduction(NamedTuple):
     partial: Value
     total: Value
     terms: int
+
+
+class ReductionDomain(hl.RDom):
+    """An RDom over [0, extent) in each dimension that keeps its extents as integers (Halide's
+    Python bindings expose no accessor for a constant Expr): what schedules size tiles from."""
+
+    def __init__(self, extents: Sequence[int], name: str):
+        super().__init__([(0, e) for e in extents], name)
+        self.extents = tuple(int(e) for e in extents)
+
+
+class AccumulatorRecord(NamedTuple):
+    """An explicit reduction as `accumulate` records it (block.Accumulator, once its op's output is
+    known)."""
+
+    func: hl.Func
+    kind: AccumulatorKind
+    rdom: ReductionDomain
+    source: hl.Func | None  # the activation the reduction walks, read at consecutive indices
+    dot: int  # terms per dot-product lane along the innermost reduction axis (0: none)
+    narrow: bool  # terms are 8-bit products widened into the sum
+    source_stride: int  # bytes between the source values neighbouring tile pixels read (0: unknown)
 
 
 # Tables hold a multiple of this many int32 entries. Halide embeds a constant buffer in the kernel
@@ -49,15 +72,15 @@ class OpContext:
     # Creates (on first use) the Value of a tensor: a block input becomes a kernel argument (packed
     # when a packer is named), an in-block tensor is its producer's Func.
     value_of: Callable[..., Value]
+    options: LoweringOptions = LoweringOptions()  # the forms the target's kernels take
     materialize: list[Value] = field(default_factory=list)  # helper Values a schedule must not inline
     # Of those, zero-padded inputs (nn._zero_outside), each with the Value it pads (None: more
     # than padding, a copy worth making): a GPU schedule inlines them (their realised region
     # exceeds their tensor's), a CPU one where what they pad is realised anyway
     # (BlockKernel.padding_read_in_place).
     padded: list[tuple[Value, Value | None]] = field(default_factory=list)
-    # Explicit reductions (accumulate): the Func, its kind, its RDom, the activation it walks, and
-    # its dot-product depth (0: none).
-    accumulators: list[tuple[hl.Func, AccumulatorKind, hl.RDom, hl.Func | None, int, bool]] = field(default_factory=list)
+    # Explicit reductions (accumulate).
+    accumulators: list[AccumulatorRecord] = field(default_factory=list)
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
     # Two-stage innermost-axis reductions (reduce.row_reduce).
     row_reductions: list[RowReduction] = field(default_factory=list)
@@ -165,7 +188,7 @@ class AccumulatorKind(enum.Enum):
     REDUCE = "reduce"  # sums over outer axes (global average pooling)
 
 
-def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: hl.RDom,
+def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: ReductionDomain,
                source: hl.Func | None = None, dot: int = 0, narrow: bool = False, source_stride: int = 0) -> hl.Func:
     """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
 
@@ -182,7 +205,7 @@ def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r
     at = list(reversed(idx))
     acc[at] = init(*idx)
     acc[at] = acc[at] + update(*idx)
-    ctx.accumulators.append((acc, kind, r, source, dot, narrow, source_stride))
+    ctx.accumulators.append(AccumulatorRecord(acc, kind, r, source, dot, narrow, source_stride))
     return acc
 
 

@@ -1,0 +1,78 @@
+"""How a block is lowered for a target: one LoweringOptions, given to build_block.
+
+A target's kernels differ in a few forms that every lowering of its blocks must take alike: how
+float tensors are stored between ops, whether float min / max already give TFLite's NaN answers,
+x86's or ARM's integer forms, how int8 sums are requantized, whether 64-bit integers exist and
+whether the code runs on a device that cannot fail an invoke. They travel together in one frozen
+object (`TargetSpec.lowering_options()` makes a target's): lowerings read it as `ctx.options`, and
+the expression helpers below them, which build Halide expressions without an op at hand
+(values.define, lower.ieee, the fixed-point arithmetic), read the one `build_block` is lowering
+with through `active()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Iterator
+
+import halide as hl
+
+from .targets import INT8_ROUNDINGS
+
+# Float storage type per precision: "fp16" holds every tensor a block computes in half precision
+# (rounded when defined, widened when read: TFLite's GPU delegate calls this F32_F16); block inputs
+# and outputs keep their TFLite types.
+PRECISIONS = {"fp32": hl.Float(32), "fp16": hl.Float(16)}
+
+
+@dataclass(frozen=True)
+class LoweringOptions:
+    """The forms a target's kernels take; the defaults are the plain ones (float32, ARM's integer
+    forms with IEEE-exact min / max tests, reference rounding, host code)."""
+
+    precision: str = "fp32"  # one of PRECISIONS
+    # The CPU's float min / max give TFLite's NaN and inf answers themselves (ARM): lower.ieee
+    # then emits plain min / max.
+    native_minmax: bool = False
+    # int8 ops in x86's forms: unsigned activations for VNNI's dot products, requantization by one
+    # 64-bit product (lower.quantized's docstring). The same integers as ARM's forms.
+    x86_integer: bool = False
+    int8_rounding: str = "reference"  # how int8 sums are requantized: one of INT8_ROUNDINGS
+    # 64-bit integers exist (not on Vulkan): requantization's doubling high multiply otherwise
+    # takes 32-bit pieces (lower.fixed_point.srdhm_in_32_bits), the same integers.
+    wide_integers: bool = True
+    # Device code (GPU), which cannot fail an invoke: indices read from data are checked by the
+    # delegate on the host before the kernel runs, and the kernel only clamps them.
+    device_code: bool = False
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision {self.precision!r} is none of {tuple(PRECISIONS)}")
+        if self.int8_rounding not in INT8_ROUNDINGS:
+            raise ValueError(f"int8 rounding {self.int8_rounding!r} is none of {INT8_ROUNDINGS}")
+
+    @property
+    def float_storage(self) -> hl.Type:
+        """The type float tensors are stored in between ops."""
+        return PRECISIONS[self.precision]
+
+
+_ACTIVE: contextvars.ContextVar[LoweringOptions] = contextvars.ContextVar("lowering_options",
+                                                                          default=LoweringOptions())
+
+
+@contextlib.contextmanager
+def lowering_with(options: LoweringOptions) -> Iterator[None]:
+    """Makes `options` the active ones inside the `with` block (build_block's lowering)."""
+    token = _ACTIVE.set(options)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> LoweringOptions:
+    """The options of the block being lowered (the defaults outside build_block)."""
+    return _ACTIVE.get()
