@@ -37,6 +37,7 @@ from .bundle_abi import ARG_SOURCE, ARG_SPEC, BLOCK_SPEC, BUNDLE, CLAIM_POLICY, 
 from .bundle_abi import PACK, SCRATCH_SPEC, TENSOR_SPEC, TFLITE_TYPES, initializer
 from .cache import cached_entry
 from .pack import CHANNEL_TILE
+from .runtime_build import LINK_OPTIONS, SYSTEM_LIBRARIES, compile_flags
 from .targets import ANDROID_MIN_SDK, VULKAN_ALLOC_CONFIG, target_spec
 
 # The delegate runtime's sources: inside the package when installed from a wheel, else the
@@ -337,8 +338,7 @@ def compiler_for(target: str) -> str:
 
 
 def _flags() -> list[str]:
-    return ["-std=c++17", "-O2", "-fPIC", "-fvisibility=hidden", f"-I{DELEGATE_DIR / 'include'}",
-            f"-I{DELEGATE_DIR / 'src'}", f"-I{HALIDE_INCLUDE}"]
+    return [*compile_flags(), f"-I{DELEGATE_DIR / 'include'}", f"-I{DELEGATE_DIR / 'src'}", f"-I{HALIDE_INCLUDE}"]
 
 
 def _run(cmd: list[str], what: str) -> None:
@@ -361,7 +361,7 @@ def runtime_objects(target: str, cache_dir: Path | None = None) -> list[Path]:
     for path in sorted(DELEGATE_DIR.rglob("*")):
         if path.is_file() and path.suffix in (".cc", ".h", ".map"):
             digest.update(path.name.encode() + path.read_bytes())
-    digest.update(" ".join([compiler, *_flags()[:4]]).encode())
+    digest.update(" ".join([compiler, *compile_flags()]).encode())
     cache = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
 
     def build(folder: Path) -> None:
@@ -387,8 +387,8 @@ def link_delegate(source: str, blocks: Sequence[BundleBlock], target: str, libra
         table.write_text(source)
         out = Path(tmp) / library.name
         _run([compiler, *_flags(), "-shared", str(table), *map(str, runtime_objects(target, cache_dir)), *kernels,
-              str(runtime), f"-Wl,--version-script={DELEGATE_DIR / 'exports.map'}", "-Wl,--exclude-libs,ALL",
-              "-Wl,--gc-sections", "-s", "-lpthread", "-ldl", "-o", str(out)], "linking the delegate library")
+              str(runtime), f"-Wl,--version-script={DELEGATE_DIR / 'exports.map'}", *LINK_OPTIONS, *SYSTEM_LIBRARIES,
+              "-o", str(out)], "linking the delegate library")
         os.replace(out, library)
     return library
 
@@ -410,8 +410,11 @@ ANDROID_CMAKE = """\
 cmake_minimum_required(VERSION 3.18)
 project({project} LANGUAGES CXX)
 
-set(CMAKE_CXX_STANDARD 17)
+# The runtime's compile and link options, as `fuse` uses them for its own links.
+include(runtime/runtime_flags.cmake)
+set(CMAKE_CXX_STANDARD ${{DNNFUSION_CXX_STANDARD}})
 set(CMAKE_CXX_STANDARD_REQUIRED ON)
+add_compile_options(${{DNNFUSION_COMPILE_OPTIONS}})
 find_package(Threads REQUIRED)
 
 file(GLOB RUNTIME_SOURCES "${{CMAKE_CURRENT_SOURCE_DIR}}/runtime/src/*.cc")
@@ -420,10 +423,10 @@ add_library({project} SHARED bundle.cc ${{RUNTIME_SOURCES}} halide_runtime.o)
 set_target_properties({project} PROPERTIES OUTPUT_NAME "{output_name}" CXX_VISIBILITY_PRESET hidden)
 target_include_directories({project} PRIVATE runtime/include runtime/src include)
 target_link_libraries({project} PRIVATE ${{KERNELS}} Threads::Threads ${{CMAKE_DL_LIBS}}
-  "-Wl,--version-script=${{CMAKE_CURRENT_SOURCE_DIR}}/runtime/exports.map" "-Wl,--exclude-libs,ALL")
+  "-Wl,--version-script=${{CMAKE_CURRENT_SOURCE_DIR}}/runtime/exports.map")
 # 16 KB-aligned load segments: Google Play requires them of apps targeting Android 15+, and NDKs
-# before r28 align to 4 KB. Stripped: an app ships the library, not its symbol table.
-target_link_options({project} PRIVATE "-Wl,-z,max-page-size=16384" "-Wl,--gc-sections" "-s")
+# before r28 align to 4 KB.
+target_link_options({project} PRIVATE "-Wl,-z,max-page-size=16384" ${{DNNFUSION_LINK_OPTIONS}})
 if(ANDROID)
   # The delegate's messages (and Halide's) go to logcat.
   target_link_libraries({project} PRIVATE log)
@@ -433,7 +436,7 @@ if(ANDROID)
   set_target_properties(dnnfusion_jni PROPERTIES CXX_VISIBILITY_PRESET hidden)
   target_link_libraries(dnnfusion_jni PRIVATE ${{CMAKE_DL_LIBS}}
     "-Wl,--version-script=${{CMAKE_CURRENT_SOURCE_DIR}}/runtime/android/jni_exports.map")
-  target_link_options(dnnfusion_jni PRIVATE "-Wl,-z,max-page-size=16384" "-s")
+  target_link_options(dnnfusion_jni PRIVATE "-Wl,-z,max-page-size=16384" ${{DNNFUSION_LINK_OPTIONS}})
 endif()
 """
 
@@ -455,6 +458,7 @@ def write_cmake_project(source: str, blocks: Sequence[BundleBlock], target: str,
     shutil.copytree(DELEGATE_DIR / "src", folder / "runtime" / "src", dirs_exist_ok=True)
     shutil.copytree(DELEGATE_DIR / "android", folder / "runtime" / "android", dirs_exist_ok=True)
     shutil.copy2(DELEGATE_DIR / "exports.map", folder / "runtime" / "exports.map")
+    shutil.copy2(DELEGATE_DIR / "runtime_flags.cmake", folder / "runtime" / "runtime_flags.cmake")
     stem = library.removeprefix("lib").removesuffix(".so")
     (folder / "CMakeLists.txt").write_text(ANDROID_CMAKE.format(library=library, project=stem, output_name=stem,
                                                                 halide_target=spec.halide[0],

@@ -32,12 +32,19 @@ class Member:
 
 @dataclass(frozen=True)
 class Enum:
-    """A C++ enum over int32_t; `scoped` makes it an `enum class`."""
+    """A C++ enum over int32_t; `scoped` makes it an `enum class`. `named`: its keys are the
+    strings a user writes (an option's values), numbered from 0: the header also holds them as a
+    table, k<name>Names, so that the runtime parses and prints them from this one definition."""
 
     name: str
     doc: str
     members: tuple[Member, ...]
     scoped: bool = True
+    named: bool = False
+
+    def __post_init__(self):
+        if self.named and [m.value for m in self.members] != list(range(len(self.members))):
+            raise ValueError(f"{self.name}: a named enum's values are 0, 1, ... in order")
 
     def member(self, key: Hashable) -> Member:
         """The member that stands for `key`; KeyError if none does."""
@@ -103,7 +110,7 @@ CLAIM_POLICY = Enum("ClaimPolicy", "Which blocks the delegate claims (the `claim
     Member("profitable", "kProfitable", 0, "only blocks measured (or estimated) faster than TFLite on the same nodes"),
     Member("all", "kAll", 1, "every block the bundle has a kernel for"),
     Member("none", "kNone", 2, "nothing: load the library, report what would match, run stock TFLite"),
-))
+), named=True)
 
 # TfLiteType codes by schema type name. TFLite's enum is declared in tflite_abi.h; the generated
 # header asserts each number against it.
@@ -223,7 +230,13 @@ def _enum(enum: Enum) -> list[str]:
     keyword = "enum class" if enum.scoped else "enum"
     lines = [f"// {enum.doc}", f"{keyword} {enum.name} : int32_t {{"]
     lines += [f"  {m.name} = {m.value},{_comment(m.comment)}" for m in enum.members]
-    return lines + ["};", ""]
+    lines += ["};", ""]
+    if enum.named:
+        names = ", ".join(f'"{m.key}"' for m in enum.members)
+        lines += [f"// {enum.name}'s members as written, by number.",
+                  f"constexpr const char* k{enum.name}Names[] = {{{names}}};",
+                  f"constexpr int32_t k{enum.name}Count = {len(enum.members)};", ""]
+    return lines
 
 
 def _struct(struct: Struct) -> list[str]:

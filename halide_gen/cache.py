@@ -10,28 +10,22 @@ An entry is built in a private `.tmp-<pid>-*` folder and renamed into place in o
 reader sees a complete entry or none. A reader trusts an entry only if its manifest lists exactly
 the files present and every hash matches: a truncated, overwritten or half-deleted entry (a full
 disk, a killed copy, a hand edit) is set aside with a warning and rebuilt, never linked into a
-delegate. Temporary folders that a killed process left behind are removed on a later visit.
+delegate. Temporary folders that a killed process left behind are removed on a later visit. The
+recording, staging and sweeping are tflite_tools.model.verified's, which `fuse -o` shares.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
-import tempfile
-import time
 import warnings
 from pathlib import Path
 from typing import Callable
 
-from tflite_tools.model.atomic import file_digest, process_gone
+from tflite_tools.model.verified import (TMP_PREFIX, mismatch, staging_folder, sweep_leftovers, write_record)
 
 MANIFEST = "MANIFEST"
-_TMP_PREFIX = ".tmp-"
-# A temporary folder whose writer cannot be identified is a leftover once it is this old: no
-# single build takes a day.
-_STALE_SECONDS = 24 * 3600
 _swept: set[Path] = set()  # cache folders tidied by this process (once is enough)
 
 
@@ -43,70 +37,22 @@ class CacheEntryError(Exception):
     """Why an entry cannot be trusted (one line)."""
 
 
-def write_manifest(folder: Path) -> None:
-    """Records the hash of every file in `folder` (flat), as the folder's last write."""
-    files = {p.name: file_digest(p) for p in sorted(folder.iterdir()) if p.is_file() and p.name != MANIFEST}
-    (folder / MANIFEST).write_text(json.dumps({"files": files}, indent=0, sort_keys=True))
-
-
 def verify_entry(entry: Path) -> None:
     """Raises CacheEntryError unless every file in `entry` is exactly what its manifest says."""
-    try:
-        recorded = json.loads((entry / MANIFEST).read_text())["files"]
-        present = {p.name for p in entry.iterdir() if p.name != MANIFEST}
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise CacheEntryError(f"no readable manifest ({type(exc).__name__})") from None
-    if not isinstance(recorded, dict) or set(recorded) != present:
-        raise CacheEntryError("its files are not the ones its manifest lists")
-    for name, expected in recorded.items():
-        try:
-            if not (entry / name).is_file() or file_digest(entry / name) != expected:
-                raise CacheEntryError(f"{name} does not match its recorded hash")
-        except OSError as exc:
-            raise CacheEntryError(f"{name} cannot be read ({exc.strerror})") from None
+    why = mismatch(entry, MANIFEST)
+    if why is not None:
+        raise CacheEntryError(why)
 
 
 def discard_entry(entry: Path, why: str) -> None:
     """Sets a damaged entry aside (one rename, so no reader sees it half-deleted) and removes it."""
     warnings.warn(f"cache entry {entry} is damaged ({why}); rebuilding it", CacheWarning, stacklevel=3)
-    aside = entry.with_name(f"{_TMP_PREFIX}{os.getpid()}-discarded-{entry.name}")
+    aside = entry.with_name(f"{TMP_PREFIX}{os.getpid()}-discarded-{entry.name}")
     try:
         os.replace(entry, aside)
     except OSError:
         aside = entry
     shutil.rmtree(aside, ignore_errors=True)
-
-
-def _writer_gone(path: Path) -> bool:
-    """True when the process that named a temporary file or folder is no longer running, or when
-    it is a day old and its writer cannot be told (an older naming)."""
-    pid = path.name[len(_TMP_PREFIX):].split("-", 1)[0]
-    if pid.isdigit():
-        return process_gone(int(pid))
-    try:
-        return time.time() - path.lstat().st_mtime > _STALE_SECONDS
-    except OSError:
-        return False
-
-
-def sweep_leftovers(root: Path) -> None:
-    """Removes the temporary files and folders that killed runs left in `root`."""
-    try:
-        leftovers = [p for p in root.iterdir() if p.name.startswith(_TMP_PREFIX)]
-    except OSError:
-        return
-    for path in leftovers:
-        if _writer_gone(path):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
-
-
-def temporary_folder(root: Path, what: str) -> Path:
-    """A fresh private folder in `root`, named after this process so that a later run can tell
-    whether it is a leftover."""
-    return Path(tempfile.mkdtemp(dir=root, prefix=f"{_TMP_PREFIX}{os.getpid()}-{what}-"))
 
 
 def cached_entry(root: Path, name: str, build: Callable[[Path], None]) -> tuple[Path, bool]:
@@ -132,12 +78,12 @@ def cached_entry(root: Path, name: str, build: Callable[[Path], None]) -> tuple[
         raise CacheLocationError(entry.parent, exc) from None
     _check_free_space(entry.parent)
     try:
-        tmp = temporary_folder(entry.parent, "build")
+        tmp = staging_folder(entry.parent, "build")
     except OSError as exc:
         raise CacheLocationError(entry.parent, exc) from None
     try:
         build(tmp)
-        write_manifest(tmp)
+        write_record(tmp, MANIFEST)
         try:
             os.replace(tmp, entry)
         except OSError:

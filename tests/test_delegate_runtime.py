@@ -52,11 +52,11 @@ def test_thread_pool(tmp_path):
     assert "all checks passed" in proc.stdout
 
 
-def test_library_exports_only_the_plugin_entry_points(tmp_path):
+def test_library_exports_only_the_plugin_entry_points(tmp_path, private_cache):
     from tflite_tools.fuse import fuse
     from conftest import MODELS
 
-    result = fuse(MODELS / "add_relu.tflite", tmp_path / "out", cache_dir=tmp_path / "kernels")
+    result = fuse(MODELS / "add_relu.tflite", tmp_path / "out", cache_dir=private_cache)
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(result.library)], capture_output=True, text=True)
     names = {line.split()[-1] for line in symbols.stdout.splitlines() if line.strip()}
     assert names == {"tflite_plugin_create_delegate", "tflite_plugin_destroy_delegate"}
@@ -128,6 +128,16 @@ def test_bundle_abi_header_is_generated_from_its_python_definition():
     assert bundle_abi.HEADER.read_text() == bundle_abi.header(), "run: python -m halide_gen.bundle_abi"
     assert {m.key for m in bundle_abi.PACK.members} == {None, *PACKERS}  # a code for every packing
 
+
+
+def test_runtime_build_flags_for_cmake_are_generated_from_their_python_description():
+    # The runtime's compile and link options are described once (halide_gen/runtime_build.py):
+    # fuse's g++ links use them directly, the CMake builds (the package's, the Android project's)
+    # through the committed delegate/runtime_flags.cmake, which must be what that module writes.
+    from halide_gen import runtime_build
+
+    assert runtime_build.CMAKE_FILE.read_text() == runtime_build.cmake_text(), "run: python -m halide_gen.runtime_build"
+    assert "-Wall" in runtime_build.compile_flags()  # warnings on in every build
 
 def test_initializer_refuses_a_missing_or_unknown_field():
     from halide_gen.bundle_abi import NODE_SPEC, initializer

@@ -13,7 +13,8 @@ leaves OUT as it was (or absent, if it was).
 OUT is ours to replace only if everything in it was written by an earlier `fuse`: a folder with
 anything else in it (a user's file in OUT/asm or OUT/android, or a folder that was never a fuse
 output) is refused with the file named, before any work is done and again just before the
-switch. Nothing that `fuse` did not write is ever deleted.
+switch. Nothing that `fuse` did not write is ever deleted. The record, the staging folder and the
+sweep of a killed run's leftovers are tflite_tools.model.verified's, which the compile cache shares.
 """
 
 from __future__ import annotations
@@ -21,47 +22,28 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import errno
-import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from .model.atomic import file_digest, process_gone
+from .model.atomic import file_digest
 from .model.errors import ModelError
+from .model.verified import files_below, recorded_files, staging_folder, sweep_leftovers, write_record
 
 OWNER_FILE = ".dnnfusion-out.json"
-_STAGING = ".tmp-{pid}-fuse-"
-
-
-def _files(folder: Path) -> list[str]:
-    """Every file below `folder` (relative POSIX paths; symlinks count as files, never followed)."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        base = Path(dirpath)
-        found += [(base / n).relative_to(folder).as_posix() for n in filenames]
-        found += [(base / n).relative_to(folder).as_posix() for n in dirnames if (base / n).is_symlink()]
-    return sorted(found)
 
 
 def written_files(folder: Path) -> dict[str, str] | None:
     """What an earlier `fuse` recorded writing into `folder` (relative path -> SHA-256), or None
     when the folder has no readable record."""
-    try:
-        record = json.loads((Path(folder) / OWNER_FILE).read_text())
-        files = record["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
-        return None
-    return files
+    return recorded_files(folder, OWNER_FILE)
 
 
 def foreign_files(folder: Path) -> list[str]:
     """The files in an existing `folder` that `fuse` did not write there (all of them when the
     folder has no record)."""
     ours = written_files(folder) or {}
-    return [f for f in _files(folder) if f != OWNER_FILE and f not in ours]
+    return [f for f in files_below(folder) if f != OWNER_FILE and f not in ours]
 
 
 def check_unchanged(*paths: str | os.PathLike) -> None:
@@ -143,8 +125,8 @@ class OutputFolder:
             _refuse_foreign(out)
         try:
             parent.mkdir(parents=True, exist_ok=True)
-            _sweep_staging(parent, out.name)
-            path = Path(tempfile.mkdtemp(dir=parent, prefix=_STAGING.format(pid=os.getpid()) + out.name + "-"))
+            sweep_leftovers(parent, f".tmp-*-fuse-{out.name}-*")
+            path = staging_folder(parent, f"fuse-{out.name}")
         except OSError as exc:
             raise ModelError(f"-o {out_dir}: cannot write there ({exc.strerror or exc})") from None
         umask = os.umask(0)
@@ -154,8 +136,7 @@ class OutputFolder:
 
     def commit(self) -> None:
         """Records the staged files and makes them OUT's contents in one step."""
-        files = {name: file_digest(self.path / name) for name in _files(self.path)}
-        (self.path / OWNER_FILE).write_text(json.dumps({"written_by": "tflite_tools fuse", "files": files}, indent=1))
+        write_record(self.path, OWNER_FILE, written_by="tflite_tools fuse")
         if not self.out.exists():
             os.rename(self.path, self.out)
             return
@@ -165,7 +146,7 @@ class OutputFolder:
             return
         # No atomic exchange here (an old kernel, some network filesystems): two renames, with a
         # moment in between in which OUT is absent, never mixed.
-        old = Path(tempfile.mkdtemp(dir=self.out.parent, prefix=_STAGING.format(pid=os.getpid()) + "old-"))
+        old = staging_folder(self.out.parent, "fuse-old")
         os.replace(self.out, old)
         os.rename(self.path, self.out)
         shutil.rmtree(old, ignore_errors=True)
@@ -173,11 +154,3 @@ class OutputFolder:
     def discard(self) -> None:
         """Removes the staging folder (after a failure)."""
         shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _sweep_staging(parent: Path, name: str) -> None:
-    """Removes staging folders for OUT that killed runs left beside it."""
-    for path in parent.glob(f".tmp-*-fuse-{name}-*"):
-        pid = path.name.split("-")[1]
-        if pid.isdigit() and process_gone(int(pid)):
-            shutil.rmtree(path, ignore_errors=True)

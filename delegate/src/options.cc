@@ -17,6 +17,16 @@ bool ParseInt(const char* text, int lo, int hi, int* out) {
   return true;
 }
 
+bool ParseClaimPolicy(const char* text, ClaimPolicy* out) {
+  for (int32_t i = 0; i < kClaimPolicyCount; ++i) {
+    if (std::strcmp(text, kClaimPolicyNames[i]) == 0) {
+      *out = static_cast<ClaimPolicy>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 int KernelThreads(const Options& options, int recommended) {
@@ -25,16 +35,12 @@ int KernelThreads(const Options& options, int recommended) {
 
 ClaimPolicy DefaultClaim(const Bundle& bundle, int threads, ClaimPolicy fallback) {
   const int32_t policy = threads > 1 ? bundle.default_claim_threaded : bundle.default_claim;
-  return policy >= 0 && policy <= 2 ? static_cast<ClaimPolicy>(policy) : fallback;
+  return policy >= 0 && policy < kClaimPolicyCount ? static_cast<ClaimPolicy>(policy) : fallback;
 }
 
 const char* ClaimPolicyName(ClaimPolicy policy) {
-  switch (policy) {
-    case ClaimPolicy::kProfitable: return "profitable";
-    case ClaimPolicy::kAll: return "all";
-    case ClaimPolicy::kNone: return "none";
-  }
-  return "?";
+  const auto number = static_cast<int32_t>(policy);
+  return number >= 0 && number < kClaimPolicyCount ? kClaimPolicyNames[number] : "?";
 }
 
 bool ParseOptions(const char* const* keys, const char* const* values, size_t count, Options* out,
@@ -56,14 +62,12 @@ bool ParseOptions(const char* const* keys, const char* const* values, size_t cou
       }
     } else if (key == "claim") {
       out->claim_given = true;
-      if (std::strcmp(value, "profitable") == 0) {
-        out->claim = ClaimPolicy::kProfitable;
-      } else if (std::strcmp(value, "all") == 0) {
-        out->claim = ClaimPolicy::kAll;
-      } else if (std::strcmp(value, "none") == 0) {
-        out->claim = ClaimPolicy::kNone;
-      } else {
-        *error = "claim: expected profitable, all or none, got '" + std::string(value) + "'";
+      if (!ParseClaimPolicy(value, &out->claim)) {
+        std::string expected;
+        for (int32_t i = 0; i < kClaimPolicyCount; ++i) {
+          expected += std::string(i == 0 ? "" : i + 1 == kClaimPolicyCount ? " or " : ", ") + kClaimPolicyNames[i];
+        }
+        *error = "claim: expected " + expected + ", got '" + std::string(value) + "'";
         return false;
       }
     } else if (key == "require_device") {

@@ -59,6 +59,10 @@ enum class ClaimPolicy : int32_t {
   kNone = 2,  // nothing: load the library, report what would match, run stock TFLite
 };
 
+// ClaimPolicy's members as written, by number.
+constexpr const char* kClaimPolicyNames[] = {"profitable", "all", "none"};
+constexpr int32_t kClaimPolicyCount = 3;
+
 // A tensor as the model was compiled (TFLite order, outermost dimension first).
 struct TensorSpec {
   int32_t index;  // in the subgraph
