@@ -5,7 +5,7 @@
 
 There is no ARM hardware here, and timings on this shared x86 machine move with its load. What does
 not move: the instructions an aarch64 CPU executes for one invoke. QEMU's user-mode emulator runs an
-aarch64 Python with LiteRT (tests/arm64_rootfs.py prepares it) with a TCG plugin
+aarch64 Python with LiteRT (bench/arm64_rootfs.py prepares it) with a TCG plugin
 (bench/arm64/counter.c) that counts every guest instruction and memory access; the guest script
 (bench/arm64/guest.py) marks the counters just before and after K invokes, after a warm-up, so the
 difference is what those invokes executed and nothing of the process's start-up. Repeated runs agree
@@ -37,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "bench"))
 
 HERE = REPO / "bench" / "arm64"
 CPUS = {

@@ -1,6 +1,8 @@
 """Per-block timing: each planned block's Halide kernel vs LiteRT + XNNPACK on the same nodes.
 
-    python bench/block_table.py [--threads 1] [--limit N] [--delegate] [MODEL ...]    # default: ../shared/models
+    python bench/block_table.py [--threads 1] [--limit N] [--delegate] [MODEL ...]
+
+MODEL defaults to the reference models (bench/zoo.py).
 
 One thread by default (two-thread figures on a 2-core machine are noise). With --autoschedulers each
 block also tries Halide's CPU autoschedulers and keeps the fastest source. By default each kernel is
@@ -22,6 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 
 def time_through_delegate(name: str, ops, inputs, outputs, threads: int, runs: int):
@@ -72,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     from tflite_tools.model.errors import ModelError
     from tflite_tools.model.stats import flops
 
-    paths = args.models or sorted((REPO.parent / "shared" / "models").glob("*.tflite"))
+    from zoo import reference_models
+
+    paths = args.models or reference_models()
     for path in paths:
         model = tflite_tools.load(path)
         rewrite(model)

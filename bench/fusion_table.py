@@ -2,7 +2,7 @@
 
     python bench/fusion_table.py [--tvm-python /path/to/tvm/venv/bin/python] [--fast-math] [MODEL ...]
 
-Default models: ../shared/models/*.tflite. With `--tvm-python`, each model is also run through
+Default models: the reference models (bench/zoo.py). With `--tvm-python`, each model is also run through
 bench/tvm_fusion.py in that interpreter (TVM lives in its own venv: see that script's docstring).
 """
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
 import tflite_tools  # noqa: E402
 from fusion.pipeline import plan_model  # noqa: E402
@@ -41,7 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tvm-python", help="python of a venv with apache-tvm and tflite")
     parser.add_argument("--fast-math", action="store_true")
     args = parser.parse_args(argv)
-    paths = args.models or sorted((REPO.parent / "shared" / "models").glob("*.tflite"))
+    from zoo import reference_models
+
+    paths = args.models or reference_models()
     header = ("| model | ops | after rewrite | blocks (fused) | fusion rate | intermediates before -> after "
               "| peak live before -> after |")
     rule = "|---|---|---|---|---|---|---|"

@@ -1,6 +1,6 @@
 """How long `tflite_tools.load` takes and how much memory it needs, per model.
 
-    python bench/load_model.py [MODEL ...]    # default: ../shared/models/*.tflite
+    python bench/load_model.py [MODEL ...]    # default: the reference models (bench/zoo.py)
 
 Each model is measured in a fresh process, so the peak resident set belongs to that load alone:
 `peak RSS growth` is the process's peak resident memory after loading minus its resident memory just
@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
 
 _CHILD = r"""
 import json, resource, sys, time, tracemalloc
@@ -55,7 +56,9 @@ def measure(path: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     """Prints a Markdown table of load time and memory per model."""
-    paths = [Path(p) for p in argv] or sorted((REPO.parent / "shared" / "models").glob("*.tflite"))
+    from zoo import reference_models
+
+    paths = [Path(p) for p in argv] or reference_models()
     print("| model | file MB | load ms (median) | peak RSS growth MB | tracemalloc peak MB | RSS growth / file |")
     print("|---|---|---|---|---|---|")
     for path in paths:

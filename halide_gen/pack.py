@@ -114,8 +114,7 @@ PACKERS: dict[str, Packer] = {
     # CONV_2D / TRANSPOSE_CONV filters and FULLY_CONNECTED weights [O, ...] -> [O/32, ..., 32]: each
     # tile of output channels holds all its weights contiguously. Read cold inside a model (its other
     # blocks evict them), they must stream: laid out output-channel innermost ([..., O]), a tile
-    # gathers 128-byte pieces a whole channel count apart (MobileNetV3's 1x1 conv 576->1024 on one
-    # pixel: 80 us alone, 310 us inside the model; blocked, 115 us; lower/nn.py has the rest).
+    # gathers 128-byte pieces a whole channel count apart.
     "o_blocked": Packer("o_blocked", lambda s: (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:]) + (CHANNEL_TILE,),
                         _blocked),
     # Dot-product weights [O, *mid, I] -> [*mid, I/4, O_padded, 4] (CONV_2D: [kh, kw, I/4, O, 4];

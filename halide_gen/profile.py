@@ -139,9 +139,8 @@ def schedule_sources(target: str) -> tuple[str, ...]:
 
 # How much faster than the templates' defaults another schedule source must time on a block cut out
 # to replace them. A cut-out block's timing moves by a few percent from run to run, and inside a
-# model (other blocks' data in the caches) the difference can turn: choosing the fastest per block
-# of mobilenet_v2 with no margin made the whole model 0.86x -> 0.93x XNNPACK's time on a Xeon
-# (`fuse --autoschedulers`: 7 blocks took an identical variant, one an autoscheduler).
+# model (other blocks' data in the caches) the difference can turn, and a whole model lost where
+# every block took its fastest source with no margin.
 CHOICE_MARGIN = 0.05
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 MODELS = TESTS / "models"
+# The emulated aarch64 Python (arm64_rootfs) and the bench scripts some tests check live in bench/.
+sys.path.insert(0, str(REPO / "bench"))
 
 # Models LiteRT cannot run as they are (they exist to be loaded and flagged, not invoked).
 NOT_RUNNABLE = {"custom_op"}
@@ -63,7 +66,7 @@ def cross_tools() -> None:
 
 @pytest.fixture(scope="session")
 def arm64_root(cross_tools) -> Path:
-    """The emulated aarch64 Python with LiteRT (tests/arm64_rootfs.py), cached in the user's dnnfusion
+    """The emulated aarch64 Python with LiteRT (bench/arm64_rootfs.py), cached in the user's dnnfusion
     cache across runs. Skips where qemu-user or the cross compiler is missing, except in CI."""
     from arm64_rootfs import Unavailable, prepare
     from fusion.cost import default_cache_dir
@@ -124,6 +127,41 @@ def pytest_collection_modifyitems(items):
 def kernel_cache(tmp_path_factory):
     """One compile cache for the session: models share blocks."""
     return tmp_path_factory.mktemp("kernels")
+
+
+# Cache entries that depend on the target alone (the delegate runtime's objects, the Halide runtime):
+# seconds to compile each, and the same for every test that fuses for that target.
+RUNTIME_ENTRIES = ("delegate-", "runtime-")
+
+
+@pytest.fixture(scope="session")
+def runtime_store(tmp_path_factory):
+    """The compiled runtimes the session's private caches share (RUNTIME_ENTRIES)."""
+    return tmp_path_factory.mktemp("runtimes")
+
+
+def _copy_runtimes(source: Path, destination: Path) -> None:
+    import shutil
+
+    if not source.is_dir():
+        return
+    destination.mkdir(parents=True, exist_ok=True)
+    for entry in source.iterdir():
+        if entry.is_dir() and entry.name.startswith(RUNTIME_ENTRIES) and not (destination / entry.name).exists():
+            staged = destination / f".tmp-{os.getpid()}-copy-{entry.name}"
+            shutil.copytree(entry, staged)
+            staged.rename(destination / entry.name)
+
+
+@pytest.fixture
+def private_cache(tmp_path, runtime_store):
+    """A compile cache of the test's own, as `fuse(cache_dir=...)` takes it (its parent is the
+    folder DNNFUSION_CACHE_DIR names for the CLI): no kernel or measurement of another test is in
+    it, but the session's compiled runtimes are, and the ones it compiles join them afterwards."""
+    cache = tmp_path / "cache" / "kernels"
+    _copy_runtimes(runtime_store, cache)
+    yield cache
+    _copy_runtimes(cache, runtime_store)
 
 
 @pytest.fixture(scope="session")

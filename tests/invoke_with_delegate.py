@@ -1,5 +1,5 @@
 """Runs one model through a TFLite runtime with a dnnfusion delegate, in another Python: the
-emulated aarch64 one (tests/arm64_rootfs.py) or a tflite-runtime 2.14 venv. Inputs and outputs are
+emulated aarch64 one (bench/arm64_rootfs.py) or a tflite-runtime 2.14 venv. Inputs and outputs are
 .npy files, so the host compares them with its own LiteRT reference.
 
     python invoke_with_delegate.py MODEL DELEGATE REPORT IN0.npy ... -- OUT0.npy ...

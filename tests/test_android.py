@@ -60,10 +60,10 @@ def needed(library) -> set[str]:
     return {line.split("[")[1].rstrip("]") for line in readelf("-dW", library) if "(NEEDED)" in line}
 
 
-def test_android_project_builds_with_the_cross_compiler(cross, tmp_path, monkeypatch):
+def test_android_project_builds_with_the_cross_compiler(cross, tmp_path, monkeypatch, private_cache):
     monkeypatch.delenv("ANDROID_NDK", raising=False)
     result = fuse(MODELS / "depthwise_residual.tflite", tmp_path / "out", target="arm64-android",
-                  cache_dir=tmp_path / "k")
+                  cache_dir=private_cache)
     project = result.android_project
     assert result.library is None and project == tmp_path / "out" / "android" / "arm64-v8a"
     assert {p.name for p in project.iterdir()} >= {"CMakeLists.txt", "bundle.cc", "kernels", "halide_runtime.o",
@@ -80,14 +80,14 @@ def test_android_project_builds_with_the_cross_compiler(cross, tmp_path, monkeyp
     assert load_segment_alignments(library) and all(a % 16384 == 0 for a in load_segment_alignments(library))
 
 
-def test_fuse_builds_with_android_ndk_when_set(cross, tmp_path, monkeypatch):
+def test_fuse_builds_with_android_ndk_when_set(cross, tmp_path, monkeypatch, private_cache):
     # A stand-in NDK whose toolchain file points CMake at the Linux cross compiler: the path fuse
     # takes with a real $ANDROID_NDK, end to end.
     ndk = tmp_path / "ndk"
     (ndk / "build" / "cmake").mkdir(parents=True)
     (ndk / "build" / "cmake" / "android.toolchain.cmake").write_text(CROSS_TOOLCHAIN)
     monkeypatch.setenv("ANDROID_NDK", str(ndk))
-    result = fuse(MODELS / "fc_softmax.tflite", tmp_path / "out", target="arm64-android", cache_dir=tmp_path / "k")
+    result = fuse(MODELS / "fc_softmax.tflite", tmp_path / "out", target="arm64-android", cache_dir=private_cache)
     assert result.library == result.android_project / "libfc_softmax_dnnfusion.so"
     assert elf_machine(result.library) == 183
     assert not (tmp_path / "out" / ".build").exists()
@@ -151,10 +151,11 @@ def native_methods(jdk: Path, classes: Path) -> set[str]:
     return {line.split("(")[0].split()[-1] for line in out.splitlines() if " native " in line}
 
 
-def test_android_build_logs_to_logcat_and_builds_the_one_jni_library(android_ndk, jdk, tmp_path, monkeypatch):
+def test_android_build_logs_to_logcat_and_builds_the_one_jni_library(android_ndk, jdk, tmp_path, monkeypatch,
+                                                                      private_cache):
     monkeypatch.setenv("ANDROID_NDK", str(android_ndk))
     result = fuse(MODELS / "depthwise_residual.tflite", tmp_path / "out", target="arm64-android",
-                  cache_dir=tmp_path / "k")
+                  cache_dir=private_cache)
     library = result.library
     assert library.name == "libdepthwise_residual_dnnfusion.so" and elf_machine(library) == 183
     # The model library exports the plugin entry points only: JNI symbols of its own would make a
@@ -173,12 +174,12 @@ def test_android_build_logs_to_logcat_and_builds_the_one_jni_library(android_ndk
     assert {f"Java_org_dnnfusion_DnnFusionDelegate_{m}" for m in native_methods(jdk, tmp_path / "classes")} == JNI_EXPORTS
 
 
-def test_cpu_and_gpu_builds_ship_side_by_side_in_one_aar(android_ndk, tmp_path, monkeypatch):
+def test_cpu_and_gpu_builds_ship_side_by_side_in_one_aar(android_ndk, tmp_path, monkeypatch, private_cache):
     monkeypatch.setenv("ANDROID_NDK", str(android_ndk))
     outs = []
     for target in ("arm64-android", "arm64-android-opencl"):
         outs.append(tmp_path / target)
-        fuse(MODELS / "add_relu.tflite", outs[-1], target=target, cache_dir=tmp_path / "k")
+        fuse(MODELS / "add_relu.tflite", outs[-1], target=target, cache_dir=private_cache)
     assert cli.main(["aar", *map(str, outs), "-o", str(tmp_path / "add_relu.aar")]) == 0
     with zipfile.ZipFile(tmp_path / "add_relu.aar") as archive:
         names = set(archive.namelist())
@@ -198,10 +199,10 @@ def test_cpu_and_gpu_builds_ship_side_by_side_in_one_aar(android_ndk, tmp_path, 
     assert "-keep class org.dnnfusion.DnnFusionDelegate" in rules and "native <methods>;" in rules
 
 
-def test_aar_refuses_what_it_cannot_package(tmp_path, capsys, monkeypatch):
+def test_aar_refuses_what_it_cannot_package(tmp_path, capsys, monkeypatch, private_cache):
     monkeypatch.delenv("ANDROID_NDK", raising=False)
-    fuse(MODELS / "add_relu.tflite", tmp_path / "host", cache_dir=tmp_path / "k")
-    fuse(MODELS / "add_relu.tflite", tmp_path / "android", target="arm64-android", cache_dir=tmp_path / "k")
+    fuse(MODELS / "add_relu.tflite", tmp_path / "host", cache_dir=private_cache)
+    fuse(MODELS / "add_relu.tflite", tmp_path / "android", target="arm64-android", cache_dir=private_cache)
     cases = [(tmp_path / "host", "an AAR takes the arm64-android* targets"),
              (tmp_path / "android", "the library is not built yet"),
              (tmp_path / "nowhere", "not a `tflite_tools fuse` output folder")]
@@ -216,7 +217,7 @@ def test_aar_refuses_what_it_cannot_package(tmp_path, capsys, monkeypatch):
     # A library of another machine, an empty one, or one cmake left where docs/android.md builds it.
     library = tmp_path / "android" / "android" / "arm64-v8a" / "build" / "libadd_relu_dnnfusion.so"
     library.parent.mkdir()
-    for content, message in [(fuse(MODELS / "add_relu.tflite", tmp_path / "x86", cache_dir=tmp_path / "k").library
+    for content, message in [(fuse(MODELS / "add_relu.tflite", tmp_path / "x86", cache_dir=private_cache).library
                               .read_bytes(), "built for EM_X86_64, it must be for aarch64"), (b"", "not an ELF file")]:
         library.write_bytes(content)
         assert cli.main(["aar", str(tmp_path / "android"), "-o", str(tmp_path / "x.aar")]) == 2
@@ -258,14 +259,14 @@ def test_java_api_falls_back_where_the_library_is_missing(jdk, tmp_path):
     assert out.split() == ["false", "true", "UnsatisfiedLinkError"]
 
 
-def test_two_models_and_their_builds_share_one_aar(android_ndk, tmp_path, monkeypatch):
+def test_two_models_and_their_builds_share_one_aar(android_ndk, tmp_path, monkeypatch, private_cache):
     # Two models' AARs would each carry the class and the JNI library (a duplicate class: the app's
     # build fails): one AAR holds any number of models, with one copy of each.
     monkeypatch.setenv("ANDROID_NDK", str(android_ndk))
     outs = [tmp_path / "add_relu", tmp_path / "add_relu_opencl", tmp_path / "conv_relu6"]
-    fuse(MODELS / "add_relu.tflite", outs[0], target="arm64-android", cache_dir=tmp_path / "k")
-    fuse(MODELS / "add_relu.tflite", outs[1], target="arm64-android-opencl", cache_dir=tmp_path / "k")
-    fuse(MODELS / "conv_relu6.tflite", outs[2], target="arm64-android", cache_dir=tmp_path / "k")
+    fuse(MODELS / "add_relu.tflite", outs[0], target="arm64-android", cache_dir=private_cache)
+    fuse(MODELS / "add_relu.tflite", outs[1], target="arm64-android-opencl", cache_dir=private_cache)
+    fuse(MODELS / "conv_relu6.tflite", outs[2], target="arm64-android", cache_dir=private_cache)
     aar = package_aar(outs, tmp_path / "vision_models.aar")
     with zipfile.ZipFile(aar) as archive:
         libraries = sorted(n for n in archive.namelist() if n.startswith("jni/"))
@@ -323,7 +324,7 @@ def _java_classes(jdk: Path, tmp_path: Path, *sources: tuple[str, str]) -> Path:
     return tmp_path / "classes"
 
 
-def test_one_process_loads_two_models_and_a_cpu_and_gpu_pair_each_from_its_own_library(jdk, tmp_path):
+def test_one_process_loads_two_models_and_a_cpu_and_gpu_pair_each_from_its_own_library(jdk, tmp_path, private_cache):
     # On the host's JVM: the JNI library built for x86-64, three host delegate libraries — two
     # models, and one model's CPU and OpenCL builds — and a delegate created from each. Each says
     # which bundle it loaded as it is created: every one is its own library's. With no OpenCL
@@ -338,7 +339,7 @@ def test_one_process_loads_two_models_and_a_cpu_and_gpu_pair_each_from_its_own_l
                     f"-Wl,--version-script={DELEGATE_DIR / 'android' / 'jni_exports.map'}", "-ldl", "-o", str(jni)],
                    check=True)
     libraries = [fuse(MODELS / f"{stem}.tflite", tmp_path / f"{stem}-{target}", target=target,
-                      cache_dir=tmp_path / "k").library
+                      cache_dir=private_cache).library
                  for stem, target in (("add_relu", "host"), ("conv_relu6", "host"), ("add_relu", "host-opencl"))]
     classes = _java_classes(jdk, tmp_path, ("TwoLibraries", JAVA_TWO_LIBRARIES))
     proc = subprocess.run([str(jdk / "java"), f"-Djava.library.path={jni.parent}", "-cp", str(classes), "TwoLibraries",

@@ -1,5 +1,5 @@
 """ARM64 end to end under qemu-aarch64: `fuse --target arm64-linux` cross-builds the delegate with
-aarch64-linux-gnu-g++; an emulated aarch64 Python (tests/arm64_rootfs.py) runs the fused model
+aarch64-linux-gnu-g++; an emulated aarch64 Python (bench/arm64_rootfs.py) runs the fused model
 through the aarch64 LiteRT wheel with that delegate; outputs match the host's LiteRT reference
 within tflite_tools.run's tolerance, and the delegate claims exactly the planned blocks."""
 

@@ -58,12 +58,12 @@ def test_cli_bench_runs_every_contender(capsys, model_path):
     assert data["host"]["cores"] >= 1 and data["versions"]["halide"]
 
 
-def test_cli_bench_takes_benchmark_models_flags_and_delegate_options(capsys, model_path, tmp_path):
+def test_cli_bench_takes_benchmark_models_flags_and_delegate_options(capsys, model_path, tmp_path, private_cache):
     # benchmark_model's flag names, and its 'key:value;key:value' delegate options: one contender
     # with exactly those; --require-claims fails when the delegate claims nothing.
     from tflite_tools.fuse import fuse
 
-    result = fuse(model_path("add_relu"), tmp_path / "out", cache_dir=tmp_path / "k")
+    result = fuse(model_path("add_relu"), tmp_path / "out", cache_dir=private_cache)
     args = ["bench", str(result.model), "--external_delegate_path", str(result.library), "--num_runs", "4",
             "--warmup_runs", "1", "--num_threads", "1", "--require-claims"]
     assert cli.main([*args, "--delegate-options", "claim:all;log_level:error", "--json"]) == 0

@@ -162,14 +162,14 @@ def test_int8_blocks_are_claimed_by_default_on_arm_with_dot_product(target, clai
 def test_only_int8_activations_make_a_block_int8():
     # A float model whose int8 weights are dequantized in the graph keeps its default claim.
     from tflite_tools.model.builder import ModelBuilder, quantization
-    from tflite_tools.fuse import _quantized
+    from halide_gen.targets import computes_on_int8
 
     b = ModelBuilder()
     wq = b.const("wq", np.ones((4, 3), np.int8), quant=quantization(0.1, 0))
     d = b.op("DEQUANTIZE", [wq], [4, 3], dtype="float32")
     b.output(b.op("MUL", [b.input("x", [4, 3]), d], [4, 3]))
-    assert not _quantized(b.build().main.operators)
-    assert _quantized(tflite_tools.load(Path(__file__).parent / "models" / "int8_add.tflite").main.operators)
+    assert not computes_on_int8(b.build().main.operators)
+    assert computes_on_int8(tflite_tools.load(Path(__file__).parent / "models" / "int8_add.tflite").main.operators)
 
 
 def test_unclaimed_nodes_still_go_to_xnnpack(fused, tmp_path):
@@ -378,8 +378,8 @@ def test_cli_fuse_then_run_compare(tmp_path, capsys, model_path):
     assert "delegate: claimed 1 blocks" in text and " ok" in text
 
 
-def test_cli_fuse_emit_asm_keeps_every_kernels_assembly(tmp_path, capsys, model_path, monkeypatch):
-    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+def test_cli_fuse_emit_asm_keeps_every_kernels_assembly(tmp_path, capsys, model_path, monkeypatch, private_cache):
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(private_cache.parent))
     out = tmp_path / "out"
     assert cli.main(["fuse", str(model_path("swish_chain")), "-o", str(out), "--emit-asm"]) == 0
     plan = json.loads((out / "plan.json").read_text())
@@ -444,15 +444,15 @@ def test_blocks_tflite_would_split_are_declined_not_failed(fused, tmp_path):
     assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
 
 
-def test_autoschedulers_pick_a_source_per_block_and_stay_correct(tmp_path):
+def test_autoschedulers_pick_a_source_per_block_and_stay_correct(tmp_path, private_cache):
     # Every block is timed under the templates and Halide's CPU autoschedulers; the fastest is
     # compiled into the bundle (and the choice cached by block signature).
     model = Path(__file__).parent / "models" / "fc_softmax.tflite"
-    result = fuse(model, tmp_path / "out", cache_dir=tmp_path / "k", autoschedulers=True, measure=True)
+    result = fuse(model, tmp_path / "out", cache_dir=private_cache, autoschedulers=True, measure=True)
     with_kernel = [k for k in result.kernels if k.kernel]
     assert with_kernel and all(k.schedule in schedule_sources("host") for k in with_kernel)
     assert all(k.ratio is not None and k.ratio > 0 for k in with_kernel)
-    cached = json.loads((tmp_path / "k" / "block-timings.json").read_text())
+    cached = json.loads((private_cache / "block-timings.json").read_text())
     assert any(key.startswith("schedule:") for key in cached) and any(key.startswith("ratio:") for key in cached)
     plan = json.loads(result.plan_json.read_text())
     assert [k["schedule"] for k in plan["kernels"] if k["kernel"]] == [k.schedule for k in with_kernel]
@@ -568,12 +568,12 @@ def test_blocked_weights_are_packed_by_the_runtime_as_by_python(kernel_cache, tm
     assert outcome.claims["claimed_nodes"] == planned_nodes(result)
 
 
-def test_measured_fuse_makes_the_fastest_policy_the_default(tmp_path):
+def test_measured_fuse_makes_the_fastest_policy_the_default(tmp_path, private_cache):
     # fuse --measure times the whole model with XNNPACK alone and with each claim policy; the
     # fastest is the delegate's default when its options name no policy. Which one wins is a
     # measurement, so the test checks the plumbing, not the winner.
     model = Path(__file__).parent / "models" / "swish_chain.tflite"
-    result = fuse(model, tmp_path / "out", cache_dir=tmp_path / "k", measure=True)
+    result = fuse(model, tmp_path / "out", cache_dir=private_cache, measure=True)
     for claim, medians in ((result.default_claim, result.whole_model_ms),
                            (result.default_claim_threaded, result.whole_model_ms_threaded)):
         assert claim in ("profitable", "all", "none")
@@ -590,17 +590,17 @@ def test_measured_fuse_makes_the_fastest_policy_the_default(tmp_path):
     assert run(result.model, delegate=result.library, options={"claim": "all"}).claims["claim"] == "all"
 
 
-def test_the_default_policy_follows_the_interpreters_thread_count(tmp_path, monkeypatch):
+def test_the_default_policy_follows_the_interpreters_thread_count(tmp_path, monkeypatch, private_cache):
     # The bundle holds a default policy for one thread and one for more (claiming only the blocks
     # faster at one thread lost at two: MobileNetV3-Small 1.25x XNNPACK against 0.87x claiming all).
     # The measurements are replaced by fixed answers so that the two differ.
     import tflite_tools.fuse as fuse_module
 
     answers = {1: "all", fuse_module.MEASURED_THREADS: "none"}
-    monkeypatch.setattr(fuse_module, "_best_default_claim",
+    monkeypatch.setattr(fuse_module, "best_default_claim",
                         lambda model, library, threads: (answers[threads], {"all": 1.0, "profitable": 1.0, "none": 1.0}))
     model = Path(__file__).parent / "models" / "swish_chain.tflite"
-    result = fuse(model, tmp_path / "out", cache_dir=tmp_path / "k", measure=True)
+    result = fuse(model, tmp_path / "out", cache_dir=private_cache, measure=True)
     assert (result.default_claim, result.default_claim_threaded) == ("all", "none")
     for threads, option, claim in ((1, {}, "all"), (2, {}, "none"), (4, {}, "none"), (1, {"num_threads": "2"}, "none"),
                                    (2, {"claim": "all"}, "all")):

@@ -67,7 +67,7 @@ def test_stock_litert_meets_the_tolerance_and_a_wrong_answer_does_not(tmp_path, 
     assert not compare([got[0] * 1.1], [want[0]], ["h"], rtols[:1])[0].ok
 
 
-def test_run_compare_judges_a_fused_dynamic_range_model_by_the_rule(tmp_path):
+def test_run_compare_judges_a_fused_dynamic_range_model_by_the_rule(tmp_path, private_cache):
     from delegate_checks import planned_nodes
     from tflite_tools.fuse import fuse
     from tflite_tools.model.reader import load
@@ -75,7 +75,7 @@ def test_run_compare_judges_a_fused_dynamic_range_model_by_the_rule(tmp_path):
 
     path = tmp_path / "m.tflite"
     path.write_bytes(tflite_tools.serialize(_dynamic_range_model(8)))
-    result = fuse(path, tmp_path / "out", cache_dir=tmp_path / "cache")
+    result = fuse(path, tmp_path / "out", cache_dir=private_cache)
     outcome = run(result.model, result.library, options={"claim": "all"})
     assert outcome.ok, outcome.errors
     # Every node, the hybrid FULLY_CONNECTEDs with the TANH / ADD between them.

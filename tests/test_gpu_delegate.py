@@ -93,8 +93,8 @@ def test_quantized_models_match_litert_on_the_gpu(api, stem, tmp_path):
     # Int8 and 16x8 blocks on the GPU: the same integer arithmetic as on the CPU (the reference
     # rounding), bit for bit LiteRT's. Every block with a lowering compiles (a GATHER's index
     # check runs on the host: lower.movement.index_operand). Vulkan
-    # has no 64-bit integers: requantization takes 32-bit pieces there (lower.quantized.
-    # integer_width_forms), the per-channel FULLY_CONNECTED's single rounding too (MobileNetV2's
+    # has no 64-bit integers: requantization takes 32-bit pieces there (LoweringOptions.wide_integers,
+    # lower.fixed_point), the per-channel FULLY_CONNECTED's single rounding too (MobileNetV2's
     # classifier: rounded_once_in_32_bits).
     env = gpu_env(api)
     result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path.parent / "kgpu")
@@ -143,12 +143,12 @@ def test_a_wide_softmax_matches_litert(api, tmp_path):
 
 
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])
-def test_a_gpu_bundle_where_no_device_opens_claims_nothing_and_the_model_runs(api, tmp_path):
+def test_a_gpu_bundle_where_no_device_opens_claims_nothing_and_the_model_runs(api, tmp_path, private_cache):
     # No ICD, no driver (a phone without OpenCL): every kernel would fail its first launch, so the
     # delegate declines the whole bundle, even under claim:all; `require_device` refuses creation.
     env = {**os.environ, "OCL_ICD_VENDORS": str(tmp_path / "none"), "VK_ICD_FILENAMES": str(tmp_path / "none.json"),
            "VK_DRIVER_FILES": str(tmp_path / "none.json")}
-    result = fuse(MODELS / "add_relu.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path / "k")
+    result = fuse(MODELS / "add_relu.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=private_cache)
     proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
                     "--option", "claim=all"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -164,7 +164,7 @@ def test_a_gpu_bundle_where_no_device_opens_claims_nothing_and_the_model_runs(ap
 
 @pytest.mark.parametrize("bits", [8, 4])
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])
-def test_a_hybrid_fully_connected_matches_litert_on_the_gpu(api, bits, tmp_path):
+def test_a_hybrid_fully_connected_matches_litert_on_the_gpu(api, bits, tmp_path, private_cache):
     # Symmetric input quantization (float32 steps) runs on the device; the asymmetric form forms its
     # steps in double, which GPU targets lack: that block is left to TFLite with the reason. Int4
     # weights are unpacked to int8 on the host when the partition binds them.
@@ -181,7 +181,7 @@ def test_a_hybrid_fully_connected_matches_litert_on_the_gpu(api, bits, tmp_path)
     assert output["max_rel"] <= 1e-5, output
     b.graph.operators[0].options.asymmetricQuantizeInputs = True
     (tmp_path / "asymmetric.tflite").write_bytes(serialize(b.build()))
-    result = fuse(tmp_path / "asymmetric.tflite", tmp_path / "asym", target=f"host-{api}", cache_dir=tmp_path / "k")
+    result = fuse(tmp_path / "asymmetric.tflite", tmp_path / "asym", target=f"host-{api}", cache_dir=private_cache)
     assert "double, which GPU targets lack" in result.kernels[0].skipped
 
 
@@ -218,7 +218,7 @@ def _gather_model(op: str):
     ("GATHER_ND", [[3, 5], [0, 0], [1, 2]], [[0, 1], [0, 6], [1, 1]],
      "gather_nd index out of bounds: got 6 for a dimension of 6"),
 ])
-def test_gather_indices_are_checked_on_the_host(api, op, good, bad, message, tmp_path):
+def test_gather_indices_are_checked_on_the_host(api, op, good, bad, message, tmp_path, private_cache):
     # Device code cannot fail an invoke: the partition checks indices read from data on the host
     # before the kernel runs (lower.movement.index_operand, ArgSpec::n_index_bounds). In range:
     # LiteRT's rows, with the block on the GPU; out of range: the invoke fails as LiteRT's does.
@@ -226,7 +226,7 @@ def test_gather_indices_are_checked_on_the_host(api, op, good, bad, message, tmp
 
     model = _gather_model(op)
     (tmp_path / "g.tflite").write_bytes(serialize(model))
-    result = fuse(tmp_path / "g.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=tmp_path / "k")
+    result = fuse(tmp_path / "g.tflite", tmp_path / "out", target=f"host-{api}", cache_dir=private_cache)
     assert [k.kernel is not None for k in result.kernels] == [True], [k.skipped for k in result.kernels]
     table_shape = model.main.inputs[0].shape
     np.save(tmp_path / "table.npy", np.arange(np.prod(table_shape), dtype=np.float32).reshape(table_shape))
@@ -267,9 +267,9 @@ def test_fp16_vulkan_delegate_matches_litert(stem, tmp_path):
     assert max(o["max_rel"] for o in report["outputs"]) > RTOL, report["outputs"]
 
 
-def test_fp16_bundle_declines_an_opencl_device_without_fp16(tmp_path):
+def test_fp16_bundle_declines_an_opencl_device_without_fp16(tmp_path, private_cache):
     env = gpu_env("opencl")
-    result = fuse(MODELS / "unet_tiny.tflite", tmp_path / "out", target="host-opencl-fp16", cache_dir=tmp_path / "k")
+    result = fuse(MODELS / "unet_tiny.tflite", tmp_path / "out", target="host-opencl-fp16", cache_dir=private_cache)
     proc = run_cli(["run", str(result.model), "--delegate", str(result.library), "--compare", "--json",
                     "--option", "claim=all"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -280,10 +280,10 @@ def test_fp16_bundle_declines_an_opencl_device_without_fp16(tmp_path):
 
 
 @pytest.mark.parametrize("api", ["opencl", "vulkan"])
-def test_gpu_autoschedulers_pick_a_source_per_block(api, tmp_path):
+def test_gpu_autoschedulers_pick_a_source_per_block(api, tmp_path, private_cache):
     # fuse --autoschedulers on a GPU target times the GPU templates, Anderson2021 and Li2018 on the
     # API's device here and compiles the fastest per block; the bundle must stay correct.
-    env = {**gpu_env(api), "DNNFUSION_CACHE_DIR": str(tmp_path / "cache")}
+    env = {**gpu_env(api), "DNNFUSION_CACHE_DIR": str(private_cache.parent)}
     out = tmp_path / "out"
     proc = run_cli(["fuse", str(MODELS / "depthwise_residual.tflite"), "-o", str(out), "--target", f"host-{api}",
                     "--autoschedulers"], env)
@@ -291,7 +291,7 @@ def test_gpu_autoschedulers_pick_a_source_per_block(api, tmp_path):
     plan = json.loads((out / "plan.json").read_text())
     schedules = [k["schedule"] for k in plan["kernels"] if k["kernel"]]
     assert schedules and set(schedules) <= {"template", "Anderson2021", "Li2018"}, schedules
-    timings = json.loads((tmp_path / "cache" / "block-timings.json").read_text())
+    timings = json.loads((private_cache / "block-timings.json").read_text())
     assert any(key.startswith("schedule:") and f":host-{api}:" in key for key in timings)
     proc = run_cli(["run", str(out / "model.fused.tflite"), "--delegate", str(next(out.glob("*.so"))), "--compare",
                     "--json", "--option", "claim=all"], env)

@@ -105,9 +105,9 @@ def segmenter(path):
     return path
 
 
-def test_segmenter_runs_with_the_delegate_claiming_the_custom_ops(tmp_path):
+def test_segmenter_runs_with_the_delegate_claiming_the_custom_ops(tmp_path, private_cache):
     source = segmenter(tmp_path / "segmenter.tflite")
-    result = fuse(source, tmp_path / "out", cache_dir=tmp_path / "cache")
+    result = fuse(source, tmp_path / "out", cache_dir=private_cache)
     custom = [n for k in result.kernels for n, op in zip(k.nodes, k.ops) if op.startswith("CUSTOM:")]
     assert len(custom) == 3 and all(k.kernel for k in result.kernels)
     for claim in ("all", "profitable"):
@@ -116,10 +116,10 @@ def test_segmenter_runs_with_the_delegate_claiming_the_custom_ops(tmp_path):
         assert set(custom) <= set(outcome.claims["claimed_nodes"])
 
 
-def test_custom_op_models_stay_runnable_with_claim_none(tmp_path):
+def test_custom_op_models_stay_runnable_with_claim_none(tmp_path, private_cache):
     # Nothing claimed: XNNPACK (applied after our delegate) must still get to run the custom ops.
     source = segmenter(tmp_path / "segmenter.tflite")
-    result = fuse(source, tmp_path / "out", cache_dir=tmp_path / "cache")
+    result = fuse(source, tmp_path / "out", cache_dir=private_cache)
     outcome = run(result.model, result.library, options={"claim": "none"})
     assert outcome.ok and outcome.claims["claimed_nodes"] == []
 
@@ -134,7 +134,7 @@ def test_run_compare_names_its_reference(tmp_path, capsys):
 
 @pytest.mark.parametrize("options, reason", [((SAME, 2, 2, 3, 3, 0), "filter 3x3 with stride 2x2"),
                                              ((SAME, 2, 2, 2, 2, 1), "fused activation 1")])
-def test_pooling_xnnpack_refuses_is_left_to_tflite(tmp_path, options, reason):
+def test_pooling_xnnpack_refuses_is_left_to_tflite(tmp_path, options, reason, private_cache):
     # The lowering refuses what XNNPACK refuses, so the block is reported without a kernel
     # instead of claimed with guessed semantics.
     b = ModelBuilder()
@@ -142,17 +142,17 @@ def test_pooling_xnnpack_refuses_is_left_to_tflite(tmp_path, options, reason):
     v, i = b.custom("MaxPoolingWithArgmax2D", [x], [[1, 3, 3, 2]] * 2, custom_options=struct.pack("<6i", *options))
     b.output(v, i)
     tflite_tools.save(b.build(), tmp_path / "m.tflite")
-    result = fuse(tmp_path / "m.tflite", tmp_path / "out", cache_dir=tmp_path / "cache")
+    result = fuse(tmp_path / "m.tflite", tmp_path / "out", cache_dir=private_cache)
     (record,) = result.kernels
     assert record.kernel is None and reason in record.skipped
 
 
-def test_argmax_pooling_and_its_unpooling_are_claimed_together(tmp_path):
+def test_argmax_pooling_and_its_unpooling_are_claimed_together(tmp_path, private_cache):
     # Their index encoding is their kernels' own: claiming the pooling's block without the
     # unpooling's would hand our indices to another runtime's kernel. Asked for one alone, the
     # delegate declines it, names the other, and the model still matches.
     source = segmenter(tmp_path / "segmenter.tflite")
-    result = fuse(source, tmp_path / "out", cache_dir=tmp_path / "cache")
+    result = fuse(source, tmp_path / "out", cache_dir=private_cache)
     pool = next(k for k in result.kernels if "CUSTOM:MaxPoolingWithArgmax2D" in k.ops)
     unpool = next(k for k in result.kernels if "CUSTOM:MaxUnpooling2D" in k.ops)
     assert pool.block != unpool.block
@@ -164,13 +164,13 @@ def test_argmax_pooling_and_its_unpooling_are_claimed_together(tmp_path):
     assert both.ok and both.claims["claimed_blocks"] == [pool.block, unpool.block]
 
 
-def test_resizing_a_custom_op_model_fails_with_the_reason(tmp_path):
+def test_resizing_a_custom_op_model_fails_with_the_reason(tmp_path, private_cache):
     # Models with custom ops keep the graph mutable (see the delegate's flags), so a resize reaches
     # the claimed kernels, whose shapes are fixed. A partition holding MediaPipe's ops cannot run
     # TFLite's kernels in their place (TFLite has none; only XNNPACK runs them): Prepare refuses
     # with the reason, nothing crashes.
     source = segmenter(tmp_path / "segmenter.tflite")
-    result = fuse(source, tmp_path / "out", cache_dir=tmp_path / "cache")
+    result = fuse(source, tmp_path / "out", cache_dir=private_cache)
     d = runtime.load_delegate(str(result.library), options={"claim": "all"})
     interp = runtime.make_interpreter(result.model, delegates=[d])
     interp.resize_tensor_input(interp.get_input_details()[0]["index"], [1, 16, 16, 3])

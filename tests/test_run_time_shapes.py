@@ -73,7 +73,7 @@ def _conv_model_with_a_run_time_shape(path):
 
 
 @pytest.mark.parametrize("claim", ["all", None, "none"])
-def test_a_resized_input_runs_through_tflites_kernels_and_back(claim, tmp_path):
+def test_a_resized_input_runs_through_tflites_kernels_and_back(claim, tmp_path, private_cache):
     # A bundle that allows dynamic tensors stays in the graph across a resize (TFLite re-prepares
     # the partition instead of claiming again): the partition runs TFLite's kernels for its nodes
     # at the new shape, and its own again once the shape is back.
@@ -82,7 +82,7 @@ def test_a_resized_input_runs_through_tflites_kernels_and_back(claim, tmp_path):
     from tflite_tools.run import compare, reference_resolver
 
     result = fuse(_conv_model_with_a_run_time_shape(tmp_path / "m.tflite"), tmp_path / "out",
-                  cache_dir=tmp_path / "cache")
+                  cache_dir=private_cache)
     report = tmp_path / "claims.jsonl"
     options = {"report": str(report), **({"claim": claim} if claim else {})}
     interp = runtime.make_interpreter(result.model, delegates=[runtime.load_delegate(str(result.library), options)])

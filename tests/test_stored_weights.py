@@ -65,10 +65,11 @@ def test_restore_decoded_puts_the_decoder_back_in_front(tmp_path):
 
 
 @pytest.mark.parametrize("claim", ["all", "none"])
-def test_a_conv_on_sparse_fp16_weights_keeps_them_sparse_and_runs_their_decoders_itself(tmp_path, monkeypatch, claim):
+def test_a_conv_on_sparse_fp16_weights_keeps_them_sparse_and_runs_their_decoders_itself(tmp_path, monkeypatch, claim,
+                                                                                        private_cache):
     # XNNPACK takes a DENSIFY whose DEQUANTIZE feeds a node of ours and never writes its output:
     # the delegate claims the decoders with the conv and runs TFLite's kernels for them.
-    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(private_cache.parent))
     w = weights()
     (tmp_path / "m.tflite").write_bytes(fp16_conv(w))
     result = fuse(tmp_path / "m.tflite", tmp_path / "out")
@@ -84,10 +85,10 @@ def test_a_conv_on_sparse_fp16_weights_keeps_them_sparse_and_runs_their_decoders
     assert outcome.claims["declined"] == []
 
 
-def test_infinity_in_stored_fp16_weights_leaves_the_block_to_tflite(tmp_path, monkeypatch):
+def test_infinity_in_stored_fp16_weights_leaves_the_block_to_tflite(tmp_path, monkeypatch, private_cache):
     # The claim-time check of weights (test_special_values) reads the stored fp16 values: the
     # decoded ones do not exist until TFLite runs its DEQUANTIZE.
-    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(private_cache.parent))
     w = weights()
     w[3, 0, 0, 1] = np.inf
     (tmp_path / "m.tflite").write_bytes(fp16_conv(w, sparse=False))
@@ -103,8 +104,8 @@ def test_infinity_in_stored_fp16_weights_leaves_the_block_to_tflite(tmp_path, mo
                                             ("sparse_conv_densify", {"DENSIFY": 1}),
                                             ("sparse_fp16_conv", {"DENSIFY": 2, "DEQUANTIZE": 4}),
                                             ("transformer_encoder_fp16", {"DEQUANTIZE": 11})])
-def test_converter_models_keep_their_stored_weights(stem, decoders, model_path, tmp_path, monkeypatch):
-    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(tmp_path / "cache"))
+def test_converter_models_keep_their_stored_weights(stem, decoders, model_path, tmp_path, monkeypatch, private_cache):
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", str(private_cache.parent))
     result = fuse(model_path(stem), tmp_path / "out")
     assert stored_bytes(result.model) == stored_bytes(model_path(stem))
     ops = [op.name for op in load(result.model).main.operators]

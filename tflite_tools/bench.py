@@ -7,22 +7,18 @@ Contenders (those that apply):
     dnnfusion-all         our delegate claiming every block it has a kernel for (XNNPACK takes the rest)
     dnnfusion-profitable  our delegate claiming only the blocks `fuse --measure` found faster
 
-Repetitions are interleaved, so drift in the machine's speed hits every contender alike: the
-contenders take turns, each running a batch of BATCH invokes per turn after one untimed invoke that
-settles its caches, in orders where each contender runs right after every other equally often
-(`balanced_orders`): in a fixed rotation the contender after LiteRT's builtin kernels always followed
-them, and at two threads that alone made it a third slower (gpt2_small: our delegate 1.11-1.30x
-XNNPACK there, 0.82-0.85x without the builtin contender; XNNPACK 1.65 ms instead of 1.06 when it
-followed them). Timed so, a contender runs as benchmark_model
-runs a model, one invoke after another: its weights and code stay in cache as far as they fit, as
-they do in an app that runs one model on every frame. `cold` times the other regime: one invoke per
-turn, so each follows another model's and finds the caches full of that model's data (MobileNetV3,
-one thread: XNNPACK 0.95 ms warm, 1.05-1.22 ms cold). At one thread the contenders share one process;
-with more, each runs in a process of its own, every other contender's process stopped (SIGSTOP)
-meanwhile. Thread pools keep spinning after an invoke (XNNPACK's; the builtin kernels' for longer
-than 0.2 s), and any one left running shares the cores with the contender being timed: two-thread
-figures measured in one process were 1.4-1.9x where each model alone ran at 1.2-1.3x, and with the
-builtin contender's process merely idle beside it, XNNPACK's own time at two threads doubled.
+Repetitions are interleaved, so drift in the machine's speed hits every contender alike: the contenders
+take turns, each running a batch of BATCH invokes per turn after one untimed invoke that settles its
+caches, in orders where each contender runs right after every other equally often (`balanced_orders`):
+in a fixed rotation the contender after LiteRT's builtin kernels always followed them, and at two
+threads that alone made it a third slower. Timed so, a contender runs as benchmark_model runs a model,
+one invoke after another: its weights and code stay in cache as far as they fit, as they do in an app
+that runs one model on every frame. `cold` times the other regime: one invoke per turn, so each follows
+another model's and finds the caches full of that model's data. At one thread the contenders share one
+process; with more, each runs in a process of its own, every other contender's process stopped (SIGSTOP)
+meanwhile. Thread pools keep spinning after an invoke (XNNPACK's; the builtin kernels' for longer than
+0.2 s), and any one left running shares the cores with the contender being timed, and with the builtin
+contender's process merely idle beside it, XNNPACK's own time at two threads doubled.
 Each contender also gets benchmark_model's own lines, with its fields and precision (`count=50
 first=... curr=... min=... max=... avg=... std=... p5=... median=... p95=...` in microseconds, and
 `Inference timings in us: Init: ..., First inference: ..., Warmup (avg): ..., Inference (avg): ...`).
