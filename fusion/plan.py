@@ -22,13 +22,11 @@ The algorithm, and where it departs from the paper's text:
    residual ADD between two inverted residuals and a swish between two convolutions into the
    *consumer's* block, where a reduction reads each element many times, so the op is materialised
    before it (one more pass over memory); in the producer's block it is computed once per
-   element on the register tile, before the result is stored. Measured side by side
-   (`bench/ab.py --runs 100`, x86, two rounds): bert_small 0.938x / 0.962x -> 0.910x / 0.927x
-   XNNPACK's time at one thread, 0.920x / 0.934x -> 0.912x / 0.904x at two; mobilenet_v3_small at
-   two threads 0.95x / 0.99x -> 0.88x / 0.89x; the others within noise or better. Data movement (a
+   element on the register tile, before the result is stored (measured side by side:
+   bench/RESULTS-history.md, "Epilogues first"). Data movement (a
    CONCATENATION read in place by the convolution after it) keeps the paper's order, and so do ARM
-   targets (halide_gen.targets.TargetSpec.plan_config): NEON's register tile leaves no room for an epilogue's
-   constants, and the spills cost more than the pass they save.
+   targets (halide_gen.targets.TargetSpec.plan_config): NEON's register tile leaves no room for an
+   epilogue's constants, and the spills cost more than the pass they save.
 4. Steps 2 and 3 repeat until the block stops growing (the paper runs each once), so a block can
    take in an op that shares its input — LayerNorm's `x` feeds MEAN, SQUARED_DIFFERENCE and SUB.
 5. Ops no block took — opaque ones included — become blocks of one.
