@@ -36,6 +36,29 @@ BLOCK_FP16_RTOL = 4e-3
 PRECISION = "fp32"
 
 
+def unary_model(op: str, shape: Sequence[int], **options) -> Model:
+    """A model of one op on one float32 input of `shape`, its output the same shape."""
+    from tflite_tools.model.builder import ModelBuilder
+
+    b = ModelBuilder()
+    b.output(b.op(op, [b.input("x", shape)], shape, **options))
+    return b.build()
+
+
+def binary_model(op: str, a_shape: Sequence[int], b_shape: Sequence[int], constant: np.ndarray | None = None,
+                 dtype: str = "float32", out_dtype: str | None = None, **options) -> Model:
+    """A model of one op on inputs `x` and `y` (`y` the constant `constant` where given), its output
+    the broadcast shape; options that are None are left out."""
+    from tflite_tools.model.builder import ModelBuilder
+
+    b = ModelBuilder()
+    x = b.input("x", a_shape, dtype)
+    y = b.const("y", constant) if constant is not None else b.input("y", b_shape, dtype)
+    out = tuple(np.broadcast_shapes(tuple(a_shape), tuple(b_shape)))
+    b.output(b.op(op, [x, y], out, dtype=out_dtype, **{k: v for k, v in options.items() if v is not None}))
+    return b.build()
+
+
 def reference(model: Model, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Outputs from the LiteRT kernels `run.reference_resolver` names (its reference kernels, as a
     rule), or the builtin kernels for the few ops, such as CEIL, the reference resolver does not

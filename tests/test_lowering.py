@@ -10,7 +10,7 @@ from fusion.mapping import OPS
 from halide_gen.lower import LOWERINGS
 from tflite_tools.model.builder import ModelBuilder
 import opcheck
-from opcheck import compare
+from opcheck import binary_model, compare, unary_model
 
 rng = np.random.default_rng(7)
 
@@ -31,19 +31,11 @@ def i32(values):
 
 
 def unary(op, shape=(1, 3, 5, 7), **opts):
-    b = ModelBuilder()
-    x = b.input("x", shape)
-    b.output(b.op(op, [x], shape, **opts))
-    return b.build()
+    return unary_model(op, shape, **opts)
 
 
 def binary(op, a_shape, b_shape, const_b=False, dtype="float32", out_dtype=None, **opts):
-    b = ModelBuilder()
-    x = b.input("x", a_shape, dtype)
-    y = b.const("y", w(*b_shape)) if const_b else b.input("y", b_shape, dtype)
-    out = tuple(np.broadcast_shapes(tuple(a_shape), tuple(b_shape)))
-    b.output(b.op(op, [x, y], out, dtype=out_dtype, **opts))
-    return b.build()
+    return binary_model(op, a_shape, b_shape, w(*b_shape) if const_b else None, dtype, out_dtype, **opts)
 
 
 def positive(shapes):

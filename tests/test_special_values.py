@@ -40,18 +40,11 @@ def assert_same_specials(ref: np.ndarray, got: np.ndarray) -> None:
 
 
 def unary(op, shape=(1, 4, 5, 6), **opts):
-    b = ModelBuilder()
-    x = b.input("x", shape)
-    b.output(b.op(op, [x], shape, **opts))
-    return b.build()
+    return opcheck.unary_model(op, shape, **opts)
 
 
 def binary(op, act=None, shape=(1, 4, 5, 6)):
-    b = ModelBuilder()
-    x, y = b.input("x", shape), b.input("y", shape)
-    opts = {"fused_activation_function": act} if act else {}
-    b.output(b.op(op, [x, y], shape, **opts))
-    return b.build()
+    return opcheck.binary_model(op, shape, shape, fused_activation_function=act)
 
 
 def conv(op, act, rng):
