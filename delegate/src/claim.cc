@@ -12,6 +12,7 @@
 #include "cpu_caps.h"
 #include "gpu_caps.h"
 #include "pack.h"
+#include "page_scan.h"
 
 namespace dnnfusion {
 namespace {
@@ -79,16 +80,26 @@ std::string CheckGraph(TfLiteContext* context, const GraphSpec& graph) {
 }
 
 // False when a float32 or float16 constant holds NaN or infinity (other types are always finite).
+// Read without keeping it resident (page_scan.h): the kernel may read only part of it.
 bool AllFinite(const TfLiteTensor& t) {
+  const auto* data = reinterpret_cast<const uint8_t*>(t.data.raw);
   if (t.type == kTfLiteFloat32) {
-    for (size_t i = 0; i < t.bytes / sizeof(float); ++i) {
-      if (!std::isfinite(t.data.f[i])) return false;
-    }
-  } else if (t.type == kTfLiteFloat16) {
-    const auto* bits = reinterpret_cast<const uint16_t*>(t.data.raw);
-    for (size_t i = 0; i < t.bytes / sizeof(uint16_t); ++i) {
-      if ((bits[i] & 0x7c00) == 0x7c00) return false;  // exponent all ones: infinity or NaN
-    }
+    return ScanWithoutKeeping(data, t.bytes / sizeof(float) * sizeof(float), [](const uint8_t* chunk, size_t bytes) {
+      const auto* values = reinterpret_cast<const float*>(chunk);
+      for (size_t i = 0; i < bytes / sizeof(float); ++i) {
+        if (!std::isfinite(values[i])) return false;
+      }
+      return true;
+    });
+  }
+  if (t.type == kTfLiteFloat16) {
+    return ScanWithoutKeeping(data, t.bytes / sizeof(uint16_t) * sizeof(uint16_t), [](const uint8_t* chunk, size_t bytes) {
+      const auto* bits = reinterpret_cast<const uint16_t*>(chunk);
+      for (size_t i = 0; i < bytes / sizeof(uint16_t); ++i) {
+        if ((bits[i] & 0x7c00) == 0x7c00) return false;  // exponent all ones: infinity or NaN
+      }
+      return true;
+    });
   }
   return true;
 }
