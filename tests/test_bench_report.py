@@ -56,6 +56,15 @@ def test_section_replaces_itself_in_results(tmp_path):
     assert text.count(bench_run.BEGIN) == 1 and "| b |" in text and "| a |" not in text and "intro" in text
 
 
+def test_the_committed_results_hold_the_section_bench_run_replaces():
+    # Each marker once, begin before end, in RESULTS.md alone: with one of them elsewhere (a history
+    # file split off RESULTS.md), bench/run.py would append a second section instead of replacing it.
+    text = (REPO / "bench" / "RESULTS.md").read_text()
+    assert text.count(bench_run.BEGIN) == 1 and text.count(bench_run.END) == 1
+    assert text.index(bench_run.BEGIN) < text.index(bench_run.END)
+    assert bench_run.BEGIN not in (REPO / "bench" / "RESULTS-history.md").read_text()
+
+
 def test_charts_are_written(tmp_path):
     pytest.importorskip("matplotlib")
     paths = bench_run.draw_charts([row("m1", {"median_ms": 20.0}), row("m2")], tmp_path)
