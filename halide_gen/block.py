@@ -19,7 +19,7 @@ from tflite_tools.model.fingerprint import block_identity
 from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, lower
-from .lowering_options import LoweringOptions, lowering_with
+from .lowering_options import LoweringOptions
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, halide_type
 
@@ -222,18 +222,6 @@ def _declare_dense(buffer, shape) -> None:
         stride *= int(extent)
 
 
-def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
-                options: LoweringOptions = LoweringOptions()) -> BlockKernel:
-    """Lowers `ops` (in execution order) into one pipeline producing `outputs`, in the forms
-    `options` names (halide_gen.lowering_options; the defaults: float32, ARM's integer forms, the
-    reference int8 rounding, host code).
-
-    Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
-    """
-    with lowering_with(options):
-        return _build_block(name, ops, outputs, options)
-
-
 def build_block_for(spec, name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
     """build_block in the forms a target's kernels take (a halide_gen.targets.TargetSpec's
     lowering_options). Every lowering of a block for a target goes through here, so the kernel
@@ -254,8 +242,14 @@ def _check_addressable(ops: Sequence[Operator]) -> None:
                                     f"({MAX_BUFFER_BYTES})")
 
 
-def _build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
-                 options: LoweringOptions) -> BlockKernel:
+def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
+                options: LoweringOptions = LoweringOptions()) -> BlockKernel:
+    """Lowers `ops` (in execution order) into one pipeline producing `outputs`, in the forms
+    `options` names (halide_gen.lowering_options; the defaults: float32, ARM's integer forms, the
+    reference int8 rounding, host code).
+
+    Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
+    """
     _check_addressable(ops)
     kernel = BlockKernel(_ident(name), list(ops), [], [])
     produced = {id(t) for op in ops for t in op.outputs}

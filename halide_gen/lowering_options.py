@@ -4,18 +4,14 @@ A target's kernels differ in a few forms that every lowering of its blocks must 
 float tensors are stored between ops, whether float min / max already give TFLite's NaN answers,
 x86's or ARM's integer forms, how int8 sums are requantized, whether 64-bit integers exist and
 whether the code runs on a device that cannot fail an invoke. They travel together in one frozen
-object (`TargetSpec.lowering_options()` makes a target's): lowerings read it as `ctx.options`, and
-the expression helpers below them, which build Halide expressions without an op at hand
-(values.define, lower.ieee, the fixed-point arithmetic), read the one `build_block` is lowering
-with through `active()`.
+object (`TargetSpec.lowering_options()` makes a target's), which `build_block` gives every op's
+lowering as `ctx.options`; the expression helpers below them (values.define, lower.ieee, the
+fixed-point arithmetic) take what they need of it as arguments, so nothing is read from global state.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from dataclasses import dataclass
-from typing import Iterator
 
 import halide as hl
 
@@ -57,22 +53,3 @@ class LoweringOptions:
     def float_storage(self) -> hl.Type:
         """The type float tensors are stored in between ops."""
         return PRECISIONS[self.precision]
-
-
-_ACTIVE: contextvars.ContextVar[LoweringOptions] = contextvars.ContextVar("lowering_options",
-                                                                          default=LoweringOptions())
-
-
-@contextlib.contextmanager
-def lowering_with(options: LoweringOptions) -> Iterator[None]:
-    """Makes `options` the active ones inside the `with` block (build_block's lowering)."""
-    token = _ACTIVE.set(options)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-
-
-def active() -> LoweringOptions:
-    """The options of the block being lowered (the defaults outside build_block)."""
-    return _ACTIVE.get()

@@ -14,7 +14,6 @@ from typing import Callable, Sequence
 import halide as hl
 import numpy as np
 
-from .lowering_options import active
 
 # Halide dimension names, innermost first: NHWC's C is "c", W is "x", H is "y", N is "n".
 DIM_NAMES = ("c", "x", "y", "n", "d4", "d5", "d6", "d7")
@@ -91,13 +90,12 @@ class Value:
         return self(*index)
 
 
-def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr], exact: bool = False) -> Value:
+def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr], *, storage: hl.Type) -> Value:
     """A new Func of `shape` whose element at TFLite index (i0, ..., ik) is body(i0, ..., ik).
 
-    Float results are stored in the active lowering options' float storage type (fp16 on a GPU
-    target in half precision: rounded here, widened back to float32 where read, so the arithmetic
-    inside an op stays float32), unless `exact`: a reduction's partial results stay float32 so that
-    every sum is float32 under fp16 storage too.
+    A float result is stored as `storage` (a lowering's OpContext.define gives its target's: fp16
+    on a GPU target in half precision, rounded here and widened back to float32 where read, so the
+    arithmetic inside an op stays float32).
     """
     shape = tuple(int(d) for d in shape)
     f = hl.Func(name)
@@ -105,7 +103,6 @@ def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr], exact:
     expr = body(*idx)
     if not isinstance(expr, hl.Expr):  # a FuncRef or a Python number
         expr = hl.Expr(expr)
-    storage = hl.Float(32) if exact else active().float_storage
     if expr.type().is_float() and expr.type() != storage:
         expr = narrow(expr, storage)
     if idx:

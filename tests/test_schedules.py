@@ -316,9 +316,9 @@ def test_no_producer_is_recomputed_inside_a_reduction(model_path, stem):
 
 def _unary_ops() -> list[tuple[str, dict]]:
     """Every float elementwise op of one input the lowering knows, with the options it needs."""
-    from halide_gen.lower.elementwise import UNARY
+    from halide_gen.lower.elementwise import CLAMPING_UNARY, UNARY
 
-    return [(name, {}) for name in sorted(UNARY)] + [("GELU", {"approximate": False}), ("GELU", {"approximate": True}),
+    return [(name, {}) for name in sorted({*UNARY, *CLAMPING_UNARY})] + [("GELU", {"approximate": False}), ("GELU", {"approximate": True}),
                                                      ("LEAKY_RELU", {"alpha": 0.2})]
 
 

@@ -225,10 +225,11 @@ def test_nan_weights_leave_the_block_to_tflite(tmp_path, monkeypatch, private_ca
     assert "holds NaN or infinity" in outcome.claims["declined"][0]["reason"]
 
 
-def test_exp_of_nonpositive_values_is_accurate_and_underflows_to_zero():
+@pytest.mark.parametrize("native_minmax", [False, True])
+def test_exp_of_nonpositive_values_is_accurate_and_underflows_to_zero(native_minmax):
     """halide_gen.lower.ieee.exp_nonpositive: within 4e-7 of e^x while e^x is a normal float, and
     exactly 0 well below it (a masked attention score), never a tiny normal that turns the products
-    it enters subnormal."""
+    it enters subnormal; in both clamp forms (x86's and ARM's)."""
     import halide as hl
 
     from halide_gen.lower.ieee import exp_nonpositive
@@ -237,7 +238,7 @@ def test_exp_of_nonpositive_values_is_accurate_and_underflows_to_zero():
     values = hl.Buffer(x)
     i = hl.Var("i")
     f = hl.Func("exp_nonpositive")
-    f[i] = exp_nonpositive(values[i])
+    f[i] = exp_nonpositive(values[i], native_minmax=native_minmax)
     got = np.asarray(f.realize([x.size]))
     normal = x >= -87.3
     want = np.exp(x[normal].astype(np.float64))

@@ -10,7 +10,7 @@ import math
 
 import halide as hl
 
-from ..values import Value, define, read_broadcast
+from ..values import Value, read_broadcast
 from . import ieee
 from .registry import LoweringError, OpContext, register
 
@@ -22,8 +22,9 @@ ACTIVATION_RANGES = {"NONE": (-ieee.FLT_MAX, ieee.FLT_MAX), "RELU": (0.0, ieee.F
                      "RELU_N1_TO_1": (-1.0, 1.0)}
 
 
-def activation(expr: hl.Expr, name: str | None, clamps_none: bool = True) -> hl.Expr:
-    """A TFLite fused activation (`RELU`, `RELU6`, `RELU_N1_TO_1`) on `expr`.
+def activation(expr: hl.Expr, name: str | None, native_minmax: bool, clamps_none: bool = True) -> hl.Expr:
+    """A TFLite fused activation (`RELU`, `RELU6`, `RELU_N1_TO_1`) on `expr`, in the target's clamp
+    form (`native_minmax`: LoweringOptions).
 
     Float kernels clamp every result to the activation's range with std::min / std::max, NONE
     included (to +-FLT_MAX): NaN passes, +-inf becomes the bound (halide_gen.lower.ieee). Ops whose
@@ -39,7 +40,7 @@ def activation(expr: hl.Expr, name: str | None, clamps_none: bool = True) -> hl.
         return expr
     lo, hi = ACTIVATION_RANGES[name]
     if expr.type().is_float():
-        return ieee.clamp(expr, lo, hi)
+        return ieee.clamp(expr, lo, hi, native_minmax=native_minmax)
     if name == "RELU":
         return hl.max(expr, hl.cast(expr.type(), 0))
     return hl.clamp(expr, hl.cast(expr.type(), lo), hl.cast(expr.type(), hi))
@@ -55,7 +56,7 @@ def store_bool(cond: hl.Expr) -> hl.Expr:
     return hl.cast(hl.UInt(8), cond)
 
 
-def logistic(x: hl.Expr) -> hl.Expr:
+def logistic(x: hl.Expr, native_minmax: bool) -> hl.Expr:
     """1 / (1 + e^-x), with TFLite's reference kernel's cut-off below -9 (e^x there; NaN stays NaN).
 
     One exponential, of -|x| (in (0, 1]: it cannot overflow), serves both signs: 1 / (1 + t) for
@@ -64,7 +65,7 @@ def logistic(x: hl.Expr) -> hl.Expr:
     cost two exponentials. The reference's other cut-off, 1 above 16.619047, needs no test: there
     1 / (1 + t) is 1 or the float below it (t < 6.1e-8)."""
     one = hl.f32(1)
-    t = ieee.exp_nonpositive(-hl.abs(x))
+    t = ieee.exp_nonpositive(-hl.abs(x), native_minmax=native_minmax)
     # NaN: t is NaN (ieee.exp_nonpositive), both comparisons false, t / (1 + t) NaN.
     return hl.select(x < hl.f32(-9), t, hl.select(x >= 0, one, t) / (one + t))
 
@@ -86,7 +87,7 @@ def _polynomial(coefficients, s: hl.Expr) -> hl.Expr:
     return value
 
 
-def erf(x: hl.Expr, scale: float = 1.0) -> hl.Expr:
+def erf(x: hl.Expr, scale: float, native_minmax: bool) -> hl.Expr:
     """erf(scale * x) as a rational function: 10 multiply-adds and a division, where hl.erf
     spent about twice that (bert_small's GELU blocks). `scale` is folded into the coefficients
     (no multiply), and both polynomials are divided by Q's leading one (its first step an add).
@@ -95,19 +96,19 @@ def erf(x: hl.Expr, scale: float = 1.0) -> hl.Expr:
     lead = _ERF_Q[-1] * scale ** (2 * len(_ERF_Q) - 2)
     p = [c * scale ** (2 * k + 1) / lead for k, c in enumerate(_ERF_P)]
     q = [c * scale ** (2 * k) / lead for k, c in enumerate(_ERF_Q)]
-    z = ieee.clamp(x, -edge, edge)
+    z = ieee.clamp(x, -edge, edge, native_minmax=native_minmax)
     s = z * z
     return z * _polynomial(p, s) / _polynomial(q, s)
 
 
-def gelu(x: hl.Expr, approximate: bool) -> hl.Expr:
+def gelu(x: hl.Expr, approximate: bool, native_minmax: bool) -> hl.Expr:
     """GELU: the erf form, or the tanh approximation when `approximate`."""
     half = hl.f32(0.5)
     if approximate:
         inner = hl.f32(math.sqrt(2.0 / math.pi)) * (x + hl.f32(0.044715) * x * x * x)
-        return half * x * (hl.f32(1) + ieee.tanh(inner))
+        return half * x * (hl.f32(1) + ieee.tanh(inner, native_minmax=native_minmax))
     # NaN carries through erf and the products: no test of x (3 instructions a vector on NEON).
-    return half * x * (hl.f32(1) + erf(x, SQRT1_2))
+    return half * x * (hl.f32(1) + erf(x, SQRT1_2, native_minmax))
 
 
 def round_half_away(x: hl.Expr) -> hl.Expr:
@@ -132,16 +133,21 @@ UNARY = {
     "FLOOR": hl.floor,
     "CEIL": hl.ceil,
     "ROUND": hl.round,  # TFLite ROUND rounds half to even, as Halide does
-    "LOGISTIC": logistic,
-    "TANH": ieee.tanh,
-    "RELU": lambda x: ieee.at_least(x, 0),  # no upper bound: +inf stays +inf, as in TFLite
-    "RELU6": lambda x: ieee.clamp(x, 0, 6),
-    "RELU_N1_TO_1": lambda x: ieee.clamp(x, -1, 1),
     # In TFLite's order: x * 6 overflows to inf before the scaling for huge x. Scaled by 1/6 as
     # TFLite's NEON kernel does (its scalar loop divides; the two differ by at most an ulp): a
     # division is a 16-cycle instruction per AVX-512 vector.
     "HARD_SWISH": lambda x: hl.strict_float(x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) * hl.f32(1.0 / 6.0)),
     "ELU": lambda x: hl.select(x < 0, _expm1_negative(x), x),  # TFLite: x < 0 ? expm1(x) : x (NaN, -0 pass)
+}
+
+# The unary ops that clamp, in the target's clamp form: functions of x and native_minmax.
+CLAMPING_UNARY = {
+    "LOGISTIC": logistic,
+    "TANH": lambda x, native_minmax: ieee.tanh(x, native_minmax=native_minmax),
+    # No upper bound: +inf stays +inf, as in TFLite.
+    "RELU": lambda x, native_minmax: ieee.at_least(x, 0, native_minmax=native_minmax),
+    "RELU6": lambda x, native_minmax: ieee.clamp(x, 0, 6, native_minmax=native_minmax),
+    "RELU_N1_TO_1": lambda x, native_minmax: ieee.clamp(x, -1, 1, native_minmax=native_minmax),
 }
 
 
@@ -154,14 +160,18 @@ def _expm1_negative(x: hl.Expr) -> hl.Expr:
     return hl.select(x > -0.25, x * inner, ieee.exp(x) - 1)
 
 
-@register(*UNARY)
+@register(*UNARY, *CLAMPING_UNARY)
 def lower_unary(ctx: OpContext) -> list[Value]:
     """One input, one output of the same shape."""
     x = ctx.value(0)
-    fn = UNARY[ctx.op.name]
-    if ctx.op.name == "ABS" and x.type.is_int():
+    if ctx.op.name in CLAMPING_UNARY:
+        clamping, native_minmax = CLAMPING_UNARY[ctx.op.name], ctx.options.native_minmax
+        fn = lambda v: clamping(v, native_minmax)  # noqa: E731
+    elif ctx.op.name == "ABS" and x.type.is_int():
         fn = lambda v: hl.cast(v.type(), hl.abs(v))  # noqa: E731 - Halide's abs of int is unsigned
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: fn(x(*i)))]
+    else:
+        fn = UNARY[ctx.op.name]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: fn(x(*i)))]
 
 
 @register("GELU")
@@ -169,7 +179,8 @@ def lower_gelu(ctx: OpContext) -> list[Value]:
     """GELU with its `approximate` option."""
     x = ctx.value(0)
     approximate = bool(ctx.option("approximate", False))
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: gelu(x(*i), approximate))]
+    native = ctx.options.native_minmax
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: gelu(x(*i), approximate, native))]
 
 
 @register("LEAKY_RELU")
@@ -178,8 +189,8 @@ def lower_leaky_relu(ctx: OpContext) -> list[Value]:
     x = ctx.value(0)
     alpha = hl.f32(float(ctx.option("alpha", 0.2)))
     # NaN fails x > 0 and alpha * NaN is NaN (strict: never folded), so no NaN test is needed.
-    return [define(ctx.func_name(), ctx.out_shape(),
-                   lambda *i: hl.select(x(*i) > 0, x(*i), hl.strict_float(alpha * x(*i))))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(),
+                       lambda *i: hl.select(x(*i) > 0, x(*i), hl.strict_float(alpha * x(*i))))]
 
 
 @register("PRELU")
@@ -194,7 +205,7 @@ def lower_prelu(ctx: OpContext) -> list[Value]:
         # and NaN fails v >= 0, then alpha * NaN is NaN: no NaN test of v is needed.
         return hl.select(v >= 0, v, hl.strict_float(read_broadcast(alpha, shape, i) * v))
 
-    return [define(ctx.func_name(), shape, body)]
+    return [ctx.define(ctx.func_name(), shape, body)]
 
 
 def _divide(a: hl.Expr, b: hl.Expr) -> hl.Expr:
@@ -238,8 +249,9 @@ def lower_binary(ctx: OpContext) -> list[Value]:
     a, b = ctx.value(0), ctx.value(1)
     shape, fn, act = ctx.out_shape(), BINARY[ctx.op.name], ctx.op.fused_activation
     clamps = ctx.op.name in CLAMPED_BINARY
-    return [define(ctx.func_name(), shape, lambda *i: activation(
-        fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i)), act, clamps_none=clamps))]
+    return [ctx.define(ctx.func_name(), shape, lambda *i: activation(
+        fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i)), act, ctx.options.native_minmax,
+        clamps_none=clamps))]
 
 
 @register(*COMPARE)
@@ -247,8 +259,8 @@ def lower_compare(ctx: OpContext) -> list[Value]:
     """Broadcasting comparisons, stored as BOOL."""
     a, b = ctx.value(0), ctx.value(1)
     shape, fn = ctx.out_shape(), COMPARE[ctx.op.name]
-    return [define(ctx.func_name(), shape,
-                   lambda *i: store_bool(fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i))))]
+    return [ctx.define(ctx.func_name(), shape,
+                       lambda *i: store_bool(fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i))))]
 
 
 @register(*LOGICAL)
@@ -256,7 +268,7 @@ def lower_logical(ctx: OpContext) -> list[Value]:
     """Broadcasting AND / OR of BOOL tensors."""
     a, b = ctx.value(0), ctx.value(1)
     shape, fn = ctx.out_shape(), LOGICAL[ctx.op.name]
-    return [define(ctx.func_name(), shape, lambda *i: store_bool(
+    return [ctx.define(ctx.func_name(), shape, lambda *i: store_bool(
         fn(as_bool(read_broadcast(a, shape, i)), as_bool(read_broadcast(b, shape, i)))))]
 
 
@@ -264,7 +276,7 @@ def lower_logical(ctx: OpContext) -> list[Value]:
 def lower_logical_not(ctx: OpContext) -> list[Value]:
     """NOT of a BOOL tensor."""
     x = ctx.value(0)
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: store_bool(~as_bool(x(*i))))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: store_bool(~as_bool(x(*i))))]
 
 
 @register("SELECT", "SELECT_V2")
@@ -280,7 +292,7 @@ def lower_select(ctx: OpContext) -> list[Value]:
             c = read_broadcast(cond, shape, i)
         return hl.select(as_bool(c), read_broadcast(x, shape, i), read_broadcast(y, shape, i))
 
-    return [define(ctx.func_name(), shape, pick)]
+    return [ctx.define(ctx.func_name(), shape, pick)]
 
 
 @register("CAST")
@@ -295,7 +307,7 @@ def lower_cast(ctx: OpContext) -> list[Value]:
             return store_bool(as_bool(v))
         return hl.cast(target, v)
 
-    return [define(ctx.func_name(), ctx.out_shape(), convert)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), convert)]
 
 
 def _per_axis(ctx: OpContext, t_index: int, field_name: str):
@@ -326,10 +338,10 @@ def lower_dequantize(ctx: OpContext) -> list[Value]:
     """(q - zero_point) * scale, per tensor or per channel; FLOAT16 inputs are widened."""
     x = ctx.value(0)
     if ctx.op.inputs[0].type_name == "FLOAT16":
-        return [define(ctx.func_name(), ctx.out_shape(), lambda *i: hl.cast(hl.Float(32), x(*i)))]
+        return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: hl.cast(hl.Float(32), x(*i)))]
     scale, zp = _per_axis(ctx, 0, "in")
-    return [define(ctx.func_name(), ctx.out_shape(),
-                   lambda *i: hl.cast(hl.Float(32), hl.cast(hl.Int(32), x(*i)) - zp(i)) * scale(i))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(),
+                       lambda *i: hl.cast(hl.Float(32), hl.cast(hl.Int(32), x(*i)) - zp(i)) * scale(i))]
 
 
 @register("QUANTIZE")
@@ -345,5 +357,5 @@ def lower_quantize(ctx: OpContext) -> list[Value]:
         q = hl.cast(hl.Int(32), round_half_away(x(*i) / scale(i))) + zp(i)
         return hl.cast(target, hl.clamp(q, target.min(), target.max()))
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 

@@ -6,7 +6,7 @@ all build on these.
 
 Each form is exact: the same integers as TFLite's kernels. Where a target lacks an instruction the
 form is written another way with the same result (LoweringOptions: 32-bit pieces without 64-bit
-integers, one 64-bit product on x86), read from the options the block is being lowered with.
+integers, one 64-bit product on x86), chosen by the LoweringOptions the caller passes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from tflite_tools.model.ir import Tensor
 
-from ..lowering_options import active
+from ..lowering_options import LoweringOptions
 from .registry import LoweringError, OpContext
 
 INT8_MIN, INT8_MAX = -128, 127
@@ -46,7 +46,7 @@ def quantize_multiplier(real: float) -> tuple[int, int]:
     return m, shift
 
 
-def srdhm(a: hl.Expr, b: hl.Expr) -> hl.Expr:
+def srdhm(a: hl.Expr, b: hl.Expr, options: LoweringOptions) -> hl.Expr:
     """gemmlowp's SaturatingRoundingDoublingHighMul as one Halide intrinsic.
 
     gemmlowp adds a nudge of 2^30 (1 - 2^30 when a * b < 0) and truncates toward zero; for either
@@ -56,7 +56,7 @@ def srdhm(a: hl.Expr, b: hl.Expr) -> hl.Expr:
     (LoweringOptions.wide_integers False) it is computed in 32-bit pieces instead (b >= 0, as every
     requantizing multiplier is).
     """
-    if not active().wide_integers:
+    if not options.wide_integers:
         return srdhm_in_32_bits(hl.cast(hl.Int(32), a), hl.cast(hl.Int(32), b))
     return hl.rounding_mul_shift_right(hl.cast(hl.Int(32), a), hl.cast(hl.Int(32), b), 31)
 
@@ -96,7 +96,7 @@ def rounded_once_in_32_bits(x: hl.Expr, m: hl.Expr, down: hl.Expr) -> hl.Expr:
     return hl.select(down == 0, srdhm_in_32_bits(x, m), shift_right_signed(high, down) + halves)
 
 
-def rounding_divide_by_pot(x: hl.Expr, exponent, positive: bool = False) -> hl.Expr:
+def rounding_divide_by_pot(x: hl.Expr, exponent, options: LoweringOptions, positive: bool = False) -> hl.Expr:
     """gemmlowp's RoundingDivideByPOT: x / 2^exponent (exponent >= 0), halves rounded away from zero.
 
     As TFLite's NEON kernels compute it: a rounding shift (halves up) of x, less 1 where x < 0 and
@@ -109,7 +109,7 @@ def rounding_divide_by_pot(x: hl.Expr, exponent, positive: bool = False) -> hl.E
     exponent = hl.cast(hl.Int(32), exponent)
     negative_fixup = x >> 31 if positive else (x & -exponent) >> 31
     fixed = hl.saturating_add(x, negative_fixup)
-    if not active().wide_integers:
+    if not options.wide_integers:
         half = hl.select(exponent > 0, shift_right_signed(fixed, hl.max(exponent - 1, 0)) & 1, 0)
         return shift_right_signed(fixed, exponent) + half
     return hl.rounding_shift_right(fixed, exponent)
@@ -124,21 +124,21 @@ def shift_right_signed(x: hl.Expr, amount: hl.Expr) -> hl.Expr:
     return hl.select(x < 0, ~(~x >> amount), x >> amount)
 
 
-def multiply_by_quantized_multiplier(x: hl.Expr, m: int, shift: int) -> hl.Expr:
+def multiply_by_quantized_multiplier(x: hl.Expr, m: int, shift: int, options: LoweringOptions) -> hl.Expr:
     """TFLite's MultiplyByQuantizedMultiplier: x * m * 2^(shift - 31), rounded as gemmlowp does, for
     a compile-time multiplier (its shifts become immediates, and shifts by 0 disappear)."""
-    if active().x86_integer and shift <= 0 and m > 0:
+    if options.x86_integer and shift <= 0 and m > 0:
         return rounded_twice_in_64_bits(x, hl.i32(m), *(hl.i64(t) for t in wide_terms(shift)))
-    scaled = srdhm(x * (1 << shift) if shift > 0 else x, hl.i32(m))
-    return rounding_divide_by_pot(scaled, -shift, positive=True) if shift < 0 else scaled
+    scaled = srdhm(x * (1 << shift) if shift > 0 else x, hl.i32(m), options)
+    return rounding_divide_by_pot(scaled, -shift, options, positive=True) if shift < 0 else scaled
 
 
-def multiply_shifted(x: hl.Expr, m, up, down, down_positive: bool = False) -> hl.Expr:
+def multiply_shifted(x: hl.Expr, m, up, down, options: LoweringOptions, down_positive: bool = False) -> hl.Expr:
     """MultiplyByQuantizedMultiplier with its shift given as a left multiplier `up` (2^max(shift, 0))
     and a right exponent `down` (max(-shift, 0); `down_positive` where every channel's is over 0):
     per-channel tables of each fold to constants where all channels agree (no left shift at all,
     commonly)."""
-    return rounding_divide_by_pot(srdhm(x * up, m), down, down_positive)
+    return rounding_divide_by_pot(srdhm(x * up, m, options), down, options, down_positive)
 
 
 def wide_terms(shift: int) -> tuple[int, int, int]:
@@ -195,13 +195,13 @@ def activation_range(act: str | None, scale: float, zp: int, qmin: int = INT8_MI
     raise LoweringError(f"quantized fused activation {act}")
 
 
-def multiply_single_rounding(x: hl.Expr, m, shift) -> hl.Expr:
+def multiply_single_rounding(x: hl.Expr, m, shift, options: LoweringOptions) -> hl.Expr:
     """x * m * 2^(shift - 31) rounded once, halves up: the 64-bit product shifted right with
     rounding (TFLite's single-rounding MultiplyByQuantizedMultiplier, which its reference per-channel
     FULLY_CONNECTED uses: the double-rounding form differed from it on 8 of 6,144 sums). Without
     64-bit integers (shift <= 0 only): `rounded_once_in_32_bits`."""
     shift = hl.cast(hl.Int(32), shift)
-    if not active().wide_integers:
+    if not options.wide_integers:
         return rounded_once_in_32_bits(hl.cast(hl.Int(32), x), hl.cast(hl.Int(32), m), -shift)
     return hl.rounding_mul_shift_right(x, hl.cast(hl.Int(32), m), hl.cast(hl.UInt(32), 31 - shift))
 
@@ -232,9 +232,9 @@ def to_int8(scaled: hl.Expr, zp: int, lo: int, hi: int) -> hl.Expr:
     return hl.clamp(hl.saturating_cast(hl.Int(8), narrow), hl.i8(lo), hl.i8(hi))
 
 
-def requantize(acc: hl.Expr, m: int, shift: int, zp: int, lo: int, hi: int) -> hl.Expr:
+def requantize(acc: hl.Expr, m: int, shift: int, zp: int, lo: int, hi: int, options: LoweringOptions) -> hl.Expr:
     """An int32 sum as the int8 output: scaled as gemmlowp rounds, offset by the zero point, clamped."""
-    return to_int8(multiply_by_quantized_multiplier(acc, m, shift), zp, lo, hi)
+    return to_int8(multiply_by_quantized_multiplier(acc, m, shift, options), zp, lo, hi)
 
 
 def requantization_multipliers(in_scale: float, w_scales: Sequence[float], out_scale: float,

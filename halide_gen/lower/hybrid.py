@@ -28,7 +28,7 @@ import halide as hl
 import numpy as np
 
 from ..pack import DOT_DEPTH
-from ..values import Value, define, flat_index, unflatten
+from ..values import Value, flat_index, unflatten
 from .elementwise import activation, round_half_away
 from .nn import Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected
 from .fixed_point import INT8_MAX, INT8_MIN, int8_weight_scales
@@ -50,7 +50,7 @@ class RowQuantization(NamedTuple):
 
 def _per_row(ctx: OpContext, name: str, rows: tuple[int, ...], body: Row) -> Row:
     """A per-row quantity computed once per row into a buffer (not once per element reading it)."""
-    value = define(ctx.func_name(name), tuple(rows) + (1,), lambda *i: body(list(i[:-1])))
+    value = ctx.define(ctx.func_name(name), tuple(rows) + (1,), lambda *i: body(list(i[:-1])))
     ctx.materialize.append(value)
     return lambda row: value.at(list(row) + [hl.Expr(0)])
 
@@ -130,7 +130,8 @@ def _rescaled(ctx: OpContext, step: Row, w_scale, row_of: Callable[[tuple], list
     def finish(acc: hl.Expr, i) -> hl.Expr:
         row, oc = row_of(i), i[-1]
         total = acc - correction(row, oc) if correction is not None else acc
-        return activation(bias(oc) + hl.cast(hl.Float(32), total) * (step(row) * w_scale(oc)), act)
+        return activation(bias(oc) + hl.cast(hl.Float(32), total) * (step(row) * w_scale(oc)), act,
+                          ctx.options.native_minmax)
 
     return finish
 
@@ -153,8 +154,8 @@ def lower_fully_connected_hybrid(ctx: OpContext) -> list[Value]:
     unsigned = dot and ctx.options.x86_integer
     shift = 128 if unsigned else 0  # VNNI multiplies unsigned activations: q + 128 as uint8
     read_as = hl.UInt(8) if unsigned else hl.Int(8)
-    source = define(ctx.func_name("quantized"), x.shape,
-                    lambda *i: hl.cast(read_as, quantized(q, x(*i), list(i[:-1])) + shift))
+    source = ctx.define(ctx.func_name("quantized"), x.shape,
+                        lambda *i: hl.cast(read_as, quantized(q, x(*i), list(i[:-1])) + shift))
     sums = ctx.packed(1, "channel_sums")
     out = ctx.out_shape()
 
@@ -186,8 +187,8 @@ def _image_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
     depth = int(np.prod(image))
     form = asymmetric if per_channel_form else symmetric
     q = form(ctx, x.shape[:1], depth, lambda row, k: x.at(row + unflatten(image, k)))
-    centred = define(ctx.func_name("centred"), x.shape,
-                     lambda *i: hl.cast(hl.Int(16), quantized(q, x(*i), [i[0]]) - q.zero_point([i[0]])))
+    centred = ctx.define(ctx.func_name("centred"), x.shape,
+                         lambda *i: hl.cast(hl.Int(16), quantized(q, x(*i), [i[0]]) - q.zero_point([i[0]])))
     return Arithmetic(source=lambda _: centred,
                       term=lambda v, w: hl.widening_mul(v, hl.cast(hl.Int(16), w)),
                       init=lambda oc: hl.i32(0), finish=_rescaled(ctx, q.step, w_scale, lambda i: [i[0]]),
@@ -243,7 +244,7 @@ def lower_batch_matmul_hybrid(ctx: OpContext) -> list[Value]:
     def row_of_a(i) -> list[hl.Expr]:  # the row a left-operand element belongs to
         return list(i[:-2]) + [i[-1] if adj_x else i[-2]]
 
-    centred = define(ctx.func_name("centred"), a.shape, lambda *i: hl.cast(
+    centred = ctx.define(ctx.func_name("centred"), a.shape, lambda *i: hl.cast(
         hl.Int(16), quantized(quantization, a(*i), row_of_a(i)) - quantization.zero_point(row_of_a(i))))
     ctx.materialize.append(centred)
     out = ctx.out_shape()

@@ -17,16 +17,15 @@ Integer expressions pass through unchanged: only floats have NaN.
 Where the target's float min / max instructions already give TFLite's answer, the explicit tests
 cost instructions for nothing: ARM's `fmax` / `fmin` return NaN when either operand is NaN and
 clamp +-inf like any other value, exactly `std::min(std::max(x, lo), hi)`. A build for such a target
-lowers with LoweringOptions.native_minmax, and clamps are then plain min / max, where the tests would
-cost a few instructions each (tests/test_special_values.py checks the ARM kernels under qemu).
+lowers with LoweringOptions.native_minmax, which the functions that clamp take as their
+`native_minmax` argument: clamps are then plain min / max, where the tests would cost a few
+instructions each (tests/test_special_values.py checks the ARM kernels under qemu).
 """
 
 from __future__ import annotations
 
 import halide as hl
 import numpy as np
-
-from ..lowering_options import active
 
 FLT_MAX = float(np.finfo(np.float32).max)
 # The largest float whose expf is finite: std::exp overflows to +inf above it.
@@ -54,7 +53,7 @@ def keep_nan(x: hl.Expr, value: hl.Expr) -> hl.Expr:
     return hl.select(is_nan(x), x, value) if _is_float(x) else value
 
 
-def clamp(x: hl.Expr, lo: float, hi: float) -> hl.Expr:
+def clamp(x: hl.Expr, lo: float, hi: float, *, native_minmax: bool) -> hl.Expr:
     """std::min(std::max(x, lo), hi) with finite bounds: NaN stays NaN, +-inf becomes a bound.
 
     Written as the C++ is, `(x < lo) ? lo : x`, then `(hi < m) ? hi : m`, in strict float: without
@@ -62,15 +61,15 @@ def clamp(x: hl.Expr, lo: float, hi: float) -> hl.Expr:
     maxps(lo, x) and minps(hi, m), which return their second operand on a NaN: two instructions,
     exact (NaN and infinity tests on the bits took nine, and LLVM may fold such tests of a computed
     value away under those flags)."""
-    if active().native_minmax or not _is_float(x):
+    if native_minmax or not _is_float(x):
         return hl.clamp(x, hl.f32(lo), hl.f32(hi))
     at_lo = hl.select(x < hl.f32(lo), hl.f32(lo), x)
     return hl.strict_float(hl.select(at_lo > hl.f32(hi), hl.f32(hi), at_lo))
 
 
-def at_least(x: hl.Expr, lo: float) -> hl.Expr:
+def at_least(x: hl.Expr, lo: float, *, native_minmax: bool) -> hl.Expr:
     """`x < lo ? lo : x` (TFLite's RELU): NaN stays NaN, in one maxps(lo, x) (see clamp)."""
-    if active().native_minmax or not _is_float(x):
+    if native_minmax or not _is_float(x):
         return hl.max(x, hl.f32(lo))
     return hl.strict_float(hl.select(x < hl.f32(lo), hl.f32(lo), x))
 
@@ -140,7 +139,7 @@ _EXP_MAGIC = 12583039.0
 _EXP_MAGIC_BITS = int(np.float32(_EXP_MAGIC).view(np.int32))
 
 
-def exp_nonpositive(x: hl.Expr) -> hl.Expr:
+def exp_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
     """std::exp for x <= 0 (softmax's shifted values, logistic's -|x|), where it cannot overflow:
     2^n e^t with n = round(x / ln 2) and a degree-5 polynomial for e^t, within 3.8e-7 relative
     over [-87, 0] (measured; hl.exp's range checks and Halide's fast_exp, 1.7e-6, cost more
@@ -155,7 +154,7 @@ def exp_nonpositive(x: hl.Expr) -> hl.Expr:
     (LLVM rounds a 512-bit vector in two 256-bit halves), the magic number an integer subtraction
     and a conversion."""
     f = hl.f32
-    z = at_least(x, _EXP_FLOOR)
+    z = at_least(x, _EXP_FLOOR, native_minmax=native_minmax)
     shifted = z * f(1 / np.log(2)) + f(_EXP_MAGIC)
     bits = hl.reinterpret(hl.Int(32), shifted)
     # n from the bits (a float subtraction of the magic number the simplifier would cancel).
@@ -174,13 +173,13 @@ _TANH_SERIES = 0.25
 _TANH_P = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925)
 
 
-def tanh(x: hl.Expr) -> hl.Expr:
+def tanh(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
     """std::tanh in vector code: hl.tanh is a call of the C library's tanhf per lane (a GELU block's
     epilogue cost more than its matrix product, bench/RESULTS.md). Beyond |x| = 1/4, (1 - t) / (1 + t)
     with t = e^(-2|x|), which cannot overflow; below, where 1 - t would lose digits, the odd series.
     Within 3.6e-7 relative (measured on a dense grid). +-inf gives +-1, -0 gives -0, NaN gives NaN."""
     f = hl.f32
-    t = exp_nonpositive(f(-2) * hl.abs(x))
+    t = exp_nonpositive(f(-2) * hl.abs(x), native_minmax=native_minmax)
     far = hl.select(x < 0, f(-1), f(1)) * (f(1) - t) / (f(1) + t)
     s = x * x
     series = f(_TANH_P[-1])

@@ -27,7 +27,7 @@ import struct
 
 import halide as hl
 
-from ..values import Value, define
+from ..values import Value
 from .nn import float_arithmetic, transpose_conv
 from .registry import LoweringError, OpContext, ReductionDomain, register
 
@@ -96,9 +96,10 @@ def lower_max_pool_argmax(ctx: OpContext) -> list[Value]:
     n, y, xx, c = (hl.Var(v) for v in ("n", "y", "x", "c"))
     best[c, xx, y, n] = hl.argmax(r, candidate(n, y, xx, c))
     ctx.materialize.append(Value(best, out, hl.Float(32)))
-    values = define(ctx.func_name("values"), out, lambda *i: hl.Expr(best[list(reversed(i))][2]))
-    indices = define(ctx.func_name("indices"), ctx.out_shape(1),
-                     lambda *i: _index_bits(best[list(reversed(i))][1] * kh + best[list(reversed(i))][0]), exact=True)
+    values = ctx.define(ctx.func_name("values"), out, lambda *i: hl.Expr(best[list(reversed(i))][2]))
+    indices = ctx.define(ctx.func_name("indices"), ctx.out_shape(1),
+                         lambda *i: _index_bits(best[list(reversed(i))][1] * kh + best[list(reversed(i))][0]),
+                         exact=True)
     return [values, indices]
 
 
@@ -123,4 +124,4 @@ def lower_max_unpool(ctx: OpContext) -> list[Value]:
         here = hl.cast(hl.UInt(32), (xx % kw) * kh + y % kh)
         return hl.select(at == here, values(*src), hl.f32(0))
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]

@@ -15,8 +15,7 @@ import itertools
 import halide as hl
 import numpy as np
 
-from ..lowering_options import active
-from ..values import Value, define, flat_index, read_broadcast, unflatten
+from ..values import Value, flat_index, read_broadcast, unflatten
 from .elementwise import activation, round_half_away
 from .registry import LoweringError, OpContext, register
 
@@ -26,8 +25,8 @@ def lower_reshape(ctx: OpContext) -> list[Value]:
     """Same elements, new shape: out[i] = in[unflatten(flatten(i))]."""
     x, out = ctx.value(0), ctx.out_shape()
     if tuple(x.shape) == out:
-        return [define(ctx.func_name(), out, lambda *i: x(*i))]
-    return [define(ctx.func_name(), out, lambda *i: x.at(unflatten(x.shape, flat_index(out, i))))]
+        return [ctx.define(ctx.func_name(), out, lambda *i: x(*i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: x.at(unflatten(x.shape, flat_index(out, i))))]
 
 
 @register("TRANSPOSE", compile_time=(1,))
@@ -42,7 +41,7 @@ def lower_transpose(ctx: OpContext) -> list[Value]:
             src[p] = i[a]
         return x.at(src)
 
-    return [dataclasses.replace(define(ctx.func_name(), ctx.out_shape(), body), perm=tuple(perm))]
+    return [dataclasses.replace(ctx.define(ctx.func_name(), ctx.out_shape(), body), perm=tuple(perm))]
 
 
 def _joined(ctx: OpContext) -> tuple[tuple[int, ...], int, list[Value]]:
@@ -63,9 +62,9 @@ def lower_concatenation(ctx: OpContext) -> list[Value]:
             idx = list(i)
             idx[axis] = hl.clamp(i[axis] - off, 0, p.shape[axis] - 1)
             expr = p.at(idx) if expr is None else hl.select(i[axis] >= off, p.at(idx), expr)
-        return activation(expr, ctx.op.fused_activation, clamps_none=False)
+        return activation(expr, ctx.op.fused_activation, ctx.options.native_minmax, clamps_none=False)
 
-    joined = define(ctx.func_name(), out, body)
+    joined = ctx.define(ctx.func_name(), out, body)
     if axis == len(out) - 1:
         joined.joins = tuple(offsets[1:])
     return [joined]
@@ -76,7 +75,7 @@ def lower_slice(ctx: OpContext) -> list[Value]:
     """out[i] = in[i + begin]."""
     x = ctx.value(0)
     begin = [int(b) for b in ctx.const(1)]
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x.at([a + b for a, b in zip(i, begin)]))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: x.at([a + b for a, b in zip(i, begin)]))]
 
 
 def _strided_slice_starts(ctx: OpContext, shape) -> tuple[list[int], list[int]]:
@@ -114,7 +113,7 @@ def lower_strided_slice(ctx: OpContext) -> list[Value]:
                 j += 1
         return x.at(src)
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 def _split(ctx: OpContext, x: Value, axis: int, sizes: list[int]) -> list[Value]:
@@ -125,7 +124,7 @@ def _split(ctx: OpContext, x: Value, axis: int, sizes: list[int]) -> list[Value]
             idx[axis] = i[axis] + off
             return x.at(idx)
 
-        outs.append(define(ctx.func_name(str(k)), ctx.out_shape(k), body))
+        outs.append(ctx.define(ctx.func_name(str(k)), ctx.out_shape(k), body))
         off += size
     return outs
 
@@ -158,7 +157,7 @@ def lower_pack(ctx: OpContext) -> list[Value]:
             expr = hl.select(i[axis] == k, parts[k].at(idx), expr)
         return expr
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 @register("UNPACK")
@@ -166,8 +165,8 @@ def lower_unpack(ctx: OpContext) -> list[Value]:
     """One output per index along the axis, which disappears."""
     x = ctx.value(0)
     axis = int(ctx.option("axis", 0)) % x.rank
-    return [define(ctx.func_name(str(k)), ctx.out_shape(k),
-                   lambda *i, k=k: x.at(list(i[:axis]) + [hl.Expr(k)] + list(i[axis:])))
+    return [ctx.define(ctx.func_name(str(k)), ctx.out_shape(k),
+                       lambda *i, k=k: x.at(list(i[:axis]) + [hl.Expr(k)] + list(i[axis:])))
             for k in range(len(ctx.op.outputs))]
 
 
@@ -197,7 +196,7 @@ def lower_pad(ctx: OpContext) -> list[Value]:
             inside = inside & (s >= 0) & (s < d)
         return hl.select(inside, x.at([hl.clamp(s, 0, d - 1) for s, d in zip(src, x.shape)]), fill)
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("MIRROR_PAD", compile_time=(1,))
@@ -213,32 +212,32 @@ def lower_mirror_pad(ctx: OpContext) -> list[Value]:
         # The clamp changes nothing for valid paddings; it lets bounds inference see the range.
         return hl.clamp(hl.select(low >= d, 2 * d - 2 - low + shift, low), 0, d - 1)
 
-    return [define(ctx.func_name(), ctx.out_shape(),
-                   lambda *i: x.at([reflect(a - b, d) for a, b, d in zip(i, before, x.shape)]))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(),
+                       lambda *i: x.at([reflect(a - b, d) for a, b, d in zip(i, before, x.shape)]))]
 
 
 @register("TILE", shape_inputs=(1,))
 def lower_tile(ctx: OpContext) -> list[Value]:
     """out[i] = in[i mod shape]."""
     x = ctx.value(0)
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x.at([a % d for a, d in zip(i, x.shape)]))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: x.at([a % d for a, d in zip(i, x.shape)]))]
 
 
 @register("BROADCAST_TO", shape_inputs=(1,))
 def lower_broadcast_to(ctx: OpContext) -> list[Value]:
     """NumPy broadcasting to the output shape."""
     x, out = ctx.value(0), ctx.out_shape()
-    return [define(ctx.func_name(), out, lambda *i: read_broadcast(x, out, i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: read_broadcast(x, out, i))]
 
 
-def checked_index(index: hl.Expr, size: int, op: str) -> hl.Expr:
+def checked_index(index: hl.Expr, size: int, op: str, device_code: bool) -> hl.Expr:
     """An index read from data, as TFLite treats it: one outside [0, size) fails the invoke
     ("<op> index out of bounds", as LiteRT's kernels say) instead of reading a made-up row. The
     clamp after the check tells bounds inference the range; it never changes a valid index. For
-    device code (LoweringOptions.device_code) only the clamp: the caller has had the host check it
+    `device_code` (LoweringOptions.device_code) only the clamp: the caller has had the host check it
     (`index_operand`)."""
     index = hl.cast(hl.Int(32), index)
-    if active().device_code:
+    if device_code:
         return hl.clamp(index, 0, size - 1)
     valid = hl.require((index >= 0) & (index < size), index, hl.Expr(f"{op} index out of bounds: got"), index,
                        hl.Expr(f"for a dimension of {size}"))
@@ -274,10 +273,10 @@ def lower_gather(ctx: OpContext) -> list[Value]:
     k = indices.rank
 
     def body(*i):
-        pos = checked_index(indices.at(list(i[axis:axis + k])), params.shape[axis], "gather")
+        pos = checked_index(indices.at(list(i[axis:axis + k])), params.shape[axis], "gather", ctx.options.device_code)
         return params.at(list(i[:axis]) + [pos] + list(i[axis + k:]))
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("GATHER_ND", compile_time=(1,))
@@ -289,11 +288,12 @@ def lower_gather_nd(ctx: OpContext) -> list[Value]:
     lead = indices.rank - 1
 
     def body(*i):
-        coords = [checked_index(indices.at(list(i[:lead]) + [hl.Expr(d)]), params.shape[d], "gather_nd")
+        coords = [checked_index(indices.at(list(i[:lead]) + [hl.Expr(d)]), params.shape[d], "gather_nd",
+                                ctx.options.device_code)
                   for d in range(depth)]
         return params.at(coords + list(i[lead:]))
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("DYNAMIC_UPDATE_SLICE")
@@ -314,7 +314,7 @@ def lower_dynamic_update_slice(ctx: OpContext) -> list[Value]:
         written = update.at([hl.clamp(x - s, 0, n - 1) for x, s, n in zip(i, starts, update.shape)])
         return operand.at(list(i)) if inside is None else hl.select(inside, written, operand.at(list(i)))
 
-    return [define(ctx.func_name(), shape, body)]
+    return [ctx.define(ctx.func_name(), shape, body)]
 
 
 def _resize_scale(in_size: int, out_size: int, align_corners: bool) -> float:
@@ -364,7 +364,7 @@ def lower_resize_bilinear(ctx: OpContext) -> list[Value]:
         return hl.strict_float(x(n, y0(y), x0(xx), c) * ry(y) * rx(xx) + x(n, y1(y), x0(xx), c) * dy(y) * rx(xx)
                                + x(n, y0(y), x1(xx), c) * ry(y) * dx(xx) + x(n, y1(y), x1(xx), c) * dy(y) * dx(xx))
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 @register("RESIZE_NEAREST_NEIGHBOR", shape_inputs=(1,))
@@ -382,7 +382,7 @@ def lower_resize_nearest(ctx: OpContext) -> list[Value]:
         # producer realised before the resize would be read "in an unbounded way" without it.
         return hl.clamp(idx, 0, in_size - 1)
 
-    return [define(ctx.func_name(), out, lambda n, y, xx, c: x(n, source(y, h, out[1]), source(xx, w, out[2]), c))]
+    return [ctx.define(ctx.func_name(), out, lambda n, y, xx, c: x(n, source(y, h, out[1]), source(xx, w, out[2]), c))]
 
 
 @register("DEPTH_TO_SPACE")
@@ -391,8 +391,8 @@ def lower_depth_to_space(ctx: OpContext) -> list[Value]:
     x = ctx.value(0)
     bs = int(ctx.option("blockSize", 1))
     cout = ctx.out_shape()[3]
-    return [define(ctx.func_name(), ctx.out_shape(),
-                   lambda n, y, xx, c: x(n, y / bs, xx / bs, ((y % bs) * bs + xx % bs) * cout + c))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(),
+                       lambda n, y, xx, c: x(n, y / bs, xx / bs, ((y % bs) * bs + xx % bs) * cout + c))]
 
 
 @register("SPACE_TO_DEPTH")
@@ -401,5 +401,5 @@ def lower_space_to_depth(ctx: OpContext) -> list[Value]:
     x = ctx.value(0)
     bs = int(ctx.option("blockSize", 1))
     cin = x.shape[3]
-    return [define(ctx.func_name(), ctx.out_shape(),
-                   lambda n, y, xx, c: x(n, y * bs + (c / cin) / bs, xx * bs + (c / cin) % bs, c % cin))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(),
+                       lambda n, y, xx, c: x(n, y * bs + (c / cin) / bs, xx * bs + (c / cin) % bs, c % cin))]

@@ -15,7 +15,7 @@ from typing import Callable
 import halide as hl
 
 from ..pack import CHANNEL_TILE, DOT_DEPTH, padded
-from ..values import Value, define, flat_index, unflatten
+from ..values import Value, flat_index, unflatten
 from . import ieee
 from .elementwise import activation
 from .registry import AccumulatorKind, LoweringError, OpContext, ReductionDomain, accumulate, read, register
@@ -60,8 +60,8 @@ class Arithmetic:
 
 def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
     """Float32: operands as they are, the bias first, the fused activation last."""
-    bias, act = channel_bias(ctx, bias_index), ctx.op.fused_activation
-    return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, i: activation(acc, act))
+    bias, act, native = channel_bias(ctx, bias_index), ctx.op.fused_activation, ctx.options.native_minmax
+    return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, i: activation(acc, act, native))
 
 
 def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
@@ -185,7 +185,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r,
                      source=src.func, dot=arith.dot, source_stride=x.shape[3] * sw * x.type.bytes())
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 def narrow_input_dot(cin: int, groups: int, dilation_w: int) -> bool:
@@ -225,7 +225,7 @@ def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: 
         return arith.term(pixel, weight(r[0], r[1] / arith.dot, o, r[1] % arith.dot))
 
     acc = accumulate(ctx, out, lambda n_, y_, xx, o: arith.init(o), update, AccumulatorKind.CONV, r, dot=arith.dot)
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("CONV_3D")
@@ -259,7 +259,8 @@ def lower_conv3d(ctx: OpContext) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r, source=src.func,
                      source_stride=cin * strides[2] * x.type.bytes())
-    return _readable_past_last_channel(ctx, [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))])
+    conv = ctx.define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))
+    return _readable_past_last_channel(ctx, [conv])
 
 
 @register("DEPTHWISE_CONV_2D")
@@ -313,7 +314,7 @@ def depthwise(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.DEPTHWISE, r,
                      narrow=arith.paired_taps)
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("TRANSPOSE_CONV", shape_inputs=(0,))
@@ -357,7 +358,7 @@ def transpose_conv(ctx: OpContext, data: int, weights: int, geometry: tuple[tupl
         return hl.select(valid, term, hl.cast(term.type(), 0))
 
     acc = accumulate(ctx, out, lambda n, y, xx, o: arith.init(o), update, AccumulatorKind.CONV, r)
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("CONV_3D_TRANSPOSE", shape_inputs=(0,))
@@ -389,7 +390,7 @@ def lower_conv3d_transpose(ctx: OpContext) -> list[Value]:
         return hl.select(valid, term, hl.cast(term.type(), 0))
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r)
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("FULLY_CONNECTED")
@@ -425,7 +426,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.MATMUL, r,
                      source=x.func if direct else None, dot=arith.dot, source_stride=depth * x.type.bytes())
-    return [define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
 @register("BATCH_MATMUL")
@@ -460,7 +461,7 @@ def batch_matmul(ctx: OpContext, a: Value, b: Value, term: Callable[[hl.Expr, hl
     direct = not adj_x and tuple(a.shape[:-1]) == tuple(out[:-1])
     acc = accumulate(ctx, out, lambda *i: init, update, AccumulatorKind.MATMUL, r,
                      source=a.func if direct else None, source_stride=depth * a.type.bytes() if direct else 0)
-    return [define(ctx.func_name(), out, lambda *i: finish(read(acc, i), i))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: finish(read(acc, i), i))]
 
 
 # Windows of at most this many taps are unrolled into one expression per output (a U-Net's 2x2
@@ -520,7 +521,7 @@ def pool_window(ctx: OpContext) -> PoolWindow:
 
 def _pool(ctx: OpContext, kind: str) -> list[Value]:
     window = pool_window(ctx)
-    act = ctx.op.fused_activation
+    act, native = ctx.op.fused_activation, ctx.options.native_minmax
 
     def body(n, y, xx, c):
         unrolled = window.unrolled_taps(n, y, xx, c) if kind == "max" else None
@@ -528,15 +529,16 @@ def _pool(ctx: OpContext, kind: str) -> list[Value]:
             running = hl.f32(-ieee.FLT_MAX)  # std::max from the lowest float, tap by tap
             for inside, v in unrolled:
                 running = ieee.running_max(running, v, inside)
-            return activation(running, act)
+            return activation(running, act, native)
         inside, v = window.taps(n, y, xx, c)
         if kind == "max":
             # std::max from the lowest float: NaNs are skipped (halide_gen.lower.ieee).
-            return activation(hl.maximum(hl.select(inside, ieee.skip_nan_for_max(v), hl.f32(-ieee.FLT_MAX))), act)
+            return activation(hl.maximum(hl.select(inside, ieee.skip_nan_for_max(v), hl.f32(-ieee.FLT_MAX))), act,
+                              native)
         total = hl.sum(hl.select(inside, v, hl.f32(0)))
-        return activation(total / hl.cast(hl.Float(32), window.count(y, xx)), act)
+        return activation(total / hl.cast(hl.Float(32), window.count(y, xx)), act, native)
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("AVERAGE_POOL_2D")

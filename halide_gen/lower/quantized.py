@@ -51,7 +51,7 @@ import halide as hl
 import numpy as np
 
 from ..pack import DOT_DEPTH
-from ..values import Value, define, read_broadcast
+from ..values import Value, read_broadcast
 from .elementwise import round_half_away
 from .fixed_point import (INT8_MAX, INT8_MIN, activation_range, float_requantize, int8_weight_scales,
                           multiply_by_quantized_multiplier, multiply_shifted, multiply_single_rounding,
@@ -67,8 +67,8 @@ ADD_LEFT_SHIFT = 20  # TFLite's headroom shift for int8 ADD (add.cc)
 
 def _as_unsigned(ctx: OpContext, x: Value) -> Value:
     """int8 x as uint8 x + 128 (the sign bit flipped), read inline by the op's terms."""
-    return define(ctx.func_name("u8"), x.shape,
-                  lambda *i: hl.cast(hl.UInt(8), hl.cast(hl.Int(16), x(*i)) + hl.i16(128)))
+    return ctx.define(ctx.func_name("u8"), x.shape,
+                      lambda *i: hl.cast(hl.UInt(8), hl.cast(hl.Int(16), x(*i)) + hl.i16(128)))
 
 
 def _rounded_twice_per_channel(ctx: OpContext, mults: Sequence[int], shifts: Sequence[int]):
@@ -82,7 +82,8 @@ def _rounded_twice_per_channel(ctx: OpContext, mults: Sequence[int], shifts: Seq
 
 def centred(ctx: OpContext, x: Value, zp: int) -> Value:
     """x - zero_point as int16 (an int8 minus an int8 fits), read inline by the op's terms."""
-    return define(ctx.func_name("centred"), x.shape, lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
+    return ctx.define(ctx.func_name("centred"), x.shape,
+                      lambda *i: hl.cast(hl.Int(16), x(*i)) - hl.cast(hl.Int(16), zp))
 
 
 def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[float], out_scale: float,
@@ -97,14 +98,14 @@ def _fixed_point_scaling(ctx: OpContext, in_scale: float, w_scales: Sequence[flo
             raise LoweringError("a per-channel int8 FULLY_CONNECTED with a multiplier over 1 rounds a 64-bit product "
                                 "once: no 64-bit integers here")
         m, shift = ctx.table(mults, "mult"), ctx.table(shifts, "shift")
-        return lambda acc, oc: multiply_single_rounding(acc, m(oc), shift(oc))
+        return lambda acc, oc: multiply_single_rounding(acc, m(oc), shift(oc), ctx.options)
     if ctx.options.x86_integer and all(s <= 0 for s in shifts):
         return _rounded_twice_per_channel(ctx, mults, shifts)
     m = ctx.table(mults, "mult")
     up = ctx.table([1 << max(s, 0) for s in shifts], "up")
     down = ctx.table([max(-s, 0) for s in shifts], "down")
     down_positive = all(s < 0 for s in shifts)  # multipliers under 1/2: the usual case
-    return lambda acc, oc: multiply_shifted(acc, m(oc), up(oc), down(oc), down_positive)
+    return lambda acc, oc: multiply_shifted(acc, m(oc), up(oc), down(oc), ctx.options, down_positive)
 
 
 def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool = False,
@@ -219,7 +220,7 @@ def lower_batch_matmul_int8(ctx: OpContext) -> list[Value]:
     s_out, zp_out = scale_zp(ctx.op.outputs[0])
     (m,), (shift,) = requantization_multipliers(s_a, [s_b], s_out, per_tensor_float_product=True)
     return batch_matmul(ctx, centred(ctx, ctx.value(0), zp_a), centred(ctx, ctx.value(1), zp_b), hl.widening_mul,
-                        hl.i32(0), lambda acc, _: requantize(acc, m, shift, zp_out, INT8_MIN, INT8_MAX))
+                        hl.i32(0), lambda acc, _: requantize(acc, m, shift, zp_out, INT8_MIN, INT8_MAX, ctx.options))
 
 
 def shifted_left(v: hl.Expr, zp: int, bits: int) -> hl.Expr:
@@ -250,14 +251,14 @@ def lower_add_int8(ctx: OpContext) -> list[Value]:
             # The larger-scale input's multiplier (half of twice its scale; quantize_multiplier's
             # only power of two): the doubling high multiply of x * 2^20 by 2^30 is x * 2^19 exactly.
             exact = shifted_left(v, zp, ADD_LEFT_SHIFT - 1)
-            return rounding_divide_by_pot(exact, -sh, positive=True) if sh < 0 else exact
-        return multiply_by_quantized_multiplier(shifted_left(v, zp, ADD_LEFT_SHIFT), m, sh)
+            return rounding_divide_by_pot(exact, -sh, ctx.options, positive=True) if sh < 0 else exact
+        return multiply_by_quantized_multiplier(shifted_left(v, zp, ADD_LEFT_SHIFT), m, sh, ctx.options)
 
     def body(*i):
         first, second = scaled(read_broadcast(a, out, i), zp1, m1, sh1), scaled(read_broadcast(b, out, i), zp2, m2, sh2)
-        return requantize(first + second if sign > 0 else first - second, m_out, sh_out, zp_out, lo, hi)
+        return requantize(first + second if sign > 0 else first - second, m_out, sh_out, zp_out, lo, hi, ctx.options)
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 @register("QUANTIZE", quantized=True)
@@ -274,11 +275,12 @@ def lower_requantize(ctx: OpContext) -> list[Value]:
     def body(*i):
         centred_input = hl.cast(hl.Int(32), x(*i)) - zp_in
         if element.bits() == 8:
-            return requantize(centred_input, m, shift, zp_out, INT8_MIN, INT8_MAX)
+            return requantize(centred_input, m, shift, zp_out, INT8_MIN, INT8_MAX, ctx.options)
         lo, hi = -(1 << (element.bits() - 1)), (1 << (element.bits() - 1)) - 1
-        return hl.cast(element, hl.clamp(multiply_by_quantized_multiplier(centred_input, m, shift) + zp_out, lo, hi))
+        scaled = multiply_by_quantized_multiplier(centred_input, m, shift, ctx.options)
+        return hl.cast(element, hl.clamp(scaled + zp_out, lo, hi))
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("LEAKY_RELU", quantized=True)
@@ -296,10 +298,10 @@ def lower_leaky_relu_int8(ctx: OpContext) -> list[Value]:
 
     def body(*i):
         v = hl.cast(hl.Int(32), x(*i)) - zp_in
-        return hl.select(v >= 0, requantize(v, *identity, zp_out, INT8_MIN, INT8_MAX),
-                         requantize(v, *negative, zp_out, INT8_MIN, INT8_MAX))
+        return hl.select(v >= 0, requantize(v, *identity, zp_out, INT8_MIN, INT8_MAX, ctx.options),
+                         requantize(v, *negative, zp_out, INT8_MIN, INT8_MAX, ctx.options))
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("PRELU", quantized=True)
@@ -317,10 +319,10 @@ def lower_prelu_int8(ctx: OpContext) -> list[Value]:
     def body(*i):
         v = hl.cast(hl.Int(32), read_broadcast(x, out, i)) - zp_in
         slope = hl.cast(hl.Int(32), read_broadcast(alpha, out, i)) - zp_alpha
-        return hl.select(v >= 0, requantize(v, *identity, zp_out, INT8_MIN, INT8_MAX),
-                         requantize(v * slope, *negative, zp_out, INT8_MIN, INT8_MAX))
+        return hl.select(v >= 0, requantize(v, *identity, zp_out, INT8_MIN, INT8_MAX, ctx.options),
+                         requantize(v * slope, *negative, zp_out, INT8_MIN, INT8_MAX, ctx.options))
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 @register("MUL", quantized=True)
@@ -337,9 +339,9 @@ def lower_mul_int8(ctx: OpContext) -> list[Value]:
     def body(*i):
         x1 = hl.cast(hl.Int(32), read_broadcast(a, out, i)) - zp1
         x2 = hl.cast(hl.Int(32), read_broadcast(b, out, i)) - zp2
-        return requantize(x1 * x2, m, shift, zp_out, lo, hi)
+        return requantize(x1 * x2, m, shift, zp_out, lo, hi, ctx.options)
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 SQUARED_DIFFERENCE_LEFT_SHIFT = 7  # squared_difference.cc's headroom shift for int8
@@ -363,13 +365,14 @@ def lower_squared_difference_int8(ctx: OpContext) -> list[Value]:
     out = ctx.out_shape()
 
     def scaled(v: hl.Expr, zp: int, m: int, sh: int) -> hl.Expr:
-        return multiply_by_quantized_multiplier((hl.cast(hl.Int(32), v) - zp) << SQUARED_DIFFERENCE_LEFT_SHIFT, m, sh)
+        centred = (hl.cast(hl.Int(32), v) - zp) << SQUARED_DIFFERENCE_LEFT_SHIFT
+        return multiply_by_quantized_multiplier(centred, m, sh, ctx.options)
 
     def body(*i):
         diff = scaled(read_broadcast(a, out, i), zp1, m1, sh1) - scaled(read_broadcast(b, out, i), zp2, m2, sh2)
-        return requantize(diff * diff, m_out, sh_out, zp_out, INT8_MIN, INT8_MAX)
+        return requantize(diff * diff, m_out, sh_out, zp_out, INT8_MIN, INT8_MAX, ctx.options)
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 def _same_scale(ctx: OpContext) -> tuple[float, int]:
@@ -396,7 +399,7 @@ def quantized_max_pool(ctx: OpContext, lo: int, hi: int) -> list[Value]:
         low = hl.cast(element, -(1 << (element.bits() - 1)))
         return hl.clamp(hl.maximum(hl.select(inside, v, low)), hl.cast(element, lo), hl.cast(element, hi))
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("AVERAGE_POOL_2D", quantized=True)
@@ -422,7 +425,7 @@ def quantized_average_pool(ctx: OpContext, lo: int, hi: int) -> list[Value]:
         mean = hl.select(total > 0, (total + half) / count, -((half - total) / count))
         return hl.cast(element, hl.clamp(mean, hl.i32(lo), hl.i32(hi)))
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 def _round_to_int8(steps: hl.Expr, zp: int) -> hl.Expr:
@@ -439,7 +442,8 @@ def lower_mean_int8(ctx: OpContext) -> list[Value]:
     Q31 multiplier (shifted up by floor(log2 N), then divided by N, truncating), plus out_zp,
     clamped. LiteRT's optimized kernel for 4-D means over H and W rounds in float instead and may
     differ by 1 LSB."""
-    return quantized_mean(ctx, lambda total, m, shift, zp: requantize(total, m, shift, zp, INT8_MIN, INT8_MAX))
+    return quantized_mean(ctx, lambda total, m, shift, zp: requantize(total, m, shift, zp, INT8_MIN, INT8_MAX,
+                                                                      ctx.options))
 
 
 def quantized_mean(ctx: OpContext, finish: Callable[[hl.Expr, int, int, int], hl.Expr]) -> list[Value]:
@@ -458,7 +462,7 @@ def quantized_mean(ctx: OpContext, finish: Callable[[hl.Expr, int, int, int], hl
         total = hl.sum(hl.cast(hl.Int(32), x.at(source(i)))) - hl.i32(in_zp * count)
         return finish(total, multiplier, shift, out_zp)
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("SOFTMAX", quantized=True)
@@ -483,7 +487,7 @@ def lower_softmax_int8(ctx: OpContext) -> list[Value]:
         p = exp_term(row, i[-1]) / row_sum.at(row + [hl.Expr(0)])
         return _round_to_int8(p * hl.f32(1.0 / out_scale), out_zp)
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("RESIZE_BILINEAR", quantized=True, shape_inputs=(1,))
@@ -533,4 +537,4 @@ def quantized_resize_bilinear(ctx: OpContext) -> list[Value]:
         rounded = hl.select(total > 0, (total + half_step) >> 20, -((half_step - total) >> 20))
         return hl.cast(element, rounded)
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]

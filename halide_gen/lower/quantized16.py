@@ -27,7 +27,7 @@ import math
 import halide as hl
 import numpy as np
 
-from ..values import Value, define, read_broadcast
+from ..values import Value, read_broadcast
 from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, transpose_conv,
                  transpose_conv_geometry)
 from .fixed_point import (activation_range, int8_weight_scales, multiply_by_quantized_multiplier, quantize_multiplier,
@@ -144,14 +144,15 @@ def lower_add_16x8(ctx: OpContext) -> list[Value]:
     sign = -1 if ctx.op.name == "SUB" else 1
 
     def scaled(v: hl.Expr, m: int, sh: int) -> hl.Expr:
-        return multiply_by_quantized_multiplier(hl.cast(hl.Int(32), v) << INT16_ADD_LEFT_SHIFT, m, sh)
+        return multiply_by_quantized_multiplier(hl.cast(hl.Int(32), v) << INT16_ADD_LEFT_SHIFT, m, sh, ctx.options)
 
     def body(*i):
         first, second = scaled(read_broadcast(a, out, i), m1, sh1), scaled(read_broadcast(b, out, i), m2, sh2)
-        total = multiply_by_quantized_multiplier(first + second if sign > 0 else first - second, m_out, sh_out)
+        total = multiply_by_quantized_multiplier(first + second if sign > 0 else first - second, m_out, sh_out,
+                                                 ctx.options)
         return to_int16(total, lo, hi)
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 def _pool_range(ctx: OpContext) -> tuple[int, int]:
@@ -196,9 +197,9 @@ def lower_mul_16x8(ctx: OpContext) -> list[Value]:
 
     def body(*i):
         product = hl.cast(hl.Int(32), read_broadcast(a, out, i)) * hl.cast(hl.Int(32), read_broadcast(b, out, i))
-        return to_int16(multiply_by_quantized_multiplier(product, m, shift), lo, hi)
+        return to_int16(multiply_by_quantized_multiplier(product, m, shift, ctx.options), lo, hi)
 
-    return [define(ctx.func_name(), out, body)]
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 @register("BATCH_MATMUL", int16=True)
@@ -234,7 +235,7 @@ def lower_mean_16x8(ctx: OpContext) -> list[Value]:
     """TFLite's reference int16 MEAN (QuantizedMeanOrSum, as for int8: an int32 sum, 1/N folded into
     the multiplier), narrowed to int16. Exact."""
     def finish(total: hl.Expr, m: int, shift: int, zp: int) -> hl.Expr:
-        return to_int16(multiply_by_quantized_multiplier(total, m, shift) + zp)
+        return to_int16(multiply_by_quantized_multiplier(total, m, shift, ctx.options) + zp)
 
     return quantized_mean(ctx, finish)
 
@@ -309,8 +310,8 @@ def lower_softmax_16x8(ctx: OpContext) -> list[Value]:
 
     def exp_q015(row, k):
         diff = hl.cast(hl.Int(32), x.at(row + [k])) - row_max.at(row + [hl.Expr(0)])
-        return interpolated_lookup(exp_table, hl.clamp(multiply_by_quantized_multiplier(diff, m, shift) + 32767,
-                                                       INT16_MIN, INT16_MAX))
+        scaled = multiply_by_quantized_multiplier(diff, m, shift, ctx.options)
+        return interpolated_lookup(exp_table, hl.clamp(scaled + 32767, INT16_MIN, INT16_MAX))
 
     row_sum = row_reduce(ctx, "sum", rows, depth, exp_q015, hl.sum)
     ctx.materialize.extend([row_max, row_sum])
@@ -327,4 +328,4 @@ def lower_softmax_16x8(ctx: OpContext) -> list[Value]:
         scaled = (exp_q015(row, i[-1]) * reciprocal + (hl.i32(1) << (right_shift - 1))) >> right_shift
         return to_int16(scaled, 0, INT16_MAX)
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]

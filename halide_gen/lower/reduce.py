@@ -8,7 +8,7 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
-from ..values import Value, define, dim_vars
+from ..values import Value, dim_vars
 from . import ieee
 from .registry import (AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, accumulate, read,
                        register)
@@ -75,13 +75,14 @@ def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, ele
     shape = tuple(rows) + (1,)
     if depth % PARTIAL or depth < 2 * PARTIAL:
         r = ReductionDomain([depth], ctx.func_name(name + "_r"))
-        return define(ctx.func_name(name), shape, lambda *i: reducer(element(list(i[:-1]), r[0])), exact=True)
+        return ctx.define(ctx.func_name(name), shape, lambda *i: reducer(element(list(i[:-1]), r[0])), exact=True)
     outer = ReductionDomain([depth // PARTIAL], ctx.func_name(name + "_ro"))
     lanes = ReductionDomain([PARTIAL], ctx.func_name(name + "_rl"))
-    partial = define(ctx.func_name(name + "_partial"), tuple(rows) + (PARTIAL,),
-                     lambda *i: reducer(element(list(i[:-1]), outer[0] * PARTIAL + i[-1])), exact=True)
+    partial = ctx.define(ctx.func_name(name + "_partial"), tuple(rows) + (PARTIAL,),
+                         lambda *i: reducer(element(list(i[:-1]), outer[0] * PARTIAL + i[-1])), exact=True)
     ctx.materialize.append(partial)
-    total = define(ctx.func_name(name), shape, lambda *i: reducer(partial.at(list(i[:-1]) + [lanes[0]])), exact=True)
+    total = ctx.define(ctx.func_name(name), shape, lambda *i: reducer(partial.at(list(i[:-1]) + [lanes[0]])),
+                       exact=True)
     ctx.row_reductions.append(RowReduction(partial, total, depth // PARTIAL))
     return total
 
@@ -104,15 +105,15 @@ def lower_reduce(ctx: OpContext) -> list[Value]:
         total = row_reduce(ctx, "total", x.shape[:-1], x.shape[-1], lambda row, k: x.at(row + [k]), reducer)
         ctx.materialize.append(total)
         keep = len(out) == x.rank
-        return [define(ctx.func_name(), out,
-                       lambda *i: finish(total.at((list(i[:-1]) if keep else list(i)) + [hl.Expr(0)])))]
+        return [ctx.define(ctx.func_name(), out,
+                           lambda *i: finish(total.at((list(i[:-1]) if keep else list(i)) + [hl.Expr(0)])))]
     r, source = reduction_domain(ctx, x, axes, ctx.func_name("r"))
     if ctx.op.name in ("SUM", "MEAN") and x.rank - 1 not in axes and x.type.is_float():
         # Over outer axes (global average pooling): an explicit accumulator a schedule vectorizes
         # along the innermost, untouched axis.
         acc = accumulate(ctx, out, lambda *i: hl.f32(0), lambda *i: x.at(source(i)), AccumulatorKind.REDUCE, r)
-        return [define(ctx.func_name(), out, lambda *i: finish(read(acc, i)))]
-    return [define(ctx.func_name(), out, lambda *i: finish(reducer(x.at(source(i)))))]
+        return [ctx.define(ctx.func_name(), out, lambda *i: finish(read(acc, i)))]
+    return [ctx.define(ctx.func_name(), out, lambda *i: finish(reducer(x.at(source(i)))))]
 
 
 def _row_max(ctx: OpContext, x: Value) -> Value:
@@ -125,11 +126,11 @@ def _row_max(ctx: OpContext, x: Value) -> Value:
     return row_max
 
 
-def _shifted_exp(beta: float):
+def _shifted_exp(beta: float, native_minmax: bool):
     """exp(beta * (v - max)): at most 1 for beta >= 0 (the converter's softmax), so the cheaper
     non-positive exponential serves; any other beta takes the full one. NaN stays NaN."""
     if beta >= 0:
-        return ieee.exp_nonpositive
+        return lambda v: ieee.exp_nonpositive(v, native_minmax=native_minmax)
     return ieee.exp
 
 
@@ -142,14 +143,14 @@ def lower_softmax(ctx: OpContext) -> list[Value]:
     x = ctx.value(0)
     beta = float(ctx.option("beta", 1.0))
     row_max = _row_max(ctx, x)
-    exp = _shifted_exp(beta)
-    exps = define(ctx.func_name("exp"), x.shape,
-                  lambda *i: exp((x(*i) - row_max.at(list(i[:-1]) + [hl.Expr(0)])) * hl.f32(beta)))
+    exp = _shifted_exp(beta, ctx.options.native_minmax)
+    exps = ctx.define(ctx.func_name("exp"), x.shape,
+                      lambda *i: exp((x(*i) - row_max.at(list(i[:-1]) + [hl.Expr(0)])) * hl.f32(beta)))
     ctx.materialize.append(exps)
     row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1], lambda row, k: exps.at(row + [k]), hl.sum)
     ctx.materialize.append(row_sum)
-    return [define(ctx.func_name(), ctx.out_shape(),
-                   lambda *i: exps(*i) * (hl.f32(1) / row_sum.at(list(i[:-1]) + [hl.Expr(0)])))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(),
+                       lambda *i: exps(*i) * (hl.f32(1) / row_sum.at(list(i[:-1]) + [hl.Expr(0)])))]
 
 
 @register("LOG_SOFTMAX")
@@ -157,15 +158,16 @@ def lower_log_softmax(ctx: OpContext) -> list[Value]:
     """x - max - log(sum exp(x - max)) over the last axis."""
     x = ctx.value(0)
     row_max = _row_max(ctx, x)
+    exp = _shifted_exp(1.0, ctx.options.native_minmax)
     row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1],
-                         lambda row, k: _shifted_exp(1.0)(x.at(row + [k]) - row_max.at(row + [hl.Expr(0)])), hl.sum)
+                         lambda row, k: exp(x.at(row + [k]) - row_max.at(row + [hl.Expr(0)])), hl.sum)
     ctx.materialize.append(row_sum)
 
     def body(*i):
         row = list(i[:-1]) + [hl.Expr(0)]
         return x(*i) - row_max.at(row) - ieee.log(row_sum.at(row))
 
-    return [define(ctx.func_name(), ctx.out_shape(), body)]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), body)]
 
 
 @register("L2_NORMALIZATION")
@@ -174,10 +176,10 @@ def lower_l2_normalization(ctx: OpContext) -> list[Value]:
     x = ctx.value(0)
     squares = row_reduce(ctx, "sumsq", x.shape[:-1], x.shape[-1], lambda row, k: x.at(row + [k]) * x.at(row + [k]),
                          hl.sum)
-    norm = define(ctx.func_name("norm"), squares.shape,
-                  lambda *i: ieee.keep_nan(squares(*i), hl.max(hl.sqrt(squares(*i)), hl.f32(1e-6))))
+    norm = ctx.define(ctx.func_name("norm"), squares.shape,
+                      lambda *i: ieee.keep_nan(squares(*i), hl.max(hl.sqrt(squares(*i)), hl.f32(1e-6))))
     ctx.materialize.append(norm)
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: x(*i) / norm.at(list(i[:-1]) + [hl.Expr(0)]))]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: x(*i) / norm.at(list(i[:-1]) + [hl.Expr(0)]))]
 
 
 @register("ARG_MAX", "ARG_MIN", compile_time=(1,))

@@ -19,7 +19,7 @@ from tflite_tools.model.hybrid import is_hybrid
 from tflite_tools.model.ir import Operator, Tensor
 
 from ..lowering_options import LoweringOptions
-from ..values import Value, dim_vars, halide_type
+from ..values import Value, define, dim_vars, halide_type
 
 
 class LoweringError(NotImplementedError):
@@ -156,6 +156,12 @@ class OpContext:
     def option(self, field_name: str, default=None):
         """A field of the op's options object (the schema's camelCase name)."""
         return getattr(self.op.options, field_name, default) if self.op.options is not None else default
+
+    def define(self, name: str, shape: Sequence[int], body: Callable[..., hl.Expr], exact: bool = False) -> Value:
+        """values.define in the target's float storage (LoweringOptions.float_storage), or float32
+        where `exact`: a reduction's partial results stay float32, so every sum is a float32 sum
+        under fp16 storage too."""
+        return define(name, shape, body, storage=hl.Float(32) if exact else self.options.float_storage)
 
     def func_name(self, suffix: str = "") -> str:
         """A Func name unique to this op."""

@@ -11,7 +11,7 @@ from typing import Sequence
 import halide as hl
 import numpy as np
 
-from ..values import Value, define
+from ..values import Value
 from .fixed_point import INT8_MAX, INT8_MIN, scale_zp, tflite_round
 from .litert_tables import litert_table
 from .registry import LoweringError, OpContext, register
@@ -49,7 +49,7 @@ def indexed_by_input(ctx: OpContext, table_values: Sequence[int]) -> list[Value]
     out_type, in_type = ctx.out_type(), ctx.value(0).type
     table = constant_buffer(ctx, "table", out_type, table_values)
     x, lowest = ctx.value(0), -(1 << (in_type.bits() - 1))  # int8 or int16
-    return [define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - lowest])]
+    return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: table[hl.cast(hl.Int(32), x(*i)) - lowest])]
 
 
 # LiteRT's int8 SQRT and RSQRT fail the invoke on a negative input ("only defined for positive
