@@ -2,7 +2,10 @@
 bytes copied, per block and per model, read from Halide's debug runtime trace. The counts do not
 depend on the device (PoCL and lavapipe give the ones a phone's GPU would see) or on the host.
 
-    python bench/gpu_counts.py [MODEL ...] [--api opencl vulkan] [--invokes 3] [--json]
+    python bench/gpu_counts.py [MODEL ...] [--quick] [--api opencl vulkan] [--invokes 3] [--json]
+
+MODEL defaults to the GPU test models and the reference models (bench/zoo.py); `--quick` takes the
+test models alone (minutes under PoCL and lavapipe, where the reference set takes about an hour).
 
 Each model is fused for host-<api> with `--debug-runtime`, checked against LiteRT's reference
 (`tflite_tools run`: an error outside its tolerance shows as inf) and invoked `--invokes` times in a
@@ -169,16 +172,18 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: fuse, trace, print the table (or JSON)."""
+    from zoo import GPU_TEST_MODELS, reference_models, test_models
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", type=Path,
-                        help="default: the test models the GPU tests use")
+                        help="default: zoo.GPU_TEST_MODELS and the reference models")
+    parser.add_argument("--quick", action="store_true", help="by default, the GPU test models only")
     parser.add_argument("--api", nargs="+", default=["opencl", "vulkan"], choices=sorted(EVENTS))
     parser.add_argument("--invokes", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gpu_counts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    models = args.models or [REPO / "tests" / "models" / f"{n}.tflite"
-                             for n in ("unet_tiny", "transformer_encoder", "depthwise_residual", "fc_softmax")]
+    models = args.models or [*test_models(GPU_TEST_MODELS), *([] if args.quick else reference_models())]
     rows = []
     for model in models:
         for api in args.api:

@@ -20,9 +20,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-FP16_TEST_MODELS = [REPO / "tests" / "models" / f"{n}.tflite" for n in ("mobilenet_v2_035_96_fp16",
-                                                                         "transformer_encoder_fp16")]
-
 
 def measure(model: Path, targets: list[str], out: Path) -> dict:
     """One row: the model's sizes, fused once per target (the fused model is the same for all)."""
@@ -51,7 +48,7 @@ def table(rows: list[dict], targets: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: fuse, then print the table (or JSON)."""
-    from zoo import reference_models
+    from zoo import FP16_TEST_MODELS, reference_models, test_models
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", type=Path, help="default: the reference set and the fp16 test models")
@@ -59,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "sizes")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
-    models = args.models or [*reference_models(REPO / "bench" / "out" / "zoo"), *FP16_TEST_MODELS]
+    models = args.models or [*reference_models(REPO / "bench" / "out" / "zoo"), *test_models(FP16_TEST_MODELS)]
     rows = []
     for model in models:
         rows.append(measure(model, args.targets, args.out))

@@ -1,5 +1,8 @@
-"""The reference model set: `../shared/models` when present (so every figure is on the same bytes),
-else regenerated here with TensorFlow (`pip install -e '.[models]'`; random weights, no download).
+"""The model sets the benchmarks default to. The reference set: `../shared/models` when present (so
+every figure is on the same bytes), else regenerated here with TensorFlow (`pip install -e '.[models]'`;
+random weights, no download). Beside it, named sets of the project's own test models
+(`test_models`), for the figures that need what the reference set lacks (fp16 weights) or that the
+reference set makes too slow to take (GPU traces under PoCL).
 
     python bench/zoo.py --out bench/zoo            # regenerate all seven with TensorFlow
     python bench/zoo.py --list                     # which files the benchmarks will use
@@ -15,11 +18,20 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "models"
 NAMES = ["bert_small", "efficientnet_b0", "gpt2_small", "mobilenet_v2", "mobilenet_v2_int8", "mobilenet_v3_small",
          "unet_small"]
+TEST_MODELS = REPO / "tests" / "models"
+# Models stored with fp16 weights (the reference set has none): bench/sizes.py.
+FP16_TEST_MODELS = ("mobilenet_v2_035_96_fp16", "transformer_encoder_fp16")
+# Small models of the reference set's kinds (a U-Net, an encoder, a MobileNetV2 at 0.35 x 96) and
+# single blocks: GPU traces under PoCL take minutes on them (bench/gpu_counts.py --quick), an hour
+# on the reference set.
+GPU_TEST_MODELS = ("unet_tiny", "transformer_encoder", "depthwise_residual", "fc_softmax", "mobilenet_v2_035_96",
+                   "conv_fp16_weights")
 
 
 def reference_models(regenerated: Path | None = None) -> list[Path]:
@@ -32,6 +44,15 @@ def reference_models(regenerated: Path | None = None) -> list[Path]:
         raise FileNotFoundError(f"no reference models: ../shared/models is absent and {folder} lacks {missing}; "
                                 "run python bench/zoo.py (needs TensorFlow: pip install -e '.[models]')")
     return [folder / f"{n}.tflite" for n in NAMES]
+
+
+def test_models(names: Sequence[str]) -> list[Path]:
+    """The project's test models of these names (tests/models/NAME.tflite, committed)."""
+    paths = [TEST_MODELS / f"{n}.tflite" for n in names]
+    missing = [p.name for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"{TEST_MODELS} lacks {missing}")
+    return paths
 
 
 def build(out: Path) -> list[Path]:
