@@ -9,7 +9,9 @@ directory, so the host's dpkg stays untouched, and unpacked with `dpkg-deb -x`) 
 wheels of ai-edge-litert and its imports (pip download for a manylinux aarch64 platform), unzipped
 into its dist-packages. `qemu-aarch64 -L ROOT ROOT/usr/bin/python3.11` runs it; qemu looks for
 every absolute path under ROOT first, so the fake `proc/cpuinfo` written there keeps XNNPACK's CPU
-detection from reading the host's x86 one (which crashes it).
+detection from reading the host's x86 one (which crashes it). It names the core the features come
+from: XNNPACK picks its micro-kernels by the core's part number (cortex-a53: its in-order ones), so a
+run on qemu's `-cpu C` goes through `core_view(root, C)`, the same folder with C's cpuinfo.
 """
 
 from __future__ import annotations
@@ -28,16 +30,18 @@ WHEELS = ["ai-edge-litert", "numpy"]
 PLATFORMS = ["manylinux_2_27_aarch64", "manylinux_2_28_aarch64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"]
 VERSION = "1"  # bump to rebuild cached folders when the recipe changes
 
-CPUINFO = """processor\t: 0
-BogoMIPS\t: 50.00
-Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp
-CPU implementer\t: 0x41
-CPU architecture: 8
-CPU variant\t: 0x3
-CPU part\t: 0xd0c
-CPU revision\t: 1
 
-"""
+def _cpuinfo(features: str, variant: int, part: int, revision: int) -> str:
+    return (f"processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: {features}\nCPU implementer\t: 0x41\n"
+            f"CPU architecture: 8\nCPU variant\t: {variant:#x}\nCPU part\t: {part:#05x}\nCPU revision\t: {revision}\n\n")
+
+
+_ARMV82 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp"
+# What Linux shows on each core qemu emulates here (the part numbers are Arm's MIDR values); qemu's
+# default core, "max", has every feature: it is shown as a Neoverse N1, an ARMv8.2 big core.
+CPUINFO = _cpuinfo(_ARMV82, 3, 0xD0C, 1)
+CORE_CPUINFO = {"cortex-a76": _cpuinfo(_ARMV82, 4, 0xD0B, 0),
+                "cortex-a53": _cpuinfo("fp asimd evtstrm aes pmull sha1 sha2 crc32 cpuid", 0, 0xD03, 4)}
 
 
 class Unavailable(RuntimeError):
@@ -105,10 +109,31 @@ def prepare(cache_dir: Path) -> Path:
     return root
 
 
+def core_view(root: Path, cpu: str) -> Path:
+    """`root` as seen on qemu's core `cpu` (one of CORE_CPUINFO): a folder beside it of links to its
+    top-level folders and a `proc/cpuinfo` naming that core."""
+    view = root.with_name(f"{root.name}-{cpu}")
+    if (view / "proc" / "cpuinfo").exists() and (view / "proc" / "cpuinfo").read_text() == CORE_CPUINFO[cpu]:
+        return view
+    work = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".tmp-{cpu}-"))
+    for entry in root.iterdir():
+        if entry.name != "proc":
+            (work / entry.name).symlink_to(entry)
+    (work / "proc").mkdir()
+    (work / "proc" / "cpuinfo").write_text(CORE_CPUINFO[cpu])
+    shutil.rmtree(view, ignore_errors=True)
+    try:
+        os.replace(work, view)
+    except OSError:  # made meanwhile by another process
+        shutil.rmtree(work, ignore_errors=True)
+    return view
+
+
 def run_python(root: Path, *args: str, timeout: float = 600, cpu: str | None = None) -> subprocess.CompletedProcess:
     """Runs the emulated aarch64 Python with `args`, on qemu's `cpu` model (its default, "max", when
-    None: every feature qemu has, dot product included)."""
+    None: every feature qemu has, dot product included), with that core's cpuinfo."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     cpu_args = ["-cpu", cpu] if cpu else []
+    root = core_view(root, cpu) if cpu in CORE_CPUINFO else root
     return subprocess.run(["qemu-aarch64", *cpu_args, "-L", str(root), str(root / "usr" / "bin" / PYTHON), *args],
                           capture_output=True, text=True, timeout=timeout, env=env)

@@ -92,7 +92,9 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
     from fusion.cost import default_cache_dir
 
     cache_dir = cache_dir or default_cache_dir()
-    root, plugin = rootfs(cache_dir), build_counter(cache_dir)
+    from arm64_rootfs import core_view
+
+    root, plugin = core_view(rootfs(cache_dir), cpu), build_counter(cache_dir)
     with tempfile.TemporaryDirectory() as tmp:
         job, marks = Path(tmp) / "job.json", Path(tmp) / "marks.txt"
         job.write_text(json.dumps({"warmup": warmup, "invokes": invokes, "threads": 1, "cases": [
