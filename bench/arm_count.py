@@ -1,7 +1,8 @@
-"""The ARM64 cost measure: aarch64 instructions and memory accesses per invoke, counted under qemu.
+"""The ARM64 cost measure: aarch64 instructions, memory accesses and estimated cycles per invoke,
+counted under qemu.
 
-    python bench/arm_count.py MODEL [MODEL ...] [--cpu cortex-a76] [--delegate LIB --fused MODEL]
-                              [--blocks] [--invokes 5] [--json]
+    python bench/arm_count.py MODEL [MODEL ...] [--cpu cortex-a76 [cortex-a53]] [--delegate LIB --fused MODEL]
+                              [--blocks] [--hot N] [--invokes 5] [--no-cycles] [--json]
 
 There is no ARM hardware here, and timings on this shared x86 machine move with its load. What does
 not move: the instructions an aarch64 CPU executes for one invoke. QEMU's user-mode emulator runs an
@@ -11,16 +12,23 @@ aarch64 Python with LiteRT (bench/arm64_rootfs.py prepares it) with a TCG plugin
 difference is what those invokes executed and nothing of the process's start-up. Repeated runs agree
 to a few hundredths of a percent (tests/test_arm_count.py checks 0.5 %).
 
-Per model it counts, one thread each, on the chosen `-cpu` (default cortex-a76, a phone's big core:
-NEON, dot product, fp16; cortex-a53 is a little ARMv8.0 core without dot product):
-- LiteRT + XNNPACK alone (XNNPACK's NEON micro-kernels, picked for that CPU);
-- the model fused for arm64-linux with our delegate claiming every block (`claim=all`) and with its
+Per model it counts, one thread each, on each chosen `-cpu` (default cortex-a76, a phone's big core:
+NEON, dot product, fp16; cortex-a53 is a little ARMv8.0 core without dot product), with that core's
+/proc/cpuinfo (arm64_rootfs.core_view):
+- LiteRT + XNNPACK alone (XNNPACK's NEON micro-kernels, picked for that core: on the A53 its in-order ones);
+- the model fused for arm64-linux (arm64-linux-nodot on the A53) with our delegate claiming every block (`claim=all`) and with its
   default policy (`claim=profitable`); XNNPACK runs what the delegate leaves.
 With --blocks, each planned block is also cut out into a model of its own (as bench/block_table.py
 does for x86 time) and counted both ways, so that the losses have names.
 
-Instruction counts ignore stalls and cache misses: read them beside the memory accesses, and never
-trade a few instructions for many more accesses.
+Cycles: the plugin also counts the executions of each translated block, and bench/arm_cycles.py
+times each block on LLVM's pipeline model of the core (llvm-mca; the big core on its Neoverse N1
+model, the little one on its Cortex-A55 model): cycles per invoke = executions x steady-state
+cycles per pass, summed. Neither figure sees cache misses: read both beside the memory accesses,
+and never trade a few instructions or cycles for many more accesses. The pipeline models' limits,
+measured on microkernels, are in bench/arm_cycles.py and bench/RESULTS.md. --hot N lists, per
+contender, the N translated blocks that take the most cycles, with the multiply-adds they issue a
+cycle: a GEMM loop's rate against the core's peak.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
+from arm_cycles import estimate, hottest, read_blocks  # noqa: E402
+
 HERE = REPO / "bench" / "arm64"
 CPUS = {
     "cortex-a76": "big core (ARMv8.2: NEON, dot product, fp16)",
@@ -54,6 +64,9 @@ class Count:
 
     insns: float  # aarch64 instructions executed
     mems: float  # memory accesses (loads and stores, each counted once whatever its width)
+    cycles: float | None = None  # estimated on the core's pipeline model (None: not asked for)
+    unmodelled: float = 0.0  # instructions in blocks the model could not read, charged a cycle each
+    hot: tuple[dict, ...] = ()  # the blocks that take the most cycles (arm_cycles.HotBlock), when asked for
 
 
 @dataclass
@@ -87,8 +100,10 @@ def rootfs(cache_dir: Path) -> Path:
 
 
 def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: int = 2,
-          cache_dir: Path | None = None) -> dict[str, Count]:
-    """Per-invoke counts of each case, all in one emulated process on `cpu`, one thread."""
+          cache_dir: Path | None = None, cycles: bool = False, hot: int = 0) -> dict[str, Count]:
+    """Per-invoke counts of each case, all in one emulated process on `cpu`, one thread; with
+    `cycles`, each also estimated in cycles on the core's pipeline model (bench/arm_cycles.py), and
+    its `hot` costliest translated blocks listed."""
     from fusion.cost import default_cache_dir
 
     cache_dir = cache_dir or default_cache_dir()
@@ -96,12 +111,14 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
 
     root, plugin = core_view(rootfs(cache_dir), cpu), build_counter(cache_dir)
     with tempfile.TemporaryDirectory() as tmp:
-        job, marks = Path(tmp) / "job.json", Path(tmp) / "marks.txt"
+        job, marks, blocks = Path(tmp) / "job.json", Path(tmp) / "marks.txt", Path(tmp) / "blocks.txt"
         job.write_text(json.dumps({"warmup": warmup, "invokes": invokes, "threads": 1, "cases": [
             {"model": str(c.model.resolve()), "delegate": str(c.delegate.resolve()) if c.delegate else None,
              "options": c.options} for c in cases]}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         env.update(ARM_COUNT_OUT=str(marks), PYTHONHASHSEED="0")
+        if cycles:
+            env["ARM_COUNT_BLOCKS"] = str(blocks)
         proc = subprocess.run(["qemu-aarch64", "-cpu", cpu, "-plugin", str(plugin), "-L", str(root),
                                str(root / "usr" / "bin" / "python3.11"), str(HERE / "guest.py"), str(job)],
                               capture_output=True, text=True, env=env, timeout=3 * 3600)
@@ -112,10 +129,18 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
             what, tag, insns, mems = line.split()
             if what == "mark":
                 points[int(tag)] = (int(insns), int(mems))
+        code, executions = read_blocks(blocks) if cycles else ({}, {})
     result = {}
     for i, case in enumerate(cases):
         (i0, m0), (i1, m1) = points[2 * i], points[2 * i + 1]
         result[case.name] = Count((i1 - i0) / invokes, (m1 - m0) / invokes)
+        if cycles:
+            per_invoke = {block: n / invokes for block, n in executions.get(2 * i + 1, {}).items()}
+            e = estimate(code, per_invoke, cpu, cache_dir)
+            blocks_hot = tuple({**asdict(b), "multiply_adds_per_cycle": b.multiply_adds_per_cycle}
+                               for b in hottest(code, per_invoke, cpu, cache_dir, hot)) if hot else ()
+            result[case.name] = Count(result[case.name].insns, result[case.name].mems, e.cycles, e.unmodelled,
+                                      blocks_hot)
     return result
 
 
@@ -135,7 +160,8 @@ def claimed_nodes(report: Path) -> int:
     return len(claims.get("claimed_nodes") or []) if claims else 0
 
 
-def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None) -> dict:
+def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None, cycles: bool = True,
+                 hot: int = 0) -> dict:
     """XNNPACK alone against our delegate (claim all, and the default policy) on one model."""
     work.mkdir(parents=True, exist_ok=True)
     fused = fused or fuse_for_arm(model, work / "out", cpu)
@@ -143,14 +169,14 @@ def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None) ->
     cases = [Case("xnnpack", model)]
     cases += [Case(f"dnnfusion-{policy}", fused.model, fused.library,
                    {"claim": policy, "num_threads": "1", "report": str(reports[policy])}) for policy in reports]
-    counts = count(cases, cpu, invokes)
+    counts = count(cases, cpu, invokes, cycles=cycles, hot=hot)
     row = {"model": model.stem, "cpu": cpu, **{name: asdict(c) for name, c in counts.items()}}
     for policy, report in reports.items():
         row[f"dnnfusion-{policy}"]["claimed_nodes"] = claimed_nodes(report)
     return row
 
 
-def block_counts(model: Path, cpu: str, work: Path, invokes: int) -> list[dict]:
+def block_counts(model: Path, cpu: str, work: Path, invokes: int, cycles: bool = True) -> list[dict]:
     """Each planned block cut out into a model of its own, fused, and counted against XNNPACK on the
     same nodes."""
     import tflite_tools
@@ -179,7 +205,7 @@ def block_counts(model: Path, cpu: str, work: Path, invokes: int) -> list[dict]:
                   Case(f"{block.name}/ours", fused.model, fused.library,
                        {"claim": "all", "num_threads": "1", "report": str(report)})]
         rows.append({"block": block.name, "ops": names, "report": report})
-    counts = count(cases, cpu, invokes)
+    counts = count(cases, cpu, invokes, cycles=cycles)
     for row in rows:
         if "error" in row:
             continue
@@ -192,36 +218,68 @@ def _m(n: float) -> str:
     return f"{n / 1e6:.2f}"
 
 
+def _ratio(ours: dict, xnn: dict, key: str) -> str:
+    return f"{ours[key] / xnn[key]:.3f}" if ours.get(key) and xnn.get(key) else "-"
+
+
 def format_models(rows: list[dict]) -> str:
-    """The per-model table (M = millions per invoke; ratios are ours / XNNPACK)."""
-    lines = ["| model | cpu | XNNPACK M insns | all: M insns | ratio | mem ratio | profitable: M insns | ratio |"
-             " mem ratio | nodes claimed (all / profitable) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    """The per-model table (M = millions per invoke; ratios are ours / XNNPACK; cycles on the core's
+    pipeline model, IPC = instructions / cycles)."""
+    lines = ["| model | cpu | XNNPACK M insns | M cycles (IPC) | all: insns ratio | cycles ratio | mem ratio | "
+             "profitable: insns ratio | cycles ratio | mem ratio | nodes claimed (all / profitable) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         x, a, p = r["xnnpack"], r["dnnfusion-all"], r["dnnfusion-profitable"]
-        lines.append(f"| {r['model']} | {r['cpu']} | {_m(x['insns'])} | {_m(a['insns'])} | "
-                     f"{a['insns'] / x['insns']:.3f} | {a['mems'] / x['mems']:.3f} | {_m(p['insns'])} | "
-                     f"{p['insns'] / x['insns']:.3f} | {p['mems'] / x['mems']:.3f} | "
-                     f"{a['claimed_nodes']} / {p['claimed_nodes']} |")
+        cycles = f"{_m(x['cycles'])} ({x['insns'] / x['cycles']:.2f})" if x.get("cycles") else "-"
+        lines.append(f"| {r['model']} | {r['cpu']} | {_m(x['insns'])} | {cycles} | {_ratio(a, x, 'insns')} | "
+                     f"{_ratio(a, x, 'cycles')} | {_ratio(a, x, 'mems')} | {_ratio(p, x, 'insns')} | "
+                     f"{_ratio(p, x, 'cycles')} | {_ratio(p, x, 'mems')} | {a['claimed_nodes']} / {p['claimed_nodes']} |")
     return "\n".join(lines)
 
 
 def format_blocks(model: str, rows: list[dict]) -> str:
-    """The per-block table of one model, worst ratio first."""
+    """The per-block table of one model, the largest excess first (in cycles where estimated)."""
     done = [r for r in rows if "error" not in r]
-    done.sort(key=lambda r: -(r["ours"]["insns"] - r["xnnpack"]["insns"]))
-    lines = [f"#### {model}", "", "| block | ops | ours M insns | XNNPACK M insns | ratio | mem ratio | excess M |",
-             "|---|---|---|---|---|---|---|"]
+    key = "cycles" if done and done[0]["ours"].get("cycles") else "insns"
+    done.sort(key=lambda r: -(r["ours"][key] - r["xnnpack"][key]))
+    lines = [f"#### {model}", "", f"| block | ops | ours M insns | XNNPACK M insns | insns ratio | ours M cycles | "
+             f"XNNPACK M cycles | cycles ratio | mem ratio | excess M {key} |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in done:
         o, x = r["ours"], r["xnnpack"]
         note = "" if r["claimed"] else " (not claimed)"
+        cycles = f"{_m(o['cycles'])} | {_m(x['cycles'])}" if key == "cycles" else "- | -"
         lines.append(f"| {r['block']}{note} | {r['ops']} | {_m(o['insns'])} | {_m(x['insns'])} | "
-                     f"{o['insns'] / x['insns']:.2f} | {o['mems'] / x['mems']:.2f} | "
-                     f"{(o['insns'] - x['insns']) / 1e6:+.2f} |")
-    ours, xnn = sum(r["ours"]["insns"] for r in done), sum(r["xnnpack"]["insns"] for r in done)
-    if xnn:
-        lines.append(f"| total | | {_m(ours)} | {_m(xnn)} | {ours / xnn:.2f} | | {(ours - xnn) / 1e6:+.2f} |")
-    lines += [f"| {r['block']} | {r['ops']} | - | - | - | - | not built: {r['error']} |"
+                     f"{_ratio(o, x, 'insns')} | {cycles} | {_ratio(o, x, 'cycles')} | {_ratio(o, x, 'mems')} | "
+                     f"{(o[key] - x[key]) / 1e6:+.2f} |")
+    total = {k: (sum(r["ours"][k] for r in done), sum(r["xnnpack"][k] for r in done))
+             for k in ("insns", key)}
+    if total["insns"][1]:
+        (oi, xi), (ok, xk) = total["insns"], total[key]
+        cycles = f"{_m(ok)} | {_m(xk)} | {ok / xk:.3f}" if key == "cycles" else "- | - | -"
+        lines.append(f"| total | | {_m(oi)} | {_m(xi)} | {oi / xi:.3f} | {cycles} | | {(ok - xk) / 1e6:+.2f} |")
+    lines += [f"| {r['block']} | {r['ops']} | - | - | - | - | - | - | - | not built: {r['error']} |"
               for r in rows if "error" in r]
+    return "\n".join(lines)
+
+
+def format_hot(rows: list[dict]) -> str:
+    """Per model, core and contender, the translated blocks that take the most cycles: their share,
+    executions per invoke, cycles per pass, multiply-adds a cycle and instruction mix."""
+    from collections import Counter
+
+    lines = []
+    for r in rows:
+        for case in ("xnnpack", "dnnfusion-all"):
+            if not r[case].get("hot"):
+                continue
+            lines += ["", f"#### {r['model']} on {r['cpu']}: {case}", "",
+                      "| share of cycles | executions / invoke | cycles / pass | multiply-adds / cycle | instructions |",
+                      "|---|---|---|---|---|"]
+            for b in r[case]["hot"]:
+                mix = Counter(i.split()[0] for i in b["instructions"])
+                text = ", ".join(f"{name} x{n}" for name, n in mix.most_common(6))
+                lines.append(f"| {b['share']:.1%} | {b['executions']:,.0f} | {b['cycles_per_pass']:.2f} | "
+                             f"{b['multiply_adds_per_cycle']:.2f} | {len(b['instructions'])}: {text} |")
     return "\n".join(lines)
 
 
@@ -229,29 +287,38 @@ def main(argv: list[str] | None = None) -> int:
     """Counts the models and prints Markdown tables (or JSON)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("models", nargs="+", type=Path)
-    parser.add_argument("--cpu", default="cortex-a76", help=f"qemu -cpu name ({', '.join(CPUS)})")
+    parser.add_argument("--cpu", nargs="+", default=["cortex-a76"], choices=sorted(CPUS),
+                        help="qemu -cpu names: each is counted in its own emulated runs (default cortex-a76)")
     parser.add_argument("--delegate", type=Path, help="an arm64-linux delegate library already built (with --fused)")
     parser.add_argument("--fused", type=Path, help="the fused model that goes with --delegate")
     parser.add_argument("--blocks", action="store_true", help="also count every block cut out on its own")
     parser.add_argument("--invokes", type=int, default=5, help="invokes counted per case, after 2 to warm up")
+    parser.add_argument("--no-cycles", action="store_true", help="instructions and memory accesses only")
+    parser.add_argument("--hot", type=int, default=0, metavar="N",
+                        help="list each contender's N translated blocks that take the most cycles")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    if bool(args.delegate) != bool(args.fused) or (args.delegate and len(args.models) != 1):
-        parser.error("--delegate and --fused go together, with one model")
+    if bool(args.delegate) != bool(args.fused) or (args.delegate and (len(args.models) != 1 or len(args.cpu) != 1)):
+        parser.error("--delegate and --fused go together, with one model and one --cpu")
 
     rows, blocks = [], {}
     for model in args.models:
-        with tempfile.TemporaryDirectory() as tmp:
-            fused = None
-            if args.delegate:
-                fused = argparse.Namespace(model=args.fused, library=args.delegate)
-            rows.append(model_counts(model, args.cpu, Path(tmp), args.invokes, fused))
-            if args.blocks:
-                blocks[model.stem] = block_counts(model, args.cpu, Path(tmp), args.invokes)
+        for cpu in args.cpu:
+            with tempfile.TemporaryDirectory() as tmp:
+                fused = None
+                if args.delegate:
+                    fused = argparse.Namespace(model=args.fused, library=args.delegate)
+                rows.append(model_counts(model, cpu, Path(tmp), args.invokes, fused, not args.no_cycles,
+                                         0 if args.no_cycles else args.hot))
+                if args.blocks:
+                    blocks[f"{model.stem} on {cpu}"] = block_counts(model, cpu, Path(tmp), args.invokes,
+                                                                    not args.no_cycles)
     if args.json:
         print(json.dumps({"models": rows, "blocks": blocks}, indent=1))
         return 0
     print(format_models(rows))
+    if args.hot:
+        print(format_hot(rows))
     for name, table in blocks.items():
         print("\n" + format_blocks(name, table))
     return 0

@@ -17,8 +17,9 @@ Per reference model (bench/zoo.py: ../shared/models when present):
 - peak resident memory per contender (a fresh process each) and the planned activation bytes;
 - fusion: TFLite ops, our kernels, TVM relax's fused kernels (bench/tvm_fusion.py);
 - TVM latency, untuned, one thread (bench/tvm_latency.py), when --tvm-python is given;
-- the ARM64 measure (bench/arm_count.py): aarch64 instructions and memory accesses per invoke on qemu's
-  cortex-a76, XNNPACK against the model fused for arm64-linux, when qemu-user and the cross compiler are here.
+- the ARM64 measure (bench/arm_count.py): aarch64 instructions, memory accesses and estimated cycles per
+  invoke on qemu's cortex-a76, XNNPACK against the model fused for arm64-linux, when qemu-user and the cross
+  compiler are here (cycles where LLVM 17 or later is).
 
 MetaSchedule tuning is not run: in apache-tvm 0.27.0.post1 `relax.transform.MetaScheduleTuneIRMod`
 (64 trials, gpt2_small, after the same legalize/fuse passes) crashes the process with a segfault in
@@ -121,8 +122,15 @@ def _arm64(model: Path, work: Path) -> dict:
 
     if not (shutil.which("qemu-aarch64") and shutil.which("aarch64-linux-gnu-g++")):
         return {"error": "qemu-user or g++-aarch64-linux-gnu not installed"}
+    from arm_cycles import Unavailable, llvm_tool
+
     try:
-        return arm_count.model_counts(model, "cortex-a76", work, invokes=3)
+        llvm_tool("llvm-mca")
+        cycles = True
+    except Unavailable:
+        cycles = False  # instructions and accesses only
+    try:
+        return arm_count.model_counts(model, "cortex-a76", work, invokes=3, cycles=cycles)
     except Exception as exc:  # a missing rootfs or a failed emulated run: the rest of the report stands
         return {"error": str(exc).splitlines()[0][:200]}
 
@@ -184,17 +192,25 @@ def format_results(rows: list[dict], env: dict[str, str], command: str) -> str:
 def _format_arm64(rows: list[dict]) -> list[str]:
     """The ARM64 table: per-invoke counts on qemu's cortex-a76, ours / XNNPACK."""
     lines = ["", "ARM64, one thread, deterministic (bench/arm_count.py: qemu-aarch64 -cpu cortex-a76, a counting "
-             "plugin; per invoke, millions; ratios ours / XNNPACK, < 1: ours executes less):", "",
-             "| model | XNNPACK M insns | XNNPACK M mem | ours all: insns | mem | ours profitable: insns | mem |",
-             "|---|---|---|---|---|---|---|"]
+             "plugin, cycles on LLVM's Neoverse N1 pipeline model; per invoke, millions; ratios ours / XNNPACK, "
+             "< 1: ours executes less):", "",
+             "| model | XNNPACK M insns | XNNPACK M cycles | XNNPACK M mem | ours all: insns | cycles | mem | "
+             "ours profitable: insns | cycles | mem |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         arm = r.get("arm64") or {"error": "not measured"}
         if "error" in arm:
-            lines.append(f"| {r['model']} | {arm['error']} | | | | | |")
+            lines.append(f"| {r['model']} | {arm['error']} | | | | | | | | |")
             continue
         x, a, p = arm["xnnpack"], arm["dnnfusion-all"], arm["dnnfusion-profitable"]
-        lines.append(f"| {r['model']} | {x['insns'] / 1e6:.1f} | {x['mems'] / 1e6:.1f} | {a['insns'] / x['insns']:.3f} | "
-                     f"{a['mems'] / x['mems']:.3f} | {p['insns'] / x['insns']:.3f} | {p['mems'] / x['mems']:.3f} |")
+
+        def ratio(ours: dict, what: str) -> str:
+            return f"{ours[what] / x[what]:.3f}" if ours.get(what) and x.get(what) else "-"
+
+        cycles = f"{x['cycles'] / 1e6:.1f}" if x.get("cycles") else "-"
+        lines.append(f"| {r['model']} | {x['insns'] / 1e6:.1f} | {cycles} | {x['mems'] / 1e6:.1f} | "
+                     f"{ratio(a, 'insns')} | {ratio(a, 'cycles')} | {ratio(a, 'mems')} | {ratio(p, 'insns')} | "
+                     f"{ratio(p, 'cycles')} | {ratio(p, 'mems')} |")
     return lines
 
 

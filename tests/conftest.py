@@ -65,6 +65,21 @@ def cross_tools() -> None:
 
 
 @pytest.fixture(scope="session")
+def pipeline_models() -> None:
+    """Skips where LLVM's tools with the ARM pipeline models (bench/arm_cycles.py) are missing, except
+    in CI, where it fails."""
+    from arm_cycles import Unavailable, llvm_tool
+
+    try:
+        llvm_tool("llvm-mca")
+        llvm_tool("llvm-mc")
+    except Unavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{exc}: required in CI (scripts/install-system-deps.sh)")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
 def arm64_root(cross_tools) -> Path:
     """The emulated aarch64 Python with LiteRT (bench/arm64_rootfs.py), cached in the user's dnnfusion
     cache across runs. Skips where qemu-user or the cross compiler is missing, except in CI."""

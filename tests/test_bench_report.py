@@ -26,7 +26,8 @@ def row(name: str, tvm: dict | None = None) -> dict:
             "activations_before": 8 * 2**20, "activations_after": 4 * 2**20, "fuse_cold_s": 31.0, "fuse_warm_s": 1.5,
             "t1": timings, "t1_cold": {**timings, "xnnpack": contender(12.0, 1.0), "dnnfusion-all": contender(11.0, 0.92)},
             "t2": timings, "tvm_kernels": 60, "tvm": tvm or {},
-            "arm64": {"xnnpack": {"insns": 100e6, "mems": 40e6}, "dnnfusion-all": {"insns": 90e6, "mems": 36e6},
+            "arm64": {"xnnpack": {"insns": 100e6, "mems": 40e6, "cycles": 50e6},
+                      "dnnfusion-all": {"insns": 90e6, "mems": 36e6, "cycles": 40e6},
                       "dnnfusion-profitable": {"insns": 95e6, "mems": 38e6}}}
 
 
@@ -38,7 +39,8 @@ def test_section_has_every_figure():
     assert "| m1 | 10.00 (9.00-12.00) | 3.00x | 0.80x | 0.90x | 12.00, 0.92x | 20.00 (2.00x) |" in text
     assert "| n/a (below) |" in text and "- TVM could not run m2: frontend: boom" in text
     assert "| m1 | 100 | 40 (30) | 60 | 2.00 / 1.67 | 40 / 40 / 40 / 40 | 8.0 / 4.0 | 31 / 1.5 |" in text
-    assert "| m1 | 100.0 | 40.0 | 0.900 | 0.900 | 0.950 | 0.950 |" in text
+    # Cycles beside instructions, and "-" where a contender has none (LLVM absent).
+    assert "| m1 | 100.0 | 50.0 | 40.0 | 0.900 | 0.800 | 0.900 | 0.950 | - | 0.950 |" in text
 
 
 def test_section_says_why_arm64_figures_are_missing():
