@@ -80,12 +80,14 @@ def read_blocks(path: Path) -> tuple[dict[int, bytes], dict[int, dict[int, int]]
 
 def disassemble(code: dict[int, bytes], mcpu: str) -> dict[int, list[str] | None]:
     """Each block's instructions as assembly text (None where one does not decode). One llvm-mc run,
-    an instruction a line: its warnings name the lines it could not decode."""
+    an instruction a line: its "invalid instruction encoding" warnings name the lines it printed
+    nothing for (other warnings, such as a potentially undefined encoding, come with the instruction)."""
     order = [(block, i) for block, data in code.items() for i in range(0, len(data) - len(data) % 4, 4)]
     text = "\n".join(" ".join(f"0x{b:02x}" for b in code[block][i:i + 4]) for block, i in order) + "\n"
     proc = subprocess.run([llvm_tool("llvm-mc"), "--disassemble", "-triple=aarch64", f"-mcpu={mcpu}"],
                           input=text, capture_output=True, text=True, check=True)
-    bad = {int(m.group(1)) - 1 for m in re.finditer(r"<stdin>:(\d+):\d+: warning", proc.stderr)}
+    bad = {int(m.group(1)) - 1
+           for m in re.finditer(r"<stdin>:(\d+):\d+: warning: invalid instruction encoding", proc.stderr)}
     decoded = iter(line.strip() for line in proc.stdout.splitlines() if line.strip() and not line.strip()[0] == ".")
     result: dict[int, list[str] | None] = {block: [] for block in code}
     for k, (block, _) in enumerate(order):
