@@ -4,7 +4,8 @@
 
 Each model is measured in a fresh process, so the peak resident set belongs to that load alone:
 `peak RSS growth` is the process's peak resident memory after loading minus its resident memory just
-before (imports done), and `tracemalloc peak` is the largest Python heap during the load. Load time
+before (imports done: `tflite_tools` imports the reader's modules, numpy and the schema, on first use,
+so a small test model is loaded first), and `tracemalloc peak` is the largest Python heap during the load. Load time
 is the median of 7 loads (the first one, which warms the page cache, is dropped).
 """
 
@@ -27,7 +28,8 @@ def rss_bytes():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 
-path = sys.argv[1]
+path, small = sys.argv[1], sys.argv[2]
+tflite_tools.load(small)  # the reader's imports, which are not the load's memory
 before = rss_bytes()
 tracemalloc.start()
 model = tflite_tools.load(path)
@@ -45,8 +47,11 @@ print(json.dumps({"peak_rss_growth": peak - before, "heap_peak": heap_peak, "tim
 
 def measure(path: Path) -> dict:
     """Runs one model's measurement in a fresh interpreter and returns its figures."""
+    from zoo import test_models
+
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, check=True, cwd=REPO
+        [sys.executable, "-c", _CHILD, str(path), str(test_models(["add_relu"])[0])], capture_output=True, text=True,
+        check=True, cwd=REPO
     ).stdout
     figures = json.loads(out.strip().splitlines()[-1])
     figures["median_s"] = statistics.median(figures.pop("times"))
