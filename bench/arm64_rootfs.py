@@ -33,7 +33,8 @@ VERSION = "1"  # bump to rebuild cached folders when the recipe changes
 
 def _cpuinfo(features: str, variant: int, part: int, revision: int) -> str:
     return (f"processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: {features}\nCPU implementer\t: 0x41\n"
-            f"CPU architecture: 8\nCPU variant\t: {variant:#x}\nCPU part\t: {part:#05x}\nCPU revision\t: {revision}\n\n")
+            f"CPU architecture: 8\nCPU variant\t: {variant:#x}\nCPU part\t: {part:#05x}\n"
+            f"CPU revision\t: {revision}\n\n")
 
 
 _ARMV82 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp"

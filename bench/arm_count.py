@@ -16,8 +16,8 @@ Per model it counts, one thread each, on each chosen `-cpu` (default cortex-a76,
 NEON, dot product, fp16; cortex-a53 is a little ARMv8.0 core without dot product), with that core's
 /proc/cpuinfo (arm64_rootfs.core_view):
 - LiteRT + XNNPACK alone (XNNPACK's NEON micro-kernels, picked for that core: on the A53 its in-order ones);
-- the model fused for arm64-linux (arm64-linux-nodot on the A53) with our delegate claiming every block (`claim=all`) and with its
-  default policy (`claim=profitable`); XNNPACK runs what the delegate leaves.
+- the model fused for arm64-linux (arm64-linux-nodot on the A53) with our delegate claiming every
+  block (`claim=all`) and with its default policy (`claim=profitable`); XNNPACK runs what the delegate leaves.
 With --blocks, each planned block is also cut out into a model of its own (as bench/block_table.py
 does for x86 time) and counted both ways, so that the losses have names.
 
@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from arm_cycles import estimate, hottest, read_blocks  # noqa: E402
+from arm_cycles import PipelineModel, read_blocks  # noqa: E402
 
 HERE = REPO / "bench" / "arm64"
 CPUS = {
@@ -92,11 +92,12 @@ def build_counter(cache_dir: Path) -> Path:
     return library
 
 
-def rootfs(cache_dir: Path) -> Path:
-    """The emulated aarch64 Python with LiteRT (prepared once; needs the package registries)."""
-    from arm64_rootfs import prepare
+def rootfs(cache_dir: Path, cpu: str) -> Path:
+    """The emulated aarch64 Python with LiteRT (prepared once; needs the package registries), as
+    seen on qemu's core `cpu` (its cpuinfo)."""
+    from arm64_rootfs import core_view, prepare
 
-    return prepare(cache_dir)
+    return core_view(prepare(cache_dir), cpu)
 
 
 def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: int = 2,
@@ -107,9 +108,7 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
     from fusion.cost import default_cache_dir
 
     cache_dir = cache_dir or default_cache_dir()
-    from arm64_rootfs import core_view
-
-    root, plugin = core_view(rootfs(cache_dir), cpu), build_counter(cache_dir)
+    root, plugin = rootfs(cache_dir, cpu), build_counter(cache_dir)
     with tempfile.TemporaryDirectory() as tmp:
         job, marks, blocks = Path(tmp) / "job.json", Path(tmp) / "marks.txt", Path(tmp) / "blocks.txt"
         job.write_text(json.dumps({"warmup": warmup, "invokes": invokes, "threads": 1, "cases": [
@@ -130,15 +129,15 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
             if what == "mark":
                 points[int(tag)] = (int(insns), int(mems))
         code, executions = read_blocks(blocks) if cycles else ({}, {})
+    model = PipelineModel(cpu, cache_dir) if cycles else None
     result = {}
     for i, case in enumerate(cases):
         (i0, m0), (i1, m1) = points[2 * i], points[2 * i + 1]
         result[case.name] = Count((i1 - i0) / invokes, (m1 - m0) / invokes)
-        if cycles:
+        if model:
             per_invoke = {block: n / invokes for block, n in executions.get(2 * i + 1, {}).items()}
-            e = estimate(code, per_invoke, cpu, cache_dir)
-            blocks_hot = tuple({**asdict(b), "multiply_adds_per_cycle": b.multiply_adds_per_cycle}
-                               for b in hottest(code, per_invoke, cpu, cache_dir, hot)) if hot else ()
+            e = model.estimate(code, per_invoke, hot)
+            blocks_hot = tuple({**asdict(b), "multiply_adds_per_cycle": b.multiply_adds_per_cycle} for b in e.hot)
             result[case.name] = Count(result[case.name].insns, result[case.name].mems, e.cycles, e.unmodelled,
                                       blocks_hot)
     return result
@@ -218,7 +217,8 @@ def _m(n: float) -> str:
     return f"{n / 1e6:.2f}"
 
 
-def _ratio(ours: dict, xnn: dict, key: str) -> str:
+def ratio(ours: dict, xnn: dict, key: str) -> str:
+    """ours[key] / xnn[key] to three places, or "-" where either is missing."""
     return f"{ours[key] / xnn[key]:.3f}" if ours.get(key) and xnn.get(key) else "-"
 
 
@@ -231,9 +231,10 @@ def format_models(rows: list[dict]) -> str:
     for r in rows:
         x, a, p = r["xnnpack"], r["dnnfusion-all"], r["dnnfusion-profitable"]
         cycles = f"{_m(x['cycles'])} ({x['insns'] / x['cycles']:.2f})" if x.get("cycles") else "-"
-        lines.append(f"| {r['model']} | {r['cpu']} | {_m(x['insns'])} | {cycles} | {_ratio(a, x, 'insns')} | "
-                     f"{_ratio(a, x, 'cycles')} | {_ratio(a, x, 'mems')} | {_ratio(p, x, 'insns')} | "
-                     f"{_ratio(p, x, 'cycles')} | {_ratio(p, x, 'mems')} | {a['claimed_nodes']} / {p['claimed_nodes']} |")
+        lines.append(f"| {r['model']} | {r['cpu']} | {_m(x['insns'])} | {cycles} | {ratio(a, x, 'insns')} | "
+                     f"{ratio(a, x, 'cycles')} | {ratio(a, x, 'mems')} | {ratio(p, x, 'insns')} | "
+                     f"{ratio(p, x, 'cycles')} | {ratio(p, x, 'mems')} | "
+                     f"{a['claimed_nodes']} / {p['claimed_nodes']} |")
     return "\n".join(lines)
 
 
@@ -243,13 +244,14 @@ def format_blocks(model: str, rows: list[dict]) -> str:
     key = "cycles" if done and done[0]["ours"].get("cycles") else "insns"
     done.sort(key=lambda r: -(r["ours"][key] - r["xnnpack"][key]))
     lines = [f"#### {model}", "", f"| block | ops | ours M insns | XNNPACK M insns | insns ratio | ours M cycles | "
-             f"XNNPACK M cycles | cycles ratio | mem ratio | excess M {key} |", "|---|---|---|---|---|---|---|---|---|---|"]
+             f"XNNPACK M cycles | cycles ratio | mem ratio | excess M {key} |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in done:
         o, x = r["ours"], r["xnnpack"]
         note = "" if r["claimed"] else " (not claimed)"
         cycles = f"{_m(o['cycles'])} | {_m(x['cycles'])}" if key == "cycles" else "- | -"
         lines.append(f"| {r['block']}{note} | {r['ops']} | {_m(o['insns'])} | {_m(x['insns'])} | "
-                     f"{_ratio(o, x, 'insns')} | {cycles} | {_ratio(o, x, 'cycles')} | {_ratio(o, x, 'mems')} | "
+                     f"{ratio(o, x, 'insns')} | {cycles} | {ratio(o, x, 'cycles')} | {ratio(o, x, 'mems')} | "
                      f"{(o[key] - x[key]) / 1e6:+.2f} |")
     total = {k: (sum(r["ours"][k] for r in done), sum(r["xnnpack"][k] for r in done))
              for k in ("insns", key)}
@@ -273,8 +275,8 @@ def format_hot(rows: list[dict]) -> str:
             if not r[case].get("hot"):
                 continue
             lines += ["", f"#### {r['model']} on {r['cpu']}: {case}", "",
-                      "| share of cycles | executions / invoke | cycles / pass | multiply-adds / cycle | instructions |",
-                      "|---|---|---|---|---|"]
+                      "| share of cycles | executions / invoke | cycles / pass | multiply-adds / cycle | "
+                      "instructions |", "|---|---|---|---|---|"]
             for b in r[case]["hot"]:
                 mix = Counter(i.split()[0] for i in b["instructions"])
                 text = ", ".join(f"{name} x{n}" for name, n in mix.most_common(6))

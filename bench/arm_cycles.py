@@ -54,6 +54,7 @@ class Estimate:
     cycles: float
     insns: float  # instructions the timed blocks executed (equal to the plugin's total)
     unmodelled: float  # of those, in blocks the model could not read (charged a cycle each)
+    hot: tuple[HotBlock, ...] = ()  # the blocks that take the most cycles, when asked for
 
 
 def llvm_tool(name: str) -> str:
@@ -136,50 +137,52 @@ def cycles_per_pass(blocks: dict[str, list[str]], mcpu: str, decode_width: int) 
     return result
 
 
-class PassCache:
-    """Cycles per pass by block content and pipeline model, kept across runs in one JSON file."""
+class PipelineModel:
+    """One core's pipeline model with its cycles per pass, cached by block content across runs in
+    one JSON file: a block is disassembled and timed once, whatever run or case executes it."""
 
-    def __init__(self, cache_dir: Path, mcpu: str):
-        tool = Path(llvm_tool("llvm-mca")).parts[3]  # llvm-<version>
-        self.path = cache_dir / f"arm-cycles-{tool}-{mcpu}.json"
-        self.entries: dict[str, float | None] = json.loads(self.path.read_text()) if self.path.exists() else {}
+    def __init__(self, cpu: str, cache_dir: Path):
+        self.mcpu, self.decode_width = PIPELINES[cpu]
+        version = Path(llvm_tool("llvm-mca")).parents[1].name  # llvm-<version>
+        self.path = cache_dir / f"arm-cycles-{version}-{self.mcpu}.json"
+        self.per_pass: dict[str, float | None] = json.loads(self.path.read_text()) if self.path.exists() else {}
 
-    def save(self) -> None:
-        """Writes the cache (atomically: concurrent runs each leave a whole file)."""
+    def _keys(self, code: dict[int, bytes], blocks) -> dict[int, str]:
+        """Content keys of `blocks`, each timed (and the cache written) where new."""
+        keys = {block: hashlib.sha256(code[block]).hexdigest()[:24] for block in blocks}
+        missing = {block: code[block] for block, key in keys.items() if key not in self.per_pass}
+        if missing:
+            text = disassemble(missing, self.mcpu)
+            self.per_pass.update(cycles_per_pass({keys[b]: insns for b, insns in text.items() if insns},
+                                                 self.mcpu, self.decode_width))
+            self.per_pass.update({keys[b]: None for b, insns in text.items() if not insns})
+            self._save()
+        return keys
+
+    def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(self.entries))
+        partial = self.path.with_suffix(f".{os.getpid()}.tmp")  # atomic: concurrent runs each leave a whole file
+        partial.write_text(json.dumps(self.per_pass))
         os.replace(partial, self.path)
 
-
-def _timed(code: dict[int, bytes], blocks, cpu: str, cache_dir: Path) -> tuple[dict[int, str], PassCache]:
-    """Content keys of `blocks`, and the cache holding each one's cycles per pass (timed where new)."""
-    mcpu, width = PIPELINES[cpu]
-    cache = PassCache(cache_dir, mcpu)
-    keys = {block: hashlib.sha256(code[block]).hexdigest()[:24] for block in blocks}
-    missing = {block: code[block] for block, key in keys.items() if key not in cache.entries}
-    if missing:
-        text = disassemble(missing, mcpu)
-        timed = cycles_per_pass({keys[b]: insns for b, insns in text.items() if insns}, mcpu, width)
-        cache.entries.update(timed)
-        cache.entries.update({keys[b]: None for b, insns in text.items() if not insns})
-        cache.save()
-    return keys, cache
-
-
-def estimate(code: dict[int, bytes], executions: dict[int, float], cpu: str, cache_dir: Path) -> Estimate:
-    """Cycles of the executions given (per invoke, per block) on `cpu`'s pipeline model."""
-    keys, cache = _timed(code, executions, cpu, cache_dir)
-    cycles = insns = unmodelled = 0.0
-    for block, n in executions.items():
-        size = len(code[block]) // 4
-        per_pass = cache.entries[keys[block]]
-        insns += n * size
-        if per_pass is None:
-            unmodelled += n * size
-            per_pass = size
-        cycles += n * per_pass
-    return Estimate(cycles, insns, unmodelled)
+    def estimate(self, code: dict[int, bytes], executions: dict[int, float], hot: int = 0) -> Estimate:
+        """Cycles of the executions given (per invoke, per block), and the `hot` blocks that take
+        the most of them."""
+        keys = self._keys(code, executions)
+        costs, insns, unmodelled = {}, 0.0, 0.0
+        for block, n in executions.items():
+            size = len(code[block]) // 4
+            per_pass = self.per_pass[keys[block]]
+            insns += n * size
+            if per_pass is None:
+                unmodelled += n * size
+            costs[block] = n * (size if per_pass is None else per_pass)
+        cycles = sum(costs.values())
+        ranked = sorted((b for b in costs if self.per_pass[keys[b]]), key=lambda b: -costs[b])[:hot]
+        text = disassemble({b: code[b] for b in ranked}, self.mcpu) if ranked else {}
+        blocks = tuple(HotBlock(costs[b] / cycles, executions[b], self.per_pass[keys[b]], tuple(text[b] or ()))
+                       for b in ranked)
+        return Estimate(cycles, insns, unmodelled, blocks)
 
 
 # Mnemonics of multiply-accumulates (float and integer, vector and scalar): what a GEMM's rate is in.
@@ -188,7 +191,8 @@ MULTIPLY_ADDS = re.compile(r"^(fmla|fmls|fmadd|fmsub|sdot|udot|usdot|smlal2?|uml
 
 @dataclass(frozen=True)
 class HotBlock:
-    """One translated block among those that take the most cycles."""
+    """One translated block among those that take the most cycles: where the time goes, and what
+    the model credits a kernel's inner loop with."""
 
     share: float  # of the bracket's cycles
     executions: float  # per invoke
@@ -199,15 +203,3 @@ class HotBlock:
     def multiply_adds_per_cycle(self) -> float:
         """Multiply-accumulate instructions issued a cycle in steady state (a GEMM loop's rate)."""
         return sum(1 for i in self.instructions if MULTIPLY_ADDS.match(i)) / self.cycles_per_pass
-
-
-def hottest(code: dict[int, bytes], executions: dict[int, float], cpu: str, cache_dir: Path,
-            top: int = 5) -> list[HotBlock]:
-    """The `top` blocks by cycles, with their instructions: where the time goes, and what the model
-    credits a kernel's inner loop with."""
-    keys, cache = _timed(code, executions, cpu, cache_dir)
-    costs = {b: n * (cache.entries[keys[b]] or len(code[b]) // 4) for b, n in executions.items()}
-    total = sum(costs.values()) or 1.0
-    ranked = sorted((b for b in costs if cache.entries[keys[b]]), key=lambda b: -costs[b])[:top]
-    text = disassemble({b: code[b] for b in ranked}, PIPELINES[cpu][0])
-    return [HotBlock(costs[b] / total, executions[b], cache.entries[keys[b]], tuple(text[b] or ())) for b in ranked]

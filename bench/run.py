@@ -191,6 +191,8 @@ def format_results(rows: list[dict], env: dict[str, str], command: str) -> str:
 
 def _format_arm64(rows: list[dict]) -> list[str]:
     """The ARM64 table: per-invoke counts on qemu's cortex-a76, ours / XNNPACK."""
+    from arm_count import ratio
+
     lines = ["", "ARM64, one thread, deterministic (bench/arm_count.py: qemu-aarch64 -cpu cortex-a76, a counting "
              "plugin, cycles on LLVM's Neoverse N1 pipeline model; per invoke, millions; ratios ours / XNNPACK, "
              "< 1: ours executes less):", "",
@@ -203,14 +205,10 @@ def _format_arm64(rows: list[dict]) -> list[str]:
             lines.append(f"| {r['model']} | {arm['error']} | | | | | | | | |")
             continue
         x, a, p = arm["xnnpack"], arm["dnnfusion-all"], arm["dnnfusion-profitable"]
-
-        def ratio(ours: dict, what: str) -> str:
-            return f"{ours[what] / x[what]:.3f}" if ours.get(what) and x.get(what) else "-"
-
         cycles = f"{x['cycles'] / 1e6:.1f}" if x.get("cycles") else "-"
         lines.append(f"| {r['model']} | {x['insns'] / 1e6:.1f} | {cycles} | {x['mems'] / 1e6:.1f} | "
-                     f"{ratio(a, 'insns')} | {ratio(a, 'cycles')} | {ratio(a, 'mems')} | {ratio(p, 'insns')} | "
-                     f"{ratio(p, 'cycles')} | {ratio(p, 'mems')} |")
+                     f"{ratio(a, x, 'insns')} | {ratio(a, x, 'cycles')} | {ratio(a, x, 'mems')} | "
+                     f"{ratio(p, x, 'insns')} | {ratio(p, x, 'cycles')} | {ratio(p, x, 'mems')} |")
     return lines
 
 

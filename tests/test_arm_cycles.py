@@ -44,8 +44,8 @@ def _cycles_per_pass(program, cpu: str, work) -> dict[str, float]:
     subprocess.run(["qemu-aarch64", "-cpu", cpu, "-plugin", str(plugin), str(program)], check=True, timeout=120,
                    env={"ARM_COUNT_OUT": str(marks), "ARM_COUNT_BLOCKS": str(blocks)})
     code, counts = arm_cycles.read_blocks(blocks)
-    estimates = {name: arm_cycles.estimate(code, counts[2 * k + 1], cpu, work / "cache")
-                 for k, name in enumerate(KERNELS)}
+    model = arm_cycles.PipelineModel(cpu, work / "cache")
+    estimates = {name: model.estimate(code, counts[2 * k + 1]) for k, name in enumerate(KERNELS)}
     for name, e in estimates.items():
         assert e.unmodelled == 0 and abs(e.insns / ITERATIONS - INSTRUCTIONS.get(name, 10)) < 0.01, (name, e)
     return {name: e.cycles / ITERATIONS for name, e in estimates.items()}
