@@ -172,18 +172,18 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: fuse, trace, print the table (or JSON)."""
-    from zoo import GPU_TEST_MODELS, reference_models, test_models
+    from zoo import GPU_TEST_MODELS, models_from_tests, reference_models
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", type=Path,
                         help="default: zoo.GPU_TEST_MODELS and the reference models")
-    parser.add_argument("--quick", action="store_true", help="by default, the GPU test models only")
+    parser.add_argument("--quick", action="store_true", help="without MODEL: the GPU test models only")
     parser.add_argument("--api", nargs="+", default=["opencl", "vulkan"], choices=sorted(EVENTS))
     parser.add_argument("--invokes", type=int, default=3)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "gpu_counts")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    models = args.models or [*test_models(GPU_TEST_MODELS), *([] if args.quick else reference_models())]
+    models = args.models or [*models_from_tests(GPU_TEST_MODELS), *([] if args.quick else reference_models())]
     rows = []
     for model in models:
         for api in args.api:

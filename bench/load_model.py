@@ -4,8 +4,9 @@
 
 Each model is measured in a fresh process, so the peak resident set belongs to that load alone:
 `peak RSS growth` is the process's peak resident memory after loading minus its resident memory just
-before (imports done: `tflite_tools` imports the reader's modules, numpy and the schema, on first use,
-so a small test model is loaded first), and `tracemalloc peak` is the largest Python heap during the load. Load time
+before (imports done: `tflite_tools` imports the reader's modules, numpy and the schema, on first
+use, so a small test model is loaded first), and `tracemalloc peak` is the largest Python heap during
+the load. Load time
 is the median of 7 loads (the first one, which warms the page cache, is dropped).
 """
 
@@ -47,11 +48,11 @@ print(json.dumps({"peak_rss_growth": peak - before, "heap_peak": heap_peak, "tim
 
 def measure(path: Path) -> dict:
     """Runs one model's measurement in a fresh interpreter and returns its figures."""
-    from zoo import test_models
+    from zoo import models_from_tests
 
     out = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), str(test_models(["add_relu"])[0])], capture_output=True, text=True,
-        check=True, cwd=REPO
+        [sys.executable, "-c", _CHILD, str(path), str(models_from_tests(["add_relu"])[0])],
+        capture_output=True, text=True, check=True, cwd=REPO
     ).stdout
     figures = json.loads(out.strip().splitlines()[-1])
     figures["median_s"] = statistics.median(figures.pop("times"))

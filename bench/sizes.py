@@ -48,7 +48,7 @@ def table(rows: list[dict], targets: list[str]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry: fuse, then print the table (or JSON)."""
-    from zoo import FP16_TEST_MODELS, reference_models, test_models
+    from zoo import FP16_TEST_MODELS, models_from_tests, reference_models
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("models", nargs="*", type=Path, help="default: the reference set and the fp16 test models")
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "out" / "sizes")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
-    models = args.models or [*reference_models(REPO / "bench" / "out" / "zoo"), *test_models(FP16_TEST_MODELS)]
+    models = args.models or [*reference_models(REPO / "bench" / "out" / "zoo"), *models_from_tests(FP16_TEST_MODELS)]
     rows = []
     for model in models:
         rows.append(measure(model, args.targets, args.out))

@@ -1,8 +1,8 @@
 """The model sets the benchmarks default to. The reference set: `../shared/models` when present (so
 every figure is on the same bytes), else regenerated here with TensorFlow (`pip install -e '.[models]'`;
 random weights, no download). Beside it, named sets of the project's own test models
-(`test_models`), for the figures that need what the reference set lacks (fp16 weights) or that the
-reference set makes too slow to take (GPU traces under PoCL).
+(`models_from_tests`), for the figures that need what the reference set lacks (fp16 weights) or
+that the reference set makes too slow to take (GPU traces under PoCL).
 
     python bench/zoo.py --out bench/zoo            # regenerate all seven with TensorFlow
     python bench/zoo.py --list                     # which files the benchmarks will use
@@ -46,7 +46,7 @@ def reference_models(regenerated: Path | None = None) -> list[Path]:
     return [folder / f"{n}.tflite" for n in NAMES]
 
 
-def test_models(names: Sequence[str]) -> list[Path]:
+def models_from_tests(names: Sequence[str]) -> list[Path]:
     """The project's test models of these names (tests/models/NAME.tflite, committed)."""
     paths = [TEST_MODELS / f"{n}.tflite" for n in names]
     missing = [p.name for p in paths if not p.exists()]
