@@ -318,8 +318,8 @@ def _unary_ops() -> list[tuple[str, dict]]:
     """Every float elementwise op of one input the lowering knows, with the options it needs."""
     from halide_gen.lower.elementwise import CLAMPING_UNARY, UNARY
 
-    return [(name, {}) for name in sorted({*UNARY, *CLAMPING_UNARY})] + [("GELU", {"approximate": False}), ("GELU", {"approximate": True}),
-                                                     ("LEAKY_RELU", {"alpha": 0.2})]
+    return [(name, {}) for name in sorted({*UNARY, *CLAMPING_UNARY})] + [
+        ("GELU", {"approximate": False}), ("GELU", {"approximate": True}), ("LEAKY_RELU", {"alpha": 0.2})]
 
 
 @pytest.mark.parametrize("reduction", ["FULLY_CONNECTED", "CONV_2D"])
