@@ -78,6 +78,17 @@ def _time(fn: Callable[[], None], min_seconds: float) -> float:
             return elapsed / calls
 
 
+def interleaved_seconds(fns: Sequence[Callable[[], None]], rounds: int = 7,
+                        min_seconds: float = 0.02) -> list[list[float]]:
+    """Seconds per call of each of `fns`, timed in turns for `rounds` rounds (so that a slow
+    spell of the machine falls on every contender alike): one list of per-round seconds per fn."""
+    seconds: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, own in zip(fns, seconds):
+            own.append(_time(fn, min_seconds))
+    return seconds
+
+
 def time_block(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor], kernel: JitKernel,
                rounds: int = 7, min_seconds: float = 0.02, threads: int = 1, seed: int = 0) -> Timing:
     """Times `kernel` against LiteRT + XNNPACK on the cut-out ops, in interleaved rounds."""
@@ -89,13 +100,8 @@ def time_block(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Seque
     kernel.bind(kernel.inputs_from(data))
     interp.invoke()
     kernel.run()  # warm both: first calls allocate and page in
-    halide, litert, ratios = [], [], []
-    for _ in range(rounds):
-        h = _time(kernel.run, min_seconds)
-        lt = _time(interp.invoke, min_seconds)
-        halide.append(h)
-        litert.append(lt)
-        ratios.append(h / lt)
+    halide, litert = interleaved_seconds([kernel.run, interp.invoke], rounds, min_seconds)
+    ratios = [h / lt for h, lt in zip(halide, litert)]
     return Timing(statistics.median(halide), statistics.median(litert), statistics.median(ratios))
 
 

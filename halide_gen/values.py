@@ -168,10 +168,3 @@ def tflite_type_name(t: hl.Type) -> str:
     raise NotImplementedError(f"no TFLite type for Halide {t}")
 
 
-def as_buffer(array: np.ndarray, type_name: str) -> hl.Buffer:
-    """A Halide buffer viewing a numpy array in TFLite order (bools as uint8 storage)."""
-    # np.require keeps 0-d arrays 0-d (ascontiguousarray does not); Halide wants writable memory.
-    arr = np.require(array, requirements=["C", "W"])
-    if type_name == "BOOL":
-        arr = arr.astype(np.uint8)
-    return hl.Buffer(arr)
