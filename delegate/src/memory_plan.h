@@ -21,6 +21,29 @@ inline uint8_t* Aligned(uint8_t* p) {
   return p + ((kBufferAlignment - address % kBufferAlignment) % kBufferAlignment);
 }
 
+// Memory the partition owns (its arena, packed weights, shadows of unaligned outputs): `size()`
+// bytes from a multiple of kBufferAlignment. Allocated as a std::vector alone it would start where
+// malloc puts it, 16 bytes past a page for large sizes: every AVX-512 load of a packed weight
+// would then span two cache lines.
+class AlignedBytes {
+ public:
+  // `size` zeroed bytes, aligned; the same memory, its content kept, when the size is unchanged.
+  uint8_t* Allocate(size_t size) {
+    if (storage_.empty() || size != size_) {
+      storage_.assign(size + kBufferAlignment, 0);
+      size_ = size;
+    }
+    return data();
+  }
+  uint8_t* data() { return storage_.empty() ? nullptr : Aligned(storage_.data()); }
+  size_t size() const { return size_; }
+  bool empty() const { return storage_.empty(); }  // never allocated
+
+ private:
+  std::vector<uint8_t> storage_;
+  size_t size_ = 0;
+};
+
 // A tensor's size and the steps (block positions in the partition) from its producer to its
 // last consumer, inclusive.
 struct Lifetime {

@@ -183,9 +183,8 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   b.pack = pack;
   if (role == Role::kInternal) b.arena_offset = arena_offset_.at(tensor);
   if (pack != static_cast<int>(Pack::kNone) || t.type == kTfLiteInt4) {  // int4 weights: an unpacked copy
-    b.packed.resize(b.raw.size_in_bytes());
     b.packed_dims = dims;
-    b.raw.host = b.packed.data();
+    b.raw.host = b.packed.Allocate(b.raw.size_in_bytes());
   }
   if (role == Role::kConstant) {
     if (b.packed.empty()) {
@@ -214,8 +213,7 @@ Partition::Buffer* Partition::ScratchBuffer(const ScratchSpec& spec, std::string
   // Host memory too, though the kernel never reads it there: a buffer with neither host memory nor
   // a device allocation would make the kernel a bounds query. Its device memory is allocated by the
   // first kernel that writes it and kept until the partition is freed.
-  b.packed.resize(b.raw.size_in_bytes());
-  b.raw.host = b.packed.data();
+  b.raw.host = b.packed.Allocate(b.raw.size_in_bytes());
   return &b;
 }
 
@@ -230,15 +228,15 @@ bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes
     if (t.bytes < (count + 1) / 2) return false;
     const auto* packed = reinterpret_cast<const uint8_t*>(t.data.raw);
     if (b.pack == static_cast<int>(Pack::kNone)) {  // the unpacked values are the copy
-      if (b.packed.size() != count) return false;
-      UnpackInt4(packed, count, reinterpret_cast<int8_t*>(b.packed.data()));
+      if (b.raw.size_in_bytes() != count) return false;
+      UnpackInt4(packed, count, reinterpret_cast<int8_t*>(b.raw.host));
       return true;
     }
     unpacked.resize(count);
     UnpackInt4(packed, count, unpacked.data());
     values = unpacked.data();
   }
-  return PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, b.packed.data(), b.packed_dims,
+  return PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, b.raw.host, b.packed_dims,
                       b.raw.dimensions, stored_bytes);
 }
 
@@ -287,8 +285,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
   for (const auto& kv : internal) lifetimes.push_back(kv.second);
   std::vector<size_t> offsets;
   const size_t arena_bytes = PlanArena(lifetimes, &offsets, kBufferAlignment);
-  arena_.assign(arena_bytes + kBufferAlignment, 0);
-  arena_base_ = Aligned(arena_.data());
+  arena_base_ = arena_.Allocate(arena_bytes);
   size_t i = 0;
   for (const auto& kv : internal) arena_offset_[kv.first] = offsets[i++];
 
@@ -454,8 +451,7 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
     b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
     b.copy_to = nullptr;
     if (b.role == Role::kOutput && Aligned(b.raw.host) != b.raw.host) {
-      b.shadow.resize(t.bytes + kBufferAlignment);
-      b.raw.host = Aligned(b.shadow.data());
+      b.raw.host = b.shadow.Allocate(t.bytes);
       b.copy_to = t.data.raw;
     }
     if (b.role == Role::kInput) b.raw.set_host_dirty(true);  // new data: upload on first use

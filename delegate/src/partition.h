@@ -24,6 +24,7 @@
 #include "HalideRuntime.h"
 #include "delegate_state.h"
 #include "dnnfusion/tflite_abi.h"
+#include "memory_plan.h"
 #include "tflite_fallback.h"
 
 namespace dnnfusion {
@@ -60,12 +61,12 @@ class Partition {
     Role role = Role::kInput;
     size_t arena_offset = 0;
     int pack = 0;                  // Pack: the layout the kernel reads
-    std::vector<uint8_t> packed;   // the packed copy, when `pack` is not kNone
+    AlignedBytes packed;           // the packed copy, when `pack` is not kNone
     const int32_t* packed_dims = nullptr;  // its shape, TFLite order (the bundle's ArgSpec::dims)
     const void* taken = nullptr;   // kDecoded: the TFLite data last bound (packed: the data packed)
     // kOutput whose TFLite memory is not kBufferAlignment-aligned: the kernel writes `shadow`
     // (aligned inside), and the step copies it to `copy_to` after.
-    std::vector<uint8_t> shadow;
+    AlignedBytes shadow;
     void* copy_to = nullptr;
     std::vector<halide_dimension_t> dims;
     halide_buffer_t raw{};
@@ -115,8 +116,8 @@ class Partition {
   std::deque<Buffer> buffers_;                  // stable addresses: steps point into it
   std::map<std::pair<int, int>, Buffer*> by_key_;  // (tensor, packing) -> its buffer
   std::map<int, size_t> arena_offset_;          // internal tensor -> offset
-  std::vector<uint8_t> arena_;                  // allocated with room to align its start
-  uint8_t* arena_base_ = nullptr;               // that start: offsets count from here
+  AlignedBytes arena_;
+  uint8_t* arena_base_ = nullptr;               // its start: offsets count from here
   std::string error_;  // a problem found at construction, reported at Prepare
   bool built_ = false;
   TfliteFallback decoders_;  // the DEQUANTIZE / DENSIFY nodes decoding blocks' stored weights

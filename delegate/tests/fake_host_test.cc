@@ -2,9 +2,9 @@
 // graph (t0 -> n0 -> t1 -> n1 -> t2 -> n2 -> t3), a hand-written bundle of three one-node
 // blocks whose "kernels" add a constant, and a profiler that records events. It checks what the
 // Python end-to-end tests cannot see: one profiler event per block, the arena for tensors
-// internal to a partition, 64-byte-aligned buffers for every kernel output, idempotent prepare, a
-// failing kernel reported (not aborting), option parsing with a NULL error reporter, and the
-// memory planner.
+// internal to a partition, 64-byte-aligned buffers for every kernel output and for all memory the
+// partition owns, idempotent prepare, a failing kernel reported (not aborting), option parsing
+// with a NULL error reporter, and the memory planner.
 //
 // Built and run by tests/test_delegate_runtime.py; exits non-zero if any check failed.
 #include <cmath>
@@ -322,6 +322,19 @@ int main() {
     size_t sum = 0;
     for (auto& x : t) sum += x.bytes;
     CHECK(arena < sum);  // something was reused
+  }
+
+  // Memory the partition owns starts on kBufferAlignment whatever its size (malloc's large
+  // blocks start 16 bytes past a page), and keeps its place while its size does not change.
+  for (size_t bytes : {size_t{0}, size_t{4}, size_t{100}, size_t{4096}, size_t{1} << 20, size_t{9} << 20}) {
+    dnnfusion::AlignedBytes memory;
+    CHECK(memory.empty() && memory.data() == nullptr);
+    uint8_t* data = memory.Allocate(bytes);
+    CHECK(data == memory.data() && memory.size() == bytes && !memory.empty());
+    CHECK(reinterpret_cast<uintptr_t>(data) % dnnfusion::kBufferAlignment == 0);
+    if (bytes > 0) CHECK(data[0] == 0 && data[bytes - 1] == 0);
+    if (bytes > 0) data[0] = 7;
+    CHECK(memory.Allocate(bytes) == data && (bytes == 0 || data[0] == 7));
   }
 
   if (g_failures == 0) std::printf("fake host: all checks passed\n");
