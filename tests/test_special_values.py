@@ -245,3 +245,37 @@ def test_exp_of_nonpositive_values_is_accurate_and_underflows_to_zero(native_min
     assert float(np.abs(got[normal] / want - 1).max()) <= 4e-7
     np.testing.assert_array_equal(got[~normal], 0.0)
 
+
+
+@pytest.mark.parametrize("native_minmax", [False, True])
+def test_expm1_and_tanh_keep_their_digits_near_zero_and_their_limits(native_minmax):
+    """halide_gen.lower.ieee.expm1_nonpositive (ELU) and tanh: relative accuracy holds down to tiny
+    arguments (where e^x - 1 would cancel to 0), -inf gives -1, +-inf give +-1 and +-0 keep their
+    sign; in both clamp forms."""
+    import halide as hl
+
+    from halide_gen.lower.ieee import expm1_nonpositive, tanh
+
+    tiny = np.geomspace(1e-37, 1, 4001)
+    x = np.concatenate([-tiny, np.linspace(-87, 0, 20001)]).astype(np.float32)
+    y = np.concatenate([tiny, -tiny, np.linspace(-20, 20, 20001)]).astype(np.float32)
+    ends = np.array([-np.inf, np.inf, 0.0, -0.0], np.float32)
+    i = hl.Var("i")
+
+    def realize(fn, values):
+        buf = hl.Buffer(values)
+        f = hl.Func("f")
+        f[i] = fn(buf[i])
+        f.vectorize(i, 8, hl.TailStrategy.GuardWithIf)
+        return np.asarray(f.realize([values.size]))
+
+    got = realize(lambda v: expm1_nonpositive(v, native_minmax=native_minmax), x)
+    want = np.expm1(x.astype(np.float64))
+    assert float(np.abs(got / want - 1)[want != 0].max()) <= 2e-7
+    assert realize(lambda v: expm1_nonpositive(v, native_minmax=native_minmax), ends[:1])[0] == -1
+    got = realize(lambda v: tanh(v, native_minmax=native_minmax), y)
+    want = np.tanh(y.astype(np.float64))
+    assert float(np.abs(got / want - 1)[want != 0].max()) <= 2.5e-7
+    got = realize(lambda v: tanh(v, native_minmax=native_minmax), ends)
+    np.testing.assert_array_equal(got, [-1, 1, 0, 0])
+    assert list(np.signbit(got[2:])) == [False, True]

@@ -103,12 +103,23 @@ def erf(x: hl.Expr, scale: float, native_minmax: bool) -> hl.Expr:
 
 def gelu(x: hl.Expr, approximate: bool, native_minmax: bool) -> hl.Expr:
     """GELU: the erf form, or the tanh approximation when `approximate`."""
-    half = hl.f32(0.5)
     if approximate:
-        inner = hl.f32(math.sqrt(2.0 / math.pi)) * (x + hl.f32(0.044715) * x * x * x)
-        return half * x * (hl.f32(1) + ieee.tanh(inner, native_minmax=native_minmax))
+        return _gelu_tanh(x, native_minmax)
     # NaN carries through erf and the products: no test of x (3 instructions a vector on NEON).
-    return half * x * (hl.f32(1) + erf(x, SQRT1_2, native_minmax))
+    return hl.f32(0.5) * x * (hl.f32(1) + erf(x, SQRT1_2, native_minmax))
+
+
+def _gelu_tanh(x: hl.Expr, native_minmax: bool) -> hl.Expr:
+    """The reference's 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), as x / (1 + e^-2u):
+    with t = e^(-2|u|) (in (0, 1]: it cannot overflow), x / (1 + t) for u >= 0 and x t / (1 + t)
+    below: one exponential and one division, where the reference's form adds tanh's sign and sums
+    (an epilogue's cost after a matrix product: bench/RESULTS.md, "What an activation after a matrix
+    product costs"). More accurate where 1 + tanh(u) cancels; -0, +-inf and NaN as the reference."""
+    a = 2 * math.sqrt(2.0 / math.pi)
+    v = x * (hl.f32(a) + hl.f32(a * 0.044715) * x * x)  # 2u
+    t = ieee.exp_nonpositive(-hl.abs(v), native_minmax=native_minmax)
+    one = hl.f32(1)
+    return x * hl.select(v >= 0, one, t) / (one + t)
 
 
 def round_half_away(x: hl.Expr) -> hl.Expr:
@@ -137,27 +148,19 @@ UNARY = {
     # TFLite's NEON kernel does (its scalar loop divides; the two differ by at most an ulp): a
     # division is a 16-cycle instruction per AVX-512 vector.
     "HARD_SWISH": lambda x: hl.strict_float(x * hl.clamp(x + hl.f32(3), hl.f32(0), hl.f32(6)) * hl.f32(1.0 / 6.0)),
-    "ELU": lambda x: hl.select(x < 0, _expm1_negative(x), x),  # TFLite: x < 0 ? expm1(x) : x (NaN, -0 pass)
 }
 
 # The unary ops that clamp, in the target's clamp form: functions of x and native_minmax.
 CLAMPING_UNARY = {
     "LOGISTIC": logistic,
     "TANH": lambda x, native_minmax: ieee.tanh(x, native_minmax=native_minmax),
+    # TFLite: x < 0 ? expm1(x) : x (NaN and -0 pass).
+    "ELU": lambda x, native_minmax: hl.select(x < 0, ieee.expm1_nonpositive(x, native_minmax=native_minmax), x),
     # No upper bound: +inf stays +inf, as in TFLite.
     "RELU": lambda x, native_minmax: ieee.at_least(x, 0, native_minmax=native_minmax),
     "RELU6": lambda x, native_minmax: ieee.clamp(x, 0, 6, native_minmax=native_minmax),
     "RELU_N1_TO_1": lambda x, native_minmax: ieee.clamp(x, -1, 1, native_minmax=native_minmax),
 }
-
-
-def _expm1_negative(x: hl.Expr) -> hl.Expr:
-    """exp(x) - 1 for x < 0, as std::expm1 to float precision: its series near zero, where the
-    subtraction would cancel the digits that matter, exp(x) - 1 below -1/4 (-inf gives -1)."""
-    inner = 1 + x / 7
-    for k in range(6, 1, -1):  # x (1 + x/2 (1 + x/3 (... (1 + x/7))))
-        inner = 1 + x / k * inner
-    return hl.select(x > -0.25, x * inner, ieee.exp(x) - 1)
 
 
 @register(*UNARY, *CLAMPING_UNARY)

@@ -126,6 +126,9 @@ def exp(x: hl.Expr) -> hl.Expr:
 # e^t = 1 + t q(t) on |t| <= ln2 / 2: q's coefficients (constant term first), a least-squares fit of
 # the relative error at 2,000 Chebyshev nodes (tests/test_special_values.py checks the result).
 _EXP_Q = (0.9999995, 0.49999142, 0.16668114, 0.04189873, 0.00826153)
+# (e^t - 1) / t = q(t) on |t| <= ln2 / 2, its constant term 1 exactly (so that expm1 is exact to
+# first order near 0): the rest fitted as _EXP_Q, 1.7e-8 relative.
+_EXPM1_Q = (1.0, 0.49999997, 0.16666543, 0.041667200, 0.0083665159, 0.0013882496)
 # ln 2 in two parts: n * _LN2_HI is exact for |n| <= 126, so t keeps its accuracy without an FMA.
 _LN2_HI, _LN2_LO = 0.693145751953125, 1.4286068e-06
 # Clamped here, n is -127 and 2^n's bits are all zero: e^x below -87.68 (under half the smallest
@@ -153,6 +156,27 @@ def exp_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
     23 they are 2^n's bits. hl.round and a conversion cost 7 instructions a vector on AVX-512
     (LLVM rounds a 512-bit vector in two 256-bit halves), the magic number an integer subtraction
     and a conversion."""
+    scale, t = _exp_reduced(x, native_minmax)
+    return scale + (scale * t) * _horner(_EXP_Q, t)
+
+
+def expm1_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
+    """std::expm1 for x <= 0 (ELU's negative side, tanh's e^(-2|x|) - 1): with e^t - 1 = t q(t),
+    that alone where n = 0 (|x| <= ln 2 / 2: no subtraction cancels digits there), else
+    2^n (1 + t q(t)) - 1, at most -0.29, so the subtraction loses at most two bits. One polynomial
+    where a series near 0 beside e^x - 1 elsewhere evaluated both (a select runs every branch in
+    vector code). The select, not 2^n (e^t - 1) + (2^n - 1): LLVM reassociates that sum into the
+    second form, which near 0 is 0. -inf gives -1, NaN gives NaN, -0 gives +0 (callers keep the
+    sign where it matters)."""
+    one = hl.f32(1)
+    scale, t = _exp_reduced(x, native_minmax)
+    em = t * _horner(_EXPM1_Q, t)
+    return hl.select(scale == one, em, scale * (em + one) - one)
+
+
+def _exp_reduced(x: hl.Expr, native_minmax: bool) -> tuple[hl.Expr, hl.Expr]:
+    """x <= 0 as 2^n and t = x - n ln 2 (|t| <= ln 2 / 2), n = round(x / ln 2), the floor at
+    _EXP_FLOOR applied (see exp_nonpositive)."""
     f = hl.f32
     z = at_least(x, _EXP_FLOOR, native_minmax=native_minmax)
     shifted = z * f(1 / np.log(2)) + f(_EXP_MAGIC)
@@ -160,32 +184,25 @@ def exp_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
     # n from the bits (a float subtraction of the magic number the simplifier would cancel).
     n = hl.cast(hl.Float(32), bits - hl.i32(_EXP_MAGIC_BITS))
     t = (z - n * f(_LN2_HI)) - n * f(_LN2_LO)
-    q = f(_EXP_Q[-1])
-    for c in reversed(_EXP_Q[:-1]):
-        q = q * t + f(c)
-    scale = hl.reinterpret(hl.Float(32), bits << 23)  # 2^n
-    return scale + (scale * t) * q
+    return hl.reinterpret(hl.Float(32), bits << 23), t
 
 
-# tanh(y) = y + y^3 p(y^2) on |y| < _TANH_SERIES (its Taylor series to y^11: within 1e-9 there),
-# constant term first.
-_TANH_SERIES = 0.25
-_TANH_P = (-1 / 3, 2 / 15, -17 / 315, 62 / 2835, -1382 / 155925)
+def _horner(coefficients: tuple[float, ...], t: hl.Expr) -> hl.Expr:
+    """The polynomial with these coefficients (constant term first) at t, by Horner's rule."""
+    q = hl.f32(coefficients[-1])
+    for c in reversed(coefficients[:-1]):
+        q = q * t + hl.f32(c)
+    return q
 
 
 def tanh(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
-    """std::tanh in vector code: hl.tanh is a call of the C library's tanhf per lane (a GELU block's
-    epilogue cost more than its matrix product, bench/RESULTS.md). Beyond |x| = 1/4, (1 - t) / (1 + t)
-    with t = e^(-2|x|), which cannot overflow; below, where 1 - t would lose digits, the odd series.
-    Within 3.6e-7 relative (measured on a dense grid). +-inf gives +-1, -0 gives -0, NaN gives NaN."""
-    f = hl.f32
-    t = exp_nonpositive(f(-2) * hl.abs(x), native_minmax=native_minmax)
-    far = hl.select(x < 0, f(-1), f(1)) * (f(1) - t) / (f(1) + t)
-    s = x * x
-    series = f(_TANH_P[-1])
-    for c in reversed(_TANH_P[:-1]):
-        series = series * s + f(c)
-    return hl.select(hl.abs(x) < f(_TANH_SERIES), x + x * s * series, far)
+    """std::tanh in vector code (hl.tanh is a call of the C library's tanhf per lane): with
+    e = expm1(-2|x|), tanh |x| = -e / (2 + e), which loses no digits near 0, and x's sign put back
+    bitwise. +-inf gives +-1, +-0 gives +-0, NaN gives NaN."""
+    e = expm1_nonpositive(hl.f32(-2) * hl.abs(x), native_minmax=native_minmax)
+    magnitude = hl.reinterpret(hl.UInt(32), -e / (hl.f32(2) + e)) & hl.u32(0x7FFFFFFF)
+    sign = hl.reinterpret(hl.UInt(32), x) & hl.u32(0x80000000)
+    return hl.reinterpret(hl.Float(32), magnitude | sign)
 
 
 def log(x: hl.Expr) -> hl.Expr:

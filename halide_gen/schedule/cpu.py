@@ -30,7 +30,7 @@ from ..lower import AccumulatorKind
 from .attention import attention_core, schedule_attention
 from .conv_chain import conv_chain, schedule_conv_chain
 from .params import X86, CpuParams
-from .register_tile import home_of, materialize_prologue, register_tile, tile_for
+from .register_tile import exponential_epilogue, home_of, materialize_prologue, register_tile, tile_for
 from .tiles import depthwise_tile, reads_in_groups
 from .vectors import loop_vars, split_rows, tile_transpose, vectorize_helper, vectorize_inner
 
@@ -111,7 +111,7 @@ def _template_conv(kernel: BlockKernel, acc: Accumulator, params: CpuParams, til
     """A convolution in a register tile of its consumer (the op's output)."""
     home = home_of(kernel, acc)
     tiled.add(id(home))
-    tile_for(acc, home, params)
+    tile_for(acc, home, params, unroll_rows=not exponential_epilogue(kernel, acc))
 
 
 def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int]) -> None:
@@ -120,7 +120,7 @@ def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, t
     tiled.add(id(home))
     packed = any(a.pack for a in kernel.arguments if a.tensor in kernel.ops[acc.op_index].inputs)
     register_tile(home, acc, params, params.mm_channels, params.mm_rows, None, unroll_taps=False,
-                   round_up_channels=packed)
+                   round_up_channels=packed, unroll_rows=not exponential_epilogue(kernel, acc))
 
 
 # The template that schedules each kind of accumulator (halide_gen.lower.AccumulatorKind).

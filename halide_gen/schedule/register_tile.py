@@ -45,6 +45,21 @@ def _feeds_only_its_epilogue(kernel: BlockKernel, acc: Accumulator) -> bool:
             and all(op.name in ELEMENTWISE and tuple(op.outputs[0].shape) == shape for op in after))
 
 
+# Ops computed from an exponential (halide_gen.lower.ieee.exp_nonpositive, expm1_nonpositive).
+EXPONENTIAL = frozenset({"EXP", "LOGISTIC", "TANH", "ELU"})
+
+
+def exponential_epilogue(kernel: BlockKernel, acc: Accumulator) -> bool:
+    """Whether the reduction's register tile computes an epilogue built on an exponential (EXP,
+    LOGISTIC, TANH, ELU, the tanh-form GELU). Unrolled over the tile's rows as well as its vectors,
+    its constants no longer fit in registers beside the accumulators (on NEON each polynomial step
+    also copies its constant), so only a row's vectors are unrolled; erf's GELU gains nothing from
+    that (bench/RESULTS.md, "What an activation after a matrix product costs")."""
+    return _feeds_only_its_epilogue(kernel, acc) and any(
+        op.name in EXPONENTIAL or (op.name == "GELU" and bool(getattr(op.options, "approximate", False)))
+        for op in kernel.ops[acc.op_index + 1:])
+
+
 def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int, round_up: bool) -> None:
     """Aligns the channels an op's own Func is computed over to its tile, when tiles round up.
 
@@ -61,14 +76,15 @@ def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int,
 def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: int, pixels: int,
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
                    parallel: bool = True, whole_map: bool = False,
-                   rows_outer: bool = False) -> tuple[hl.Var, int] | None:
+                   rows_outer: bool = False, unroll_rows: bool = True) -> tuple[hl.Var, int] | None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
     its reduction loops (in `rdom_order`, innermost first) outside the tile. `whole_map`: the
     template owns the loops (not a conv chain's strips), so a tiny map's rows may be one tile
     (whole_map_rows) and the channel tiles may go outside the rows (weights_outgrow_cache).
     `rows_outer` (a matrix product): the channel tiles go inside the row tiles instead, and the
     row-tile loop and the rows of a tile are returned, for stages computed once per row tile
-    (schedule_attention)."""
+    (schedule_attention). `unroll_rows=False` leaves the tile's rows (pixels) a loop, its vectors
+    of channels unrolled (exponential_epilogue)."""
     lanes = params.lanes
     v = loop_vars(home)
     c = v[0]
@@ -112,7 +128,9 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
     else:
         # unroll(ci) unrolls the vectors left after vectorize. An int8 output takes a tile's worth of
         # channels at once, so its int32 epilogue narrows whole registers (4 int32 vectors -> 16 bytes).
-        home.vectorize(ci, lanes_of(home, lanes, channels)).unroll(ci).unroll(xi)
+        home.vectorize(ci, lanes_of(home, lanes, channels)).unroll(ci)
+        if unroll_rows:
+            home.unroll(xi)
     few_rows = len(v) > 2 and acc.kind == AccumulatorKind.CONV and acc.value.shape[-3] < ROW_TASKS
     if rows:
         # A band of rows (the whole map, where it fits) in one tile: each weight is read once per
@@ -287,27 +305,28 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
 
 
 def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
-                    whole_map: bool = True) -> None:
+                    whole_map: bool = True, unroll_rows: bool = True) -> None:
     """Channels x pixels, the taps unrolled (one row at a time, whatever `whole_map` says)."""
     channels, pixels = depthwise_tile(acc, params)
     register_tile(home, acc, params, channels, pixels, None, unroll_taps=True,
-                   round_up_channels=True, parallel=parallel)
+                   round_up_channels=True, parallel=parallel, unroll_rows=unroll_rows)
 
 
 def _tile_conv(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
-               whole_map: bool = True) -> None:
+               whole_map: bool = True, unroll_rows: bool = True) -> None:
     """Channels x pixels; RDom (ky, kx, ci) loops ci innermost, then kx, then ky (a filter row's
     taps, (ky, row), for a narrow-input dot-product conv). `whole_map`: a tiny map in one tile
     (not where a conv chain computes the map a row at a time)."""
     innermost_first = list(reversed(range(acc.rdom.dimensions())))
     register_tile(home, acc, params, params.conv_channels, params.conv_pixels, innermost_first,
-                   unroll_taps=False, round_up_channels=True, parallel=parallel, whole_map=whole_map)
+                   unroll_taps=False, round_up_channels=True, parallel=parallel, whole_map=whole_map,
+                   unroll_rows=unroll_rows)
 
 
 def tile_for(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
-              whole_map: bool = True) -> None:
-    """A convolution's register tile, by its kind."""
-    CONV_TILES[acc.kind](acc, home, params, parallel, whole_map)
+              whole_map: bool = True, unroll_rows: bool = True) -> None:
+    """A convolution's register tile, by its kind (`unroll_rows`: register_tile)."""
+    CONV_TILES[acc.kind](acc, home, params, parallel, whole_map, unroll_rows)
 
 
 # The register tile of each convolution kind (a conv chain streams only these).
