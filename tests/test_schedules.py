@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -342,6 +343,67 @@ def test_every_activation_before_a_reduction_is_computed_once_per_element(op, op
         b.output(b.op("CONV_2D", [a, w, b.const("b", np.zeros(48, np.float32))], [1, 8, 8, 48], padding="SAME",
                       stride_h=1, stride_w=1))
     assert _realized_producers(b.build()) == [(op, True)]
+
+
+def _stores_per_element(trace: str, func: str) -> Counter:
+    """How many times each element of `func` was stored, from Halide's text trace of a run
+    ("Store f.0(x, y) = v", vector coordinates as "<a, b, ...>")."""
+    stored: Counter = Counter()
+    for line in trace.splitlines():
+        m = re.match(rf"Store {re.escape(func)}\.\d+\((.*?)\) = ", line)
+        if not m:
+            continue
+        coords = [[int(v) for v in c.strip("<>").split(",")] for c in re.findall(r"<[^>]*>|-?\d+", m.group(1))]
+        lanes = max(len(c) for c in coords)
+        stored.update(zip(*(c * lanes if len(c) == 1 else c for c in coords)))
+    return stored
+
+
+@pytest.mark.parametrize("reduction", ["FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D"])
+@pytest.mark.parametrize("op, options", _unary_ops(), ids=lambda v: v if isinstance(v, str) else
+                         "-".join(f"{k}={x}" for k, x in v.items()))
+def test_every_activation_after_a_reduction_is_computed_once_per_element(op, options, reduction, capfd):
+    # The epilogue side of the same class: an activation after a matrix product or convolution
+    # runs in the reduction's register tile, once per output element, never once per reduction
+    # step or again where tiles overlap. Every Func the schedule realises that holds the
+    # activation is traced (Halide's store trace) and each element must be stored exactly once.
+    b = tflite_tools.ModelBuilder()
+    rng = np.random.default_rng(0)
+    if reduction == "FULLY_CONNECTED":
+        x, shape = b.input("x", [1, 13, 40]), [1, 13, 36]
+        y = b.op(reduction, [x, b.const("w", rng.standard_normal((36, 40)).astype(np.float32) / 7),
+                             b.const("b", np.zeros(36, np.float32))], shape, keep_num_dims=True)
+    elif reduction == "CONV_2D":
+        x, shape = b.input("x", [1, 7, 9, 16]), [1, 7, 9, 20]
+        y = b.op(reduction, [x, b.const("w", rng.standard_normal((20, 3, 3, 16)).astype(np.float32) / 13),
+                             b.const("b", np.zeros(20, np.float32))], shape, padding="SAME", stride_h=1, stride_w=1)
+    else:
+        x, shape = b.input("x", [1, 7, 9, 20]), [1, 7, 9, 20]
+        y = b.op(reduction, [x, b.const("w", rng.standard_normal((1, 3, 3, 20)).astype(np.float32) / 3),
+                             b.const("b", np.zeros(20, np.float32))], shape, padding="SAME", stride_h=1, stride_w=1,
+                 depth_multiplier=1)
+    b.output(b.op(op, [y], shape, **options))
+    from halide_gen.schedule.cpu import schedule_cpu
+
+    ops, kernel = only_block_kernel(b.build())
+    traced = {f.name(): f for f in (kernel.values[id(ops[-1].outputs[0])].func, kernel.outputs[0][1].func)}
+
+    def schedule_traced(k):
+        schedule_cpu(k)
+        for f in traced.values():
+            f.trace_stores()
+
+    jit = JitKernel(kernel, schedule=schedule_traced)
+    capfd.readouterr()
+    jit(jit.inputs_from({id(x): rng.standard_normal(x.shape).astype(np.float32)}))
+    trace = capfd.readouterr()
+    trace = trace.out + trace.err
+    elements = int(np.prod(shape))
+    counts = {name: _stores_per_element(trace, name) for name in traced}
+    realised = {name: c for name, c in counts.items() if c}
+    assert kernel.outputs[0][1].func.name() in realised, trace[:2000]
+    for name, stored in realised.items():
+        assert len(stored) == elements and set(stored.values()) == {1}, (name, len(stored), max(stored.values()))
 
 
 def test_an_output_that_later_ops_read_is_computed_once_into_its_buffer(tmp_path):
