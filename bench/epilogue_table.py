@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     shape = (args.rows, args.depth, args.channels)
     if args.arm64:
         print(f"FULLY_CONNECTED {args.rows} x {args.depth} -> {args.channels} on {args.cpu}\n")
-        print("| activation | ours M instructions | of plain FC | ours M cycles | of plain FC | cycles ours / XNNPACK |")
+        print("| activation | ours M instructions | of plain FC | ours M cycles | of plain FC |"
+              " cycles ours / XNNPACK |")
         print("|---|---|---|---|---|---|")
         print("\n".join(arm64_rows(shape, args.cpu, args.invokes)))
         return 0

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import halide as hl
-import numpy as np
 
 
 # Halide dimension names, innermost first: NHWC's C is "c", W is "x", H is "y", N is "n".
