@@ -77,16 +77,6 @@ _ERF_Q = (1.0, 0.6600245, 0.18461128, 0.02847492, 0.0024554112)
 _ERF_EDGE = 3.92
 
 
-def _polynomial(coefficients, s: hl.Expr) -> hl.Expr:
-    """Horner's rule, constant term first; a leading coefficient of 1 costs no multiply (NEON's
-    multiply-add overwrites its addend, so every other step is a copy of the constant and an fmla)."""
-    *rest, lead = coefficients
-    value = s + hl.f32(rest[-1]) if lead == 1 else hl.f32(lead) * s + hl.f32(rest[-1])
-    for c in reversed(rest[:-1]):
-        value = value * s + hl.f32(c)
-    return value
-
-
 def erf(x: hl.Expr, scale: float, native_minmax: bool) -> hl.Expr:
     """erf(scale * x) as a rational function: 10 multiply-adds and a division, where hl.erf
     spent about twice that (bert_small's GELU blocks). `scale` is folded into the coefficients
@@ -98,7 +88,7 @@ def erf(x: hl.Expr, scale: float, native_minmax: bool) -> hl.Expr:
     q = [c * scale ** (2 * k) / lead for k, c in enumerate(_ERF_Q)]
     z = ieee.clamp(x, -edge, edge, native_minmax=native_minmax)
     s = z * z
-    return z * _polynomial(p, s) / _polynomial(q, s)
+    return z * ieee.polynomial(p, s) / ieee.polynomial(q, s)
 
 
 def gelu(x: hl.Expr, approximate: bool, native_minmax: bool) -> hl.Expr:

@@ -24,6 +24,8 @@ instructions each (tests/test_special_values.py checks the ARM kernels under qem
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import halide as hl
 import numpy as np
 
@@ -157,7 +159,7 @@ def exp_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
     (LLVM rounds a 512-bit vector in two 256-bit halves), the magic number an integer subtraction
     and a conversion."""
     scale, t = _exp_reduced(x, native_minmax)
-    return scale + (scale * t) * _horner(_EXP_Q, t)
+    return scale + (scale * t) * polynomial(_EXP_Q, t)
 
 
 def expm1_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
@@ -170,7 +172,7 @@ def expm1_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
     sign where it matters)."""
     one = hl.f32(1)
     scale, t = _exp_reduced(x, native_minmax)
-    em = t * _horner(_EXPM1_Q, t)
+    em = t * polynomial(_EXPM1_Q, t)
     return hl.select(scale == one, em, scale * (em + one) - one)
 
 
@@ -187,12 +189,14 @@ def _exp_reduced(x: hl.Expr, native_minmax: bool) -> tuple[hl.Expr, hl.Expr]:
     return hl.reinterpret(hl.Float(32), bits << 23), t
 
 
-def _horner(coefficients: tuple[float, ...], t: hl.Expr) -> hl.Expr:
-    """The polynomial with these coefficients (constant term first) at t, by Horner's rule."""
-    q = hl.f32(coefficients[-1])
-    for c in reversed(coefficients[:-1]):
-        q = q * t + hl.f32(c)
-    return q
+def polynomial(coefficients: Sequence[float], s: hl.Expr) -> hl.Expr:
+    """Horner's rule, constant term first; a leading coefficient of 1 costs no multiply (NEON's
+    multiply-add overwrites its addend, so every other step is a copy of the constant and an fmla)."""
+    *rest, lead = coefficients
+    value = s + hl.f32(rest[-1]) if lead == 1 else hl.f32(lead) * s + hl.f32(rest[-1])
+    for c in reversed(rest[:-1]):
+        value = value * s + hl.f32(c)
+    return value
 
 
 def tanh(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
