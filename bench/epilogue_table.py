@@ -58,23 +58,13 @@ def fc_model(rows: int, depth: int, channels: int, op: str | None, options: dict
 
 
 def contender(model, threads: int):
-    """The model's ops as the host's Halide kernel (bound to random inputs) and as LiteRT + XNNPACK:
-    two callables that run one invoke each."""
-    import tflite_tools
-    from halide_gen.profile import jit_kernel, random_array
-    from tflite_tools import runtime
+    """The model's ops as the host's Halide kernel and as LiteRT + XNNPACK, on the same random
+    inputs: two callables that run one invoke each (halide_gen.profile.block_contenders)."""
+    from halide_gen.profile import block_contenders, jit_kernel
 
     sg = model.main
-    rng = np.random.default_rng(1)
-    data = {id(t): random_array(t, rng) for t in sg.inputs}
-    kernel = jit_kernel("epilogue", sg.operators, sg.outputs)
-    kernel.bind(kernel.inputs_from(data))
-    interp = runtime.make_interpreter(tflite_tools.serialize(model), "xnnpack", threads)
-    for detail, t in zip(interp.get_input_details(), sg.inputs):
-        interp.set_tensor(detail["index"], data[id(t)])
-    kernel.run()  # first calls allocate and page in
-    interp.invoke()
-    return kernel.run, interp.invoke
+    return block_contenders(sg.operators, sg.inputs, sg.outputs, jit_kernel("epilogue", sg.operators, sg.outputs),
+                            threads)
 
 
 def arm64_rows(shape: tuple[int, int, int], cpu: str, invokes: int) -> list[str]:

@@ -89,9 +89,10 @@ def interleaved_seconds(fns: Sequence[Callable[[], None]], rounds: int = 7,
     return seconds
 
 
-def time_block(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor], kernel: JitKernel,
-               rounds: int = 7, min_seconds: float = 0.02, threads: int = 1, seed: int = 0) -> Timing:
-    """Times `kernel` against LiteRT + XNNPACK on the cut-out ops, in interleaved rounds."""
+def block_contenders(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor], kernel: JitKernel,
+                     threads: int = 1, seed: int = 0) -> tuple[Callable[[], None], Callable[[], None]]:
+    """`kernel` and LiteRT + XNNPACK on the cut-out ops, both bound to the same random inputs and
+    run once (first calls allocate and page in): two callables that run each once more."""
     rng = np.random.default_rng(seed)
     data = {id(t): random_array(t, rng) for t in inputs}
     interp = runtime.make_interpreter(tflite_tools.serialize(cut_out(ops, inputs, outputs)), "xnnpack", threads)
@@ -99,8 +100,15 @@ def time_block(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Seque
         interp.set_tensor(detail["index"], data[id(t)])
     kernel.bind(kernel.inputs_from(data))
     interp.invoke()
-    kernel.run()  # warm both: first calls allocate and page in
-    halide, litert = interleaved_seconds([kernel.run, interp.invoke], rounds, min_seconds)
+    kernel.run()
+    return kernel.run, interp.invoke
+
+
+def time_block(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor], kernel: JitKernel,
+               rounds: int = 7, min_seconds: float = 0.02, threads: int = 1, seed: int = 0) -> Timing:
+    """Times `kernel` against LiteRT + XNNPACK on the cut-out ops, in interleaved rounds."""
+    contenders = block_contenders(ops, inputs, outputs, kernel, threads, seed)
+    halide, litert = interleaved_seconds(list(contenders), rounds, min_seconds)
     ratios = [h / lt for h, lt in zip(halide, litert)]
     return Timing(statistics.median(halide), statistics.median(litert), statistics.median(ratios))
 
