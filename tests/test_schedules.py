@@ -367,6 +367,8 @@ def test_every_activation_after_a_reduction_is_computed_once_per_element(op, opt
     # runs in the reduction's register tile, once per output element, never once per reduction
     # step or again where tiles overlap. Every Func the schedule realises that holds the
     # activation is traced (Halide's store trace) and each element must be stored exactly once.
+    from halide_gen.schedule.cpu import schedule_cpu
+
     b = tflite_tools.ModelBuilder()
     rng = np.random.default_rng(0)
     if reduction == "FULLY_CONNECTED":
@@ -383,8 +385,6 @@ def test_every_activation_after_a_reduction_is_computed_once_per_element(op, opt
                              b.const("b", np.zeros(20, np.float32))], shape, padding="SAME", stride_h=1, stride_w=1,
                  depth_multiplier=1)
     b.output(b.op(op, [y], shape, **options))
-    from halide_gen.schedule.cpu import schedule_cpu
-
     ops, kernel = only_block_kernel(b.build())
     traced = {f.name(): f for f in (kernel.values[id(ops[-1].outputs[0])].func, kernel.outputs[0][1].func)}
 
