@@ -372,6 +372,29 @@ def runtime_objects(target: str, cache_dir: Path | None = None) -> list[Path]:
     return [entry / (src.stem + ".o") for src in sources]
 
 
+def grouped_by_subtarget(compiler: str, kernels: Sequence[Path], folder: Path) -> list[Path]:
+    """The object files of multitarget kernel libraries, each sub-target's together: the dispatching
+    wrappers first, then every kernel's code for the first sub-target, for the second, and so on.
+    The linker lays code out in the order of its inputs: linked library by library, every page of
+    kernel code would hold the code of sub-targets the CPU never runs, resident with the page (and
+    the pages the OS maps around it) as soon as the CPU runs the page's one kernel."""
+    archiver = subprocess.run([compiler, "-print-prog-name=ar"], capture_output=True, text=True).stdout.strip() or "ar"
+    groups: dict[str, list[Path]] = {}
+    for k, kernel in enumerate(kernels):
+        into = folder / str(k)
+        into.mkdir(parents=True)
+        members = subprocess.run([archiver, "t", str(kernel)], capture_output=True, text=True)
+        extracted = subprocess.run([archiver, "x", str(kernel)], cwd=into, capture_output=True, text=True)
+        if members.returncode != 0 or extracted.returncode != 0:
+            raise ToolchainError(f"reading kernel library {kernel.name} failed ({archiver}): "
+                                 f"{(members.stderr or extracted.stderr).strip() or 'no message'}")
+        for member in members.stdout.split():
+            # Halide names them <library>-<sub-target>.o and <library>_wrapper.o.
+            key = member[len(kernel.name):] if member.startswith(kernel.name) else member
+            groups.setdefault("" if key == "_wrapper.o" else key, []).append(into / member)
+    return [o for key in sorted(groups, key=lambda key: key != "") for o in groups[key]]
+
+
 def link_delegate(source: str, blocks: Sequence[BundleBlock], target: str, library: Path,
                   cache_dir: Path | None = None, debug_runtime: bool = False) -> Path:
     """Compiles the bundle table and links it with the kernels, the Halide runtime (its debug build
@@ -380,15 +403,19 @@ def link_delegate(source: str, blocks: Sequence[BundleBlock], target: str, libra
     compiler = compiler_for(target)
     library = Path(library)
     library.parent.mkdir(parents=True, exist_ok=True)
-    kernels = sorted({str(b.artifact.library) for b in blocks})
+    kernels = sorted({b.artifact.library for b in blocks})
     runtime = compile_runtime(target, cache_dir, debug=debug_runtime)
     with tempfile.TemporaryDirectory(dir=library.parent, prefix=".tmp-link-") as tmp:
         table = Path(tmp) / "bundle.cc"
         table.write_text(source)
         out = Path(tmp) / library.name
-        _run([compiler, *_flags(), "-shared", str(table), *map(str, runtime_objects(target, cache_dir)), *kernels,
-              str(runtime), f"-Wl,--version-script={DELEGATE_DIR / 'exports.map'}", *LINK_OPTIONS, *SYSTEM_LIBRARIES,
-              "-o", str(out)], "linking the delegate library")
+        if len(target_spec(target).halide) > 1:
+            kernel_inputs = [str(o) for o in grouped_by_subtarget(compiler, kernels, Path(tmp) / "kernels")]
+        else:
+            kernel_inputs = [str(k) for k in kernels]
+        _run([compiler, *_flags(), "-shared", str(table), *map(str, runtime_objects(target, cache_dir)),
+              *kernel_inputs, str(runtime), f"-Wl,--version-script={DELEGATE_DIR / 'exports.map'}", *LINK_OPTIONS,
+              *SYSTEM_LIBRARIES, "-o", str(out)], "linking the delegate library")
         os.replace(out, library)
     return library
 
