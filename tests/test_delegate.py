@@ -208,6 +208,59 @@ def test_a_large_table_a_gather_reads_in_part_is_not_made_resident_by_the_claim(
     assert outcome.claims["claimed_nodes"] == []
     assert "'table' holds NaN or infinity" in outcome.claims["declined"][0]["reason"]
 
+def test_weights_the_delegate_packs_are_resident_once(tmp_path, kernel_cache):
+    # Kernels read packed copies of their weights (as XNNPACK's do). The copies' sources, pages of
+    # the model's file mapping read once to pack them, are handed back after packing; kept, every
+    # packed weight was resident twice, and the delegate's peak no lower than XNNPACK's. (While a
+    # weight is packed both are resident: the peak holds the largest weight twice.)
+    from tflite_tools.bench import Timings, measure_peak_memory
+    from tflite_tools.model.builder import ModelBuilder
+
+    width, layers = 1024, 4  # 4 MiB of weights a layer
+    rng = np.random.default_rng(0)
+    b = ModelBuilder()
+    y = b.input("x", [1, width])
+    for k in range(layers):
+        y = b.op("FULLY_CONNECTED", [y, b.const(f"w{k}", rng.standard_normal((width, width)).astype(np.float32)),
+                                     b.const(f"b{k}", rng.standard_normal(width).astype(np.float32))], [1, width],
+                 fused_activation_function="RELU")
+    b.output(y)
+    tflite_tools.save(b.build(), tmp_path / "fc.tflite")
+    result = fuse(tmp_path / "fc.tflite", tmp_path / "out", cache_dir=kernel_cache)
+    timings = [Timings(name, 0.0, 0.0) for name in ("xnnpack", "dnnfusion-all")]
+    measure_peak_memory(timings, str(result.model), str(result.library), threads=1)
+    xnnpack, ours = (t.peak_memory_kib / 1024 for t in timings)
+    assert ours < xnnpack - 8, (ours, xnnpack)  # MiB: the weights are 16, the largest 4
+    outcome = run(result.model, delegate=result.library, options={"claim": "all"})
+    assert outcome.ok and outcome.claims["claimed_nodes"] == list(range(layers))
+
+
+def test_the_host_library_lays_out_each_subtargets_code_together(fused, kernel_cache, tmp_path):
+    # The host library holds every kernel for five x86 sub-targets, of which the CPU runs one. Linked
+    # kernel by kernel, each page of code mixed them and all were resident: the link takes the
+    # dispatching wrappers first, then each sub-target's objects of every kernel together.
+    import subprocess
+
+    from halide_gen.bundle import grouped_by_subtarget
+    from halide_gen.targets import target_spec
+
+    result = fused("mobilenet_v2_035_96")
+    kernels = sorted({k.kernel for k in result.kernels if k.kernel})[:3]
+    libraries = [next(kernel_cache.glob(f"host-*/{k}.a")) for k in kernels]
+    objects = grouped_by_subtarget("c++", libraries, tmp_path / "objects")
+    members = [subprocess.run(["ar", "t", str(lib)], capture_output=True, text=True, check=True).stdout.split()
+               for lib in libraries]
+    assert sorted(o.name for o in objects) == sorted(m for names in members for m in names)
+    n, subtargets = len(libraries), len(target_spec("host").halide)
+    assert len(objects) == n * (1 + subtargets)
+    assert all(o.name == f"{lib.name}_wrapper.o" for o, lib in zip(objects[:n], libraries))
+    for k in range(subtargets):
+        group = objects[n * (1 + k):n * (2 + k)]
+        suffixes = {o.name[len(lib.name):] for o, lib in zip(group, libraries)}
+        assert len(suffixes) == 1 and all(o.name.startswith(lib.name) for o, lib in zip(group, libraries))
+    assert all(o.is_file() for o in objects)
+
+
 def test_unclaimed_nodes_still_go_to_xnnpack(fused, tmp_path):
     result = fused("mobilenet_v2_035_96")
     names = [k.block for k in result.kernels if k.kernel]

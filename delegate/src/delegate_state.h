@@ -7,6 +7,7 @@
 #include <string>
 
 #include "dnnfusion/bundle.h"
+#include "memory_plan.h"
 #include "options.h"
 
 namespace dnnfusion {
@@ -18,6 +19,7 @@ struct DelegateState {
   bool report_warned = false;   // a failed append to options.report was said (once)
   bool profile_warned = false;  // the same for options.profile
   int last_node = -1;       // the execution plan's last node when the delegate last claimed
+  SharedArena arena;        // the partitions' internal tensors (memory_plan.h)
 
   // The bundle's graph the last claim in `context`'s subgraph used: its partitions, created
   // while that claim replaces nodes, read it.

@@ -1,8 +1,9 @@
 // Memory for tensors internal to a delegated partition: TFLite gives them none (their data
-// pointer is NULL at Invoke), so the partition lays them out in one arena of its own, reusing
-// bytes between tensors whose lifetimes do not overlap.
+// pointer is NULL at Invoke), so the partition lays them out in an arena, reusing bytes between
+// tensors whose lifetimes do not overlap; the partitions of a delegate share one arena.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -42,6 +43,63 @@ class AlignedBytes {
  private:
   std::vector<uint8_t> storage_;
   size_t size_ = 0;
+};
+
+// The arena every partition of one delegate instance uses for its internal tensors. An interpreter
+// runs its partitions one after another and their internal tensors live only while one runs, so the
+// largest partition's arena serves them all, where arenas of their own would add up across the
+// partitions a model splits into (XNNPACK's partitions share one workspace alike). Interpreters that
+// share the delegate may invoke at once: a partition that finds the arena taken uses its own memory.
+class SharedArena {
+ public:
+  // A partition's arena needs `bytes`: the arena is sized for the largest when next acquired.
+  void Require(size_t bytes) {
+    size_t seen = required_.load(std::memory_order_relaxed);
+    while (seen < bytes && !required_.compare_exchange_weak(seen, bytes, std::memory_order_relaxed)) {
+    }
+  }
+  // The arena, at least `bytes` long, until Release; null when another partition holds it.
+  uint8_t* TryAcquire(size_t bytes) {
+    bool taken = false;
+    if (!busy_.compare_exchange_strong(taken, true, std::memory_order_acquire)) return nullptr;
+    Require(bytes);
+    const size_t size = required_.load(std::memory_order_relaxed);
+    if (memory_.size() < size) {
+      memory_ = AlignedBytes();  // the old memory goes before the new comes: no peak of both
+      memory_.Allocate(size);
+    }
+    return memory_.data();
+  }
+  void Release() { busy_.store(false, std::memory_order_release); }
+  size_t size() const { return memory_.size(); }
+
+ private:
+  std::atomic<bool> busy_{false};
+  std::atomic<size_t> required_{0};
+  AlignedBytes memory_;
+};
+
+// A partition's hold on its arena for one invoke: the shared arena when free, else `own`.
+class ArenaLease {
+ public:
+  ArenaLease(SharedArena& shared, size_t bytes, AlignedBytes& own) : shared_(shared) {
+    if (bytes == 0) return;  // no internal tensors: the shared arena stays free for others
+    data_ = shared.TryAcquire(bytes);
+    held_ = data_ != nullptr;
+    if (!held_) data_ = own.Allocate(bytes);
+  }
+  ~ArenaLease() {
+    if (held_) shared_.Release();
+  }
+  ArenaLease(const ArenaLease&) = delete;
+  ArenaLease& operator=(const ArenaLease&) = delete;
+  uint8_t* data() const { return data_; }
+  bool shared() const { return held_; }
+
+ private:
+  SharedArena& shared_;
+  uint8_t* data_ = nullptr;
+  bool held_ = false;
 };
 
 // A tensor's size and the steps (block positions in the partition) from its producer to its

@@ -8,47 +8,52 @@
 namespace dnnfusion {
 namespace {
 
-// Constants under two chunks are read plainly: their pages are few, and the checks cost more.
+// Constants under two chunks are scanned plainly: their pages are few, and reading the mappings
+// costs more.
 constexpr size_t kScanChunk = size_t{1} << 20;
 
-// Whether [begin, end) lies in one read-only mapping of a file (a model mapped from disk): only there
-// is a page handed back free to read again, from the page cache, and dropping it loses nothing. A
-// model given as a buffer (heap memory) is never dropped.
-bool InReadOnlyFileMapping(uintptr_t begin, uintptr_t end) {
+}  // namespace
+
+ReadOnlyFileMappings::ReadOnlyFileMappings() {
   FILE* maps = std::fopen("/proc/self/maps", "r");
-  if (maps == nullptr) return false;
+  if (maps == nullptr) return;
   char line[1024];
-  bool file_backed = false;
   while (std::fgets(line, sizeof(line), maps) != nullptr) {
     unsigned long low = 0, high = 0, inode = 0;
     char perms[8] = {0};
     if (std::sscanf(line, "%lx-%lx %7s %*x %*s %lu", &low, &high, perms, &inode) != 4) continue;
-    if (begin >= low && end <= high) {
-      file_backed = inode != 0 && perms[1] == '-';
-      break;
-    }
+    if (inode != 0 && perms[1] == '-') ranges_.emplace_back(low, high);
   }
   std::fclose(maps);
-  return file_backed;
 }
 
-}  // namespace
+bool ReadOnlyFileMappings::Contain(const void* data, size_t bytes) const {
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  for (const auto& range : ranges_) {
+    if (begin >= range.first && begin + bytes <= range.second) return true;
+  }
+  return false;
+}
+
+void DropPages(const ReadOnlyFileMappings& mappings, const void* data, size_t bytes) {
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (page_size <= 0 || bytes == 0 || !mappings.Contain(data, bytes)) return;
+  const auto page = static_cast<uintptr_t>(page_size);
+  const auto begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t first = (begin + page - 1) / page * page;
+  const uintptr_t last = (begin + bytes) / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
 
 bool ScanWithoutKeeping(const uint8_t* data, size_t bytes,
                         const std::function<bool(const uint8_t* chunk, size_t chunk_bytes)>& visit) {
-  const long page_size = sysconf(_SC_PAGESIZE);
-  const auto begin = reinterpret_cast<uintptr_t>(data);
-  if (bytes < 2 * kScanChunk || page_size <= 0 || !InReadOnlyFileMapping(begin, begin + bytes)) {
-    return visit(data, bytes);
-  }
-  const auto page = static_cast<uintptr_t>(page_size);
+  if (bytes < 2 * kScanChunk) return visit(data, bytes);
+  const ReadOnlyFileMappings mappings;
+  if (!mappings.Contain(data, bytes)) return visit(data, bytes);
   for (size_t offset = 0; offset < bytes; offset += kScanChunk) {
     const size_t length = bytes - offset < kScanChunk ? bytes - offset : kScanChunk;
     if (!visit(data + offset, length)) return false;
-    // The whole pages of this chunk (a partial page at either end of the tensor may hold others' data).
-    const uintptr_t first = (begin + offset + page - 1) / page * page;
-    const uintptr_t last = (begin + offset + length) / page * page;
-    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+    DropPages(mappings, data + offset, length);
   }
   return true;
 }

@@ -15,6 +15,7 @@
 #include "log.h"
 #include "memory_plan.h"
 #include "pack.h"
+#include "page_scan.h"
 #include "report.h"
 #include "thread_pool.h"
 
@@ -162,7 +163,7 @@ TfLiteStatus Partition::Fail(TfLiteContext* context, const std::string& message)
 }
 
 Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims,
-                                        Role role, std::string* error) {
+                                        Role role, const ReadOnlyFileMappings& mappings, std::string* error) {
   const auto key = std::make_pair(tensor, pack);
   auto found = by_key_.find(key);
   if (found != by_key_.end()) return found->second;
@@ -192,6 +193,10 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
     } else if (!PackWeight(t, b, stored_bytes)) {
       *error = std::string("cannot pack constant '") + (t.name ? t.name : "?") + "'";
       return nullptr;
+    } else {
+      // Kernels read the packed copy: the weight's pages in the model's mapping would otherwise stay
+      // resident beside it, every packed weight held twice (as XNNPACK holds its packed weights).
+      DropPages(mappings, t.data.raw, t.bytes);
     }
     b.raw.set_host_dirty(true);  // uploaded once, on the first GPU kernel that reads it
   }
@@ -284,12 +289,16 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
   std::vector<Lifetime> lifetimes;
   for (const auto& kv : internal) lifetimes.push_back(kv.second);
   std::vector<size_t> offsets;
-  const size_t arena_bytes = PlanArena(lifetimes, &offsets, kBufferAlignment);
-  arena_base_ = arena_.Allocate(arena_bytes);
+  arena_bytes_ = PlanArena(lifetimes, &offsets, kBufferAlignment);
+  // Never empty when there are internal tensors: a buffer with no memory makes a kernel a bounds query.
+  if (!internal.empty()) arena_bytes_ = std::max(arena_bytes_, kBufferAlignment);
+  state_.arena.Require(arena_bytes_);
+  arena_base_ = nullptr;  // bound at each Invoke
   size_t i = 0;
   for (const auto& kv : internal) arena_offset_[kv.first] = offsets[i++];
 
   std::string error;
+  const ReadOnlyFileMappings mappings;  // where the weights lie: packed, their pages are handed back
   for (Step& step : steps_) {
     const BlockSpec& block = graph.blocks[step.block];
     for (int k = 0; k < block.n_args; ++k) {
@@ -299,7 +308,8 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
                         : internal.count(arg.tensor)         ? Role::kInternal
                         : produced.count(arg.tensor)         ? Role::kOutput
                                                              : Role::kInput;
-      Buffer* b = BufferFor(context, arg.tensor, static_cast<int>(arg.pack), arg.rank, arg.dims, role, &error);
+      Buffer* b = BufferFor(context, arg.tensor, static_cast<int>(arg.pack), arg.rank, arg.dims, role, mappings,
+                            &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
       if (arg.n_index_bounds > 0) {
@@ -310,7 +320,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       const int t = graph.outputs[block.first_output + k];
       const TensorSpec* spec = FindTensorSpec(graph, t);
       const Role role = internal.count(t) ? Role::kInternal : Role::kOutput;
-      Buffer* b = BufferFor(context, t, static_cast<int>(Pack::kNone), spec->rank, spec->dims, role, &error);
+      Buffer* b = BufferFor(context, t, static_cast<int>(Pack::kNone), spec->rank, spec->dims, role, mappings, &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
       if (role == Role::kOutput) step.to_host.push_back(b);
@@ -321,11 +331,8 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       step.argv.push_back(&b->raw);
     }
   }
-  for (Buffer& b : buffers_) {
-    if (b.role == Role::kInternal) b.raw.host = arena_base_ + b.arena_offset;
-  }
   Log(LogLevel::kVerbose, "partition of %zu nodes: %zu blocks, %zu buffers, %zu internal tensors in a %zu-byte arena%s",
-      nodes_.size(), steps_.size(), buffers_.size(), internal.size(), arena_.size(),
+      nodes_.size(), steps_.size(), buffers_.size(), internal.size(), arena_bytes_,
       ends_invoke_ ? "; it ends the invoke: the pool's workers linger after it" : "");
   return kTfLiteOk;
 }
@@ -440,6 +447,13 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
     ~Park() { ParkThreadPool(linger); }
   } park{ends_invoke_};
   const ScopedDenormalsAsZero denormals_as_zero;  // the pool's workers run so throughout
+  const ArenaLease arena(state_.arena, arena_bytes_, own_arena_);
+  if (arena.data() != arena_base_) {  // the shared arena grew, or another invoke holds it
+    arena_base_ = arena.data();
+    for (Buffer& b : buffers_) {
+      if (b.role == Role::kInternal) b.raw.host = arena_base_ + b.arena_offset;
+    }
+  }
   // TFLite's memory for the partition's edges may move between invokes: rebind it every time.
   for (Buffer& b : buffers_) {
     if (b.role == Role::kDecoded && TakeDecoded(context, b) != kTfLiteOk) return kTfLiteError;

@@ -25,6 +25,7 @@
 #include "delegate_state.h"
 #include "dnnfusion/tflite_abi.h"
 #include "memory_plan.h"
+#include "page_scan.h"
 #include "tflite_fallback.h"
 
 namespace dnnfusion {
@@ -104,8 +105,10 @@ class Partition {
   bool PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const;
   TfLiteStatus TakeDecoded(TfLiteContext* context, Buffer& b);
   Buffer* ScratchBuffer(const ScratchSpec& spec, std::string* error);
+  // The buffer of `tensor` as the kernels read it (`pack`); a constant is bound or packed, and the
+  // model's pages of a packed one handed back where they lie in `mappings` (page_scan.h).
   Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims, Role role,
-                    std::string* error);
+                    const ReadOnlyFileMappings& mappings, std::string* error);
 
   DelegateState& state_;
   const GraphSpec* graph_;    // the bundle's table for this partition's subgraph
@@ -116,8 +119,9 @@ class Partition {
   std::deque<Buffer> buffers_;                  // stable addresses: steps point into it
   std::map<std::pair<int, int>, Buffer*> by_key_;  // (tensor, packing) -> its buffer
   std::map<int, size_t> arena_offset_;          // internal tensor -> offset
-  AlignedBytes arena_;
-  uint8_t* arena_base_ = nullptr;               // its start: offsets count from here
+  size_t arena_bytes_ = 0;                      // the arena the internal tensors need (state_.arena)
+  AlignedBytes own_arena_;                      // used when another invoke holds the shared arena
+  uint8_t* arena_base_ = nullptr;               // where the internal buffers point: offsets count from here
   std::string error_;  // a problem found at construction, reported at Prepare
   bool built_ = false;
   TfliteFallback decoders_;  // the DEQUANTIZE / DENSIFY nodes decoding blocks' stored weights

@@ -2,16 +2,18 @@
 // graph (t0 -> n0 -> t1 -> n1 -> t2 -> n2 -> t3), a hand-written bundle of three one-node
 // blocks whose "kernels" add a constant, and a profiler that records events. It checks what the
 // Python end-to-end tests cannot see: one profiler event per block, the arena for tensors
-// internal to a partition, 64-byte-aligned buffers for every kernel output and for all memory the
+// internal to a partition (one for all of a delegate's partitions), 64-byte-aligned buffers for every kernel output and for all memory the
 // partition owns, idempotent prepare, a failing kernel reported (not aborting), option parsing
 // with a NULL error reporter, and the memory planner.
 //
 // Built and run by tests/test_delegate_runtime.py; exits non-zero if any check failed.
+#include <algorithm>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,7 @@ extern "C" void tflite_plugin_destroy_delegate(TfLiteDelegate*);
 
 static std::vector<const void*> g_seen_hosts;  // every host pointer a kernel saw, in order
 static bool g_fail_next = false;
+static std::function<void()> g_after_next_kernel;  // run (once) inside the next kernel, after it wrote
 
 static int AddKernel(void** args, float k) {
   auto* in = static_cast<halide_buffer_t*>(args[0]);
@@ -40,6 +43,11 @@ static int AddKernel(void** args, float k) {
   g_seen_hosts.push_back(in->host);
   g_seen_hosts.push_back(out->host);
   for (int i = 0; i < 4; ++i) reinterpret_cast<float*>(out->host)[i] = reinterpret_cast<float*>(in->host)[i] + k;
+  if (g_after_next_kernel) {
+    const std::function<void()> then = std::move(g_after_next_kernel);
+    g_after_next_kernel = nullptr;
+    then();
+  }
   return 0;
 }
 static int Add1(void** args) { return AddKernel(args, 1.0f); }
@@ -269,6 +277,47 @@ int main() {
     CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteOk);
     for (int i = 0; i < 4; ++i) CHECK(h.data[3][i] == h.data[0][i] + 111.0f);
     h.kernel.free(&h.context, node.user_data);
+    tflite_plugin_destroy_delegate(d);
+  }
+
+  // Two partitions of one delegate share one arena for their internal tensors (an interpreter runs
+  // them one at a time): A = nodes 0-1 keeps t1 inside, B = nodes 1-2 keeps t2. A partition invoked
+  // while another holds the arena (interpreters sharing the delegate) uses memory of its own and
+  // leaves the holder's tensors intact.
+  {
+    Host h;
+    SetUp(h);
+    TfLiteDelegate* d = Create({{"claim", "all"}, {"log_level", "silent"}});
+    CHECK(d->Prepare(&h.context, d) == kTfLiteOk);
+    h.tensors[1].data.raw = reinterpret_cast<char*>(h.data[1]);  // B's input
+    h.tensors[2].data.raw = reinterpret_cast<char*>(h.data[2]);  // A's output
+    for (int i = 0; i < 4; ++i) h.data[1][i] = 1000.0f * i;
+    TfLiteDelegateParams params_a{d, IntArray({0, 1}), IntArray({0}), IntArray({2})};
+    TfLiteDelegateParams params_b{d, IntArray({1, 2}), IntArray({1}), IntArray({3})};
+    TfLiteNode a{}, b{};
+    a.user_data = h.kernel.init(&h.context, reinterpret_cast<const char*>(&params_a), 0);
+    b.user_data = h.kernel.init(&h.context, reinterpret_cast<const char*>(&params_b), 0);
+    CHECK(h.kernel.prepare(&h.context, &a) == kTfLiteOk && h.kernel.prepare(&h.context, &b) == kTfLiteOk);
+    g_seen_hosts.clear();
+    CHECK(h.kernel.invoke(&h.context, &a) == kTfLiteOk && h.kernel.invoke(&h.context, &b) == kTfLiteOk);
+    for (int i = 0; i < 4; ++i) CHECK(h.data[2][i] == h.data[0][i] + 11.0f && h.data[3][i] == h.data[1][i] + 110.0f);
+    // A's t1 (written by its first kernel) and B's t2 (written by its first) are the same bytes.
+    CHECK(g_seen_hosts.size() == 8 && g_seen_hosts[1] == g_seen_hosts[5] && g_seen_hosts[1] != nullptr);
+    const void* shared = g_seen_hosts[1];
+    // B invoked inside A's first kernel, with t1 in the shared arena: B runs in its own memory.
+    std::fill(h.data[2], h.data[2] + 4, 0.0f);
+    std::fill(h.data[3], h.data[3] + 4, 0.0f);
+    g_seen_hosts.clear();
+    g_after_next_kernel = [&] { CHECK(h.kernel.invoke(&h.context, &b) == kTfLiteOk); };
+    CHECK(h.kernel.invoke(&h.context, &a) == kTfLiteOk);
+    for (int i = 0; i < 4; ++i) CHECK(h.data[2][i] == h.data[0][i] + 11.0f && h.data[3][i] == h.data[1][i] + 110.0f);
+    CHECK(g_seen_hosts.size() == 8 && g_seen_hosts[1] == shared && g_seen_hosts[3] != shared);
+    CHECK(reinterpret_cast<uintptr_t>(g_seen_hosts[3]) % dnnfusion::kBufferAlignment == 0);
+    // ...and takes the shared arena again once it is free.
+    g_seen_hosts.clear();
+    CHECK(h.kernel.invoke(&h.context, &b) == kTfLiteOk && g_seen_hosts.size() == 4 && g_seen_hosts[1] == shared);
+    h.kernel.free(&h.context, a.user_data);
+    h.kernel.free(&h.context, b.user_data);
     tflite_plugin_destroy_delegate(d);
   }
 
