@@ -279,3 +279,33 @@ def test_expm1_and_tanh_keep_their_digits_near_zero_and_their_limits(native_minm
     got = realize(lambda v: tanh(v, native_minmax=native_minmax), ends)
     np.testing.assert_array_equal(got, [-1, 1, 0, 0])
     assert list(np.signbit(got[2:])) == [False, True]
+
+
+def test_tanh_gelu_matches_its_definition_and_the_reference_at_the_limits():
+    """The tanh-form GELU (halide_gen.lower.elementwise._gelu_tanh: x / (1 + (e^-u)^2)): within 2e-6
+    relative of 0.5 x (1 + tanh u) in float64 where that is a normal float not rounded from a tail
+    (x > -4; below, e^-2u's argument carries x's rounding, 2u eps), and around the point where
+    e^-2u overflows, as the reference in float: -0 below, NaN at -inf, +inf at +inf."""
+    import halide as hl
+
+    from halide_gen.lower.elementwise import gelu
+
+    x = np.concatenate([np.linspace(-4, 12, 40001), np.linspace(-10.5, -9.5, 1001),
+                        [-np.inf, np.inf, -3e38, 3e38, -104.0, 0.0, -0.0]]).astype(np.float32)
+    i = hl.Var("i")
+    for native_minmax in (False, True):
+        buf = hl.Buffer(x)
+        f = hl.Func("gelu")
+        f[i] = gelu(buf[i], True, native_minmax)
+        f.vectorize(i, 8, hl.TailStrategy.GuardWithIf)
+        got = np.asarray(f.realize([x.size]))
+        xd = x.astype(np.float64)
+        with np.errstate(all="ignore"):
+            want = 0.5 * xd * (1 + np.tanh(np.sqrt(2 / np.pi) * (xd + 0.044715 * xd ** 3)))
+        body = np.arange(x.size) < 40001
+        body &= want != 0
+        assert float(np.abs(got[body] / want[body] - 1).max()) <= 2e-6
+        tail = slice(40001, 41002)  # e^-2u near float's overflow: the results are -0 or tinier than 1e-30
+        assert float(np.abs(got[tail]).max()) < 1e-30 and np.signbit(got[tail]).all()
+        np.testing.assert_array_equal(got[-7:], np.array([np.nan, np.inf, -0.0, 3e38, -0.0, 0.0, -0.0], np.float32))
+        assert list(np.signbit(got[-6:])) == [False, True, False, True, False, True]

@@ -101,15 +101,19 @@ def gelu(x: hl.Expr, approximate: bool, native_minmax: bool) -> hl.Expr:
 
 def _gelu_tanh(x: hl.Expr, native_minmax: bool) -> hl.Expr:
     """The reference's 0.5 x (1 + tanh(u)), u = sqrt(2 / pi) (x + 0.044715 x^3), as x / (1 + e^-2u):
-    with t = e^(-2|u|) (in (0, 1]: it cannot overflow), x / (1 + t) for u >= 0 and x t / (1 + t)
-    below: one exponential and one division, where the reference's form adds tanh's sign and sums
-    (an epilogue's cost after a matrix product: bench/RESULTS.md, "What an activation after a matrix
-    product costs"). More accurate where 1 + tanh(u) cancels; -0, +-inf and NaN as the reference."""
-    a = 2 * math.sqrt(2.0 / math.pi)
-    v = x * (hl.f32(a) + hl.f32(a * 0.044715) * x * x)  # 2u
-    t = ieee.exp_nonpositive(-hl.abs(v), native_minmax=native_minmax)
-    one = hl.f32(1)
-    return x * hl.select(v >= 0, one, t) / (one + t)
+    one exponential and one division, where the reference's form adds tanh's sign and sums (an
+    epilogue's cost after a matrix product: bench/RESULTS.md, "What an activation after a matrix
+    product costs"). More accurate where 1 + tanh(u) cancels.
+
+    e^-2u is (e^-u)^2, e^-u kept finite and normal (-u in [-43, 45]): the square is +inf where
+    e^-2u overflows, so x = -inf gives NaN (-inf / +inf) and a large negative x -0, as the
+    reference's, without a select; 2^128 as the exponential's scale (+inf) would give NaN for finite
+    x once LLVM distributes 2^n (1 + t q) into 2^n + 2^n t q. Near +inf the square stays normal: 1 + it
+    is 1, and x / 1 is x, +inf included."""
+    a = math.sqrt(2.0 / math.pi)
+    minus_u = x * (hl.f32(-a) + hl.f32(-a * 0.044715) * x * x)
+    e = ieee.exp_between(minus_u, -43.0, 45.0, native_minmax=native_minmax)
+    return x / (hl.f32(1) + e * e)
 
 
 def round_half_away(x: hl.Expr) -> hl.Expr:

@@ -158,8 +158,13 @@ def exp_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
     23 they are 2^n's bits. hl.round and a conversion cost 7 instructions a vector on AVX-512
     (LLVM rounds a 512-bit vector in two 256-bit halves), the magic number an integer subtraction
     and a conversion."""
-    scale, t = _exp_reduced(x, native_minmax)
-    return scale + (scale * t) * polynomial(_EXP_Q, t)
+    return _exp_of_reduced(*_exp_reduced(x, native_minmax))
+
+
+def exp_between(x: hl.Expr, lo: float, hi: float, *, native_minmax: bool) -> hl.Expr:
+    """e^x with x clamped to [lo, hi] (within [-87.3, 88], where e^x is a normal float), as
+    exp_nonpositive computes it: within 4e-7 relative; NaN gives NaN."""
+    return _exp_of_reduced(*_exp_reduced(x, native_minmax, lo=lo, hi=hi))
 
 
 def expm1_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
@@ -176,17 +181,26 @@ def expm1_nonpositive(x: hl.Expr, *, native_minmax: bool) -> hl.Expr:
     return hl.select(scale == one, em, scale * (em + one) - one)
 
 
-def _exp_reduced(x: hl.Expr, native_minmax: bool) -> tuple[hl.Expr, hl.Expr]:
-    """x <= 0 as 2^n and t = x - n ln 2 (|t| <= ln 2 / 2), n = round(x / ln 2), the floor at
-    _EXP_FLOOR applied (see exp_nonpositive)."""
+def _exp_reduced(x: hl.Expr, native_minmax: bool, lo: float = _EXP_FLOOR,
+                 hi: float | None = None) -> tuple[hl.Expr, hl.Expr]:
+    """x as 2^n and t = x - n ln 2 (|t| <= ln 2 / 2), n = round(x / ln 2), x raised to `lo` (see
+    exp_nonpositive) and lowered to `hi` where one is given (else x <= 0)."""
     f = hl.f32
-    z = at_least(x, _EXP_FLOOR, native_minmax=native_minmax)
+    if hi is None:
+        z = at_least(x, lo, native_minmax=native_minmax)
+    else:
+        z = clamp(x, lo, hi, native_minmax=native_minmax)
     shifted = z * f(1 / np.log(2)) + f(_EXP_MAGIC)
     bits = hl.reinterpret(hl.Int(32), shifted)
     # n from the bits (a float subtraction of the magic number the simplifier would cancel).
     n = hl.cast(hl.Float(32), bits - hl.i32(_EXP_MAGIC_BITS))
     t = (z - n * f(_LN2_HI)) - n * f(_LN2_LO)
     return hl.reinterpret(hl.Float(32), bits << 23), t
+
+
+def _exp_of_reduced(scale: hl.Expr, t: hl.Expr) -> hl.Expr:
+    """2^n e^t from _exp_reduced's 2^n and t."""
+    return scale + (scale * t) * polynomial(_EXP_Q, t)
 
 
 def polynomial(coefficients: Sequence[float], s: hl.Expr) -> hl.Expr:
