@@ -7,6 +7,7 @@ what is declined and why.
     python bench/corpus.py build-torch --out bench/corpus [--only NAME ...]  # needs litert-torch
     python bench/corpus.py check bench/corpus [--only NAME ...] [--write-results] [--set real]
     python bench/corpus.py speed bench/corpus [--only NAME ...] [--runs 30] [--threads 1 2]
+    python bench/corpus.py memory bench/corpus [--only NAME ...]
 
 `build` needs only TensorFlow and numpy (`pip install -e '.[models]'`, or any venv with
 tensorflow-cpu: run this file with that venv's Python). `build-torch` converts PyTorch modules with
@@ -20,7 +21,9 @@ under claim:all and the default policy on seeded inputs, and compares with the k
 bench/RESULTS.md. `speed` times each model fused for the host against LiteRT + XNNPACK
 (tflite_tools.bench: interleaved in one process at one thread, a process per contender at more),
 our delegate claiming every block and the default policy, and prints a table of ratios with the
-geometric mean over the float models. Models are cached in the output folder (not committed: bench/corpus/ is ignored).
+geometric mean over the float models. `memory` measures each model's peak resident memory (a
+fresh process per contender, through one invoke) with LiteRT + XNNPACK alone and with our delegate
+under both policies. Models are cached in the output folder (not committed: bench/corpus/ is ignored).
 """
 
 from __future__ import annotations
@@ -487,6 +490,38 @@ def speed_table(rows: list[dict], threads: Sequence[int]) -> str:
     return "\n".join(lines)
 
 
+def memory_model(path: Path, work: Path) -> dict:
+    """One memory row: the peak resident memory (MiB) of LiteRT + XNNPACK and of our delegate
+    claiming every block and under its default policy, each in a fresh process through one invoke."""
+    from tflite_tools.bench import Timings, measure_peak_memory
+    from tflite_tools.fuse import fuse
+    from tflite_tools.model.errors import ModelError
+
+    row = {"model": path.stem, "file_mib": path.stat().st_size / 2**20, "peak_mib": {}, "note": ""}
+    try:
+        result = fuse(path, work / path.stem)  # the user's kernel cache: the kernels, not their compile, matter here
+        timings = [Timings(name, 0.0, 0.0) for name in ("xnnpack", "dnnfusion-all", "dnnfusion-profitable")]
+        measure_peak_memory(timings, str(result.model), str(result.library), threads=1)
+        row["peak_mib"] = {t.name: t.peak_memory_kib / 1024 for t in timings}
+    except ModelError as exc:
+        row["note"] = str(exc)
+    return row
+
+
+def memory_line(row: dict) -> str:
+    """One model's row of the memory table."""
+    peak = row["peak_mib"]
+    if not peak:
+        return f"| {row['model']} | {row['file_mib']:.0f} | {row['note'] or '-'} | | | |"
+    base = peak["xnnpack"]
+    return (f"| {row['model']} | {row['file_mib']:.0f} | {base:.0f} | {peak['dnnfusion-all']:.0f} | "
+            f"{peak['dnnfusion-profitable']:.0f} | {peak['dnnfusion-profitable'] / base:.2f}x |")
+
+
+MEMORY_HEADER = ("| model | file MiB | peak MiB: XNNPACK | ours all | ours default | ours default / XNNPACK |\n"
+                 "|---|---|---|---|---|---|")
+
+
 def _summary(reasons: list[str]) -> str:
     """Reasons for a table cell: the block and tensor names left out, each kind once with its count
     (a real-size model declines dozens of blocks for one reason)."""
@@ -515,7 +550,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """build, check or speed."""
+    """build, check, speed or memory."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build")
@@ -535,6 +570,9 @@ def main(argv: list[str] | None = None) -> int:
     v.add_argument("--only", nargs="*", default=[])
     v.add_argument("--runs", type=int, default=30)
     v.add_argument("--threads", type=int, nargs="*", default=[1, 2])
+    m = sub.add_parser("memory")
+    m.add_argument("folder", type=Path, nargs="?", default=REPO / "bench" / "corpus")
+    m.add_argument("--only", nargs="*", default=[])
     args = parser.parse_args(argv)
     if args.command == "build":
         recipes, folder, _ = SETS[args.set]
@@ -554,6 +592,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(speed_model(path, Path(tmp), args.threads, args.runs))
                 print(speed_line(rows[-1], args.threads), flush=True)
         print(speed_table(rows, args.threads))
+        return 0
+    if args.command == "memory":
+        print(MEMORY_HEADER, flush=True)
+        with tempfile.TemporaryDirectory(prefix="dnnfusion-corpus-") as tmp:
+            for path in paths:
+                print(memory_line(memory_model(path, Path(tmp))), flush=True)
         return 0
     rows = []
     with tempfile.TemporaryDirectory(prefix="dnnfusion-corpus-") as tmp:
