@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .mapping import REORG, SHUFFLE, MappingType, MtM, OtM, OtO
+from .mapping import REORG, SHUFFLE, MappingType, MtM, OtM, OtO, edge_type
 
 
 class Color(enum.Enum):
@@ -183,17 +183,28 @@ ATTENTION_OPS = frozenset({"BATCH_MATMUL", "SOFTMAX"})
 
 
 def _through_elementwise(ecg, block: set[int], start: int, goal: int) -> bool:
-    """True when node `goal` reads node `start`'s result directly or through One-to-One ops of
-    `block` (a scale, a mask)."""
+    """True when node `goal` reads node `start`'s result directly or through elementwise ops of
+    `block` (a scale, a mask) that keep its shape: the path's edges are One-to-One, whatever an
+    op's other operand (a padding mask input [1, 1, 1, keys] broadcast over the scores makes the
+    ADD One-to-Many, not its scores edge)."""
     frontier, seen = [start], {start}
     while frontier:
-        for n in ecg.successors(frontier.pop()):
+        here = frontier.pop()
+        for n in ecg.successors(here):
             if n == goal:
                 return True
-            if n in block and n not in seen and ecg.nodes[n].mapping is OtO:
+            if n in block and n not in seen and _one_to_one_from(ecg, here, n):
                 seen.add(n)
                 frontier.append(n)
     return False
+
+
+def _one_to_one_from(ecg, producer: int, consumer: int) -> bool:
+    """True when every edge from node `producer`'s results into node `consumer` is One-to-One."""
+    made = {id(t) for t in ecg.nodes[producer].op.outputs}
+    op = ecg.nodes[consumer].op
+    edges = [edge_type(op, k) for k, t in enumerate(op.inputs) if t is not None and id(t) in made]
+    return bool(edges) and all(e is OtO for e in edges)
 
 
 def attention_allowed(ecg, block: frozenset[int] | set[int], candidate: int) -> bool:

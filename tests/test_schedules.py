@@ -831,6 +831,46 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_when_its_scor
     assert check_model_blocks(model, params=params) == {"attention core": 1}  # the roofline plan fuses it whole
 
 
+@pytest.mark.parametrize("params_name", ["X86", "NEON"])
+@pytest.mark.parametrize("tiled", [False, True])
+def test_keys_read_transposed_from_the_block_input_are_stored_transposed_once(tmp_path, monkeypatch, tiled,
+                                                                              params_name):
+    # softmax(Q K^T / 8 + padding mask) V with K read through adj_y straight from the block's input,
+    # as converters write GPT-2's and BERT's attention: every step of the scores' product gathered
+    # its vector of keys at a stride of the head's depth (1.3x XNNPACK's time at 128 tokens, 12 heads
+    # of 64). K is now stored transposed once (schedule.register_tile.transposed_block_input) and the
+    # product reads it in dense vectors. Exact against LiteRT's reference kernels.
+    import halide as hl
+
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule import attention, schedule_cpu
+    from halide_gen.schedule import params as cpu_params
+
+    params = getattr(cpu_params, params_name)
+    if tiled:  # the core a tile of query rows at a time (schedule.attention), as at real lengths
+        monkeypatch.setattr(attention, "ATTENTION_TILED_BYTES", 0)
+    rows, depth = 40, 24
+    b = tflite_tools.ModelBuilder()
+    q, k, v = (b.input(n, [1, 2, rows, depth]) for n in "qkv")
+    mask = b.input("mask", [1, 1, 1, rows])
+    scores = b.op("BATCH_MATMUL", [q, k], [1, 2, rows, rows], adj_y=True)
+    scaled = b.op("MUL", [scores, b.const("scale", np.float32([depth ** -0.5]))], scores.shape)
+    weights = b.op("SOFTMAX", [b.op("ADD", [scaled, mask], scores.shape)], scores.shape, beta=1.0)
+    b.output(b.op("BATCH_MATMUL", [weights, v], [1, 2, rows, depth]))
+    model = b.build()
+    ops, kernel = only_block_kernel(model)
+    assert len(ops) == 5  # the padding mask's broadcast ADD keeps the core one block (fusion.table3)
+    schedule_cpu(kernel, params)
+    stmt = tmp_path / "attn.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    keys = next(a.param.name() for a in kernel.arguments if a.tensor is k)
+    products = [line for line in stmt.read_text().splitlines()
+                if re.search(r"op0_batch_matmul_acc(\$\d+)?\[", line) and " = " in line]
+    assert products and not any(f"{keys}[" in line for line in products)
+    assert any(re.search(rf"{keys}_clamped(\$\d+)?\[ramp\([^\n]*, 1, {params.lanes}\)", line) for line in products)
+    check_model_blocks(model, params=params)
+
+
 def test_a_conv_with_few_output_channels_runs_its_epilogue_on_vectors_of_pixels(tmp_path):
     # x86: a 1x1 conv to 2 channels + LOGISTIC (U-Net's segmentation head) took its register tile
     # over channels, so the sigmoid ran on 2 of 16 lanes (157 us against XNNPACK's 97 on 128x128);
