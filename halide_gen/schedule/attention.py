@@ -55,9 +55,10 @@ def schedule_attention(kernel: BlockKernel, core: tuple[Accumulator, Accumulator
     for acc in (scores, weights):
         materialize_prologue(kernel, acc, params, vectorized)  # transposed queries, keys, values
     home = home_of(kernel, weights)
-    row_loop, rows = register_tile(home, weights, params, params.mm_channels, params.mm_rows, None,
+    tile_rows = params.attention_rows or params.mm_rows
+    row_loop, rows = register_tile(home, weights, params, params.mm_channels, tile_rows, None,
                                     unroll_taps=False, round_up_channels=False, rows_outer=True)
-    register_tile(scores.value.func, scores, params, params.mm_channels, params.mm_rows, None,
+    register_tile(scores.value.func, scores, params, params.mm_channels, tile_rows, None,
                    unroll_taps=False, round_up_channels=False, parallel=False)
     terms = {id(r.partial.func) for r in kernel.row_reductions}
     for v in stages:

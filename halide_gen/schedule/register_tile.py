@@ -289,6 +289,7 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
     op = kernel.ops[acc.op_index]
     if kernel.op_helpers[acc.op_index]:
         return  # the op reads its input through a helper it materialises (a zero-padded copy)
+    transposed_block_input(kernel, acc, params)
     for t in op.inputs:
         v = kernel.values.get(id(t)) if t is not None else None
         if v is None or id(v.func) not in kernel.read_in_block or any(v.func is a.value.func for a in kernel.accumulators):
@@ -302,6 +303,32 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
             vectorize_inner(v.func, v.shape, params, vectorized, output=True, joins=v.joins)
         if len(fv) > 1 and parallel_worthwhile(params, v.shape):
             v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
+
+
+def transposed_block_input(kernel: BlockKernel, acc: Accumulator, params: CpuParams) -> None:
+    """Stores a BATCH_MATMUL's right operand transposed, once at the root, where the product reads
+    it transposed (adj_y: an attention's keys, K read as K^T) straight from the block's input: the
+    output channels, its vector lanes, would otherwise be gathered at a stride of the depth (64
+    floats for a head of 64), one gather per vector of every step. Written in square tiles (each
+    vector stored from `lanes` reads along the input's rows, LLVM's shuffles) across the heads'
+    threads."""
+    op = kernel.ops[acc.op_index]
+    if op.name != "BATCH_MATMUL" or not getattr(op.options, "adjY", False) or acc.dot or acc.narrow:
+        return
+    rhs = op.inputs[1]
+    v = kernel.values.get(id(rhs))
+    if v is None or rhs.is_constant or v.rank < 2 or any(any(u is rhs for u in o.outputs) for o in kernel.ops):
+        return
+    lanes = params.lanes
+    if v.shape[-2] < lanes or v.shape[-1] < lanes:
+        return
+    f = v.func
+    fv = loop_vars(f)  # (depth, columns, batch...) innermost first
+    f.compute_root().reorder_storage(fv[1], fv[0], *fv[2:])
+    co, do, ci, di = (hl.Var(f"{name}_kt") for name in ("co", "do", "ci", "di"))
+    f.tile(fv[1], fv[0], co, do, ci, di, lanes, lanes, hl.TailStrategy.GuardWithIf).vectorize(ci).unroll(di)
+    if len(fv) > 2 and parallel_worthwhile(params, v.shape):
+        f.parallel(fv[2])
 
 
 def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
