@@ -796,24 +796,19 @@ def test_a_row_reductions_partial_sums_run_in_one_loop_on_neon(tmp_path):
 
 
 @pytest.mark.parametrize("params_name", ["X86", "NEON"])
-@pytest.mark.parametrize("tiled", [False, True])
-def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_when_its_scores_are_large(
-        tmp_path, monkeypatch, tiled, params_name):
+def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows(tmp_path, params_name):
     # Scores, scale, causal mask, softmax and weights x values in one kernel (fusion.table3's
-    # attention exception). Scores under params.ATTENTION_TILED_BYTES are computed whole, a stage at a
-    # time; above it (set to 0 here) a tile of query rows at a time, where the second product reads
-    # them: the scores' buffer holds one tile's rows (a tail tile among the 40), never the whole
-    # matrix. Exact against LiteRT's reference kernels either way.
+    # attention exception), a tile of query rows at a time, where the second product reads them:
+    # the scores' buffer holds one tile's rows (a tail tile among the 40), never the whole matrix.
+    # Exact against LiteRT's reference kernels.
     import halide as hl
 
     from blockcheck import check_model_blocks
     from graphgen import attention_ops
-    from halide_gen.schedule import attention, schedule_cpu
+    from halide_gen.schedule import schedule_cpu
     from halide_gen.schedule import params as cpu_params
 
     params = getattr(cpu_params, params_name)
-    if tiled:
-        monkeypatch.setattr(attention, "ATTENTION_TILED_BYTES", 0)
     rows = 40
     b = tflite_tools.ModelBuilder()
     q, k, v = (b.input(n, [1, 2, rows, 8]) for n in "qkv")
@@ -825,16 +820,14 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_when_its_scor
     stmt = tmp_path / "attn.stmt"
     kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
     scores = set(re.findall(r"allocate \w*op0_batch_matmul(?:\$\d+)?\[float32 \* (\d+) \* (\d+)", stmt.read_text()))
-    # (Its rows: the second product's register tile, 12 on x86, modelled on NEON.)
-    assert len(scores) == 1 and all(int(keys) == rows and (int(r) < rows if tiled else int(r) == rows)
-                                    for keys, r in scores), scores
+    # (Its rows: the second product's register tile, params.attention_rows on x86, modelled on NEON.)
+    assert len(scores) == 1 and all(int(keys) == rows and int(r) < rows for keys, r in scores), scores
     assert check_model_blocks(model, params=params) == {"attention core": 1}  # the roofline plan fuses it whole
 
 
 @pytest.mark.parametrize("params_name", ["X86", "NEON"])
-@pytest.mark.parametrize("tiled", [False, True])
-def test_keys_read_transposed_from_the_block_input_are_stored_transposed_once(tmp_path, monkeypatch, tiled,
-                                                                              params_name):
+@pytest.mark.parametrize("core", [True, False])
+def test_keys_read_transposed_from_the_block_input_are_stored_transposed_once(tmp_path, core, params_name):
     # softmax(Q K^T / 8 + padding mask) V with K read through adj_y straight from the block's input,
     # as converters write GPT-2's and BERT's attention: every step of the scores' product gathered
     # its vector of keys at a stride of the head's depth (1.3x XNNPACK's time at 128 tokens, 12 heads
@@ -843,23 +836,24 @@ def test_keys_read_transposed_from_the_block_input_are_stored_transposed_once(tm
     import halide as hl
 
     from blockcheck import check_model_blocks
-    from halide_gen.schedule import attention, schedule_cpu
+    from halide_gen.schedule import schedule_cpu
     from halide_gen.schedule import params as cpu_params
 
     params = getattr(cpu_params, params_name)
-    if tiled:  # the core a tile of query rows at a time (schedule.attention), as at real lengths
-        monkeypatch.setattr(attention, "ATTENTION_TILED_BYTES", 0)
     rows, depth = 40, 24
     b = tflite_tools.ModelBuilder()
     q, k, v = (b.input(n, [1, 2, rows, depth]) for n in "qkv")
     mask = b.input("mask", [1, 1, 1, rows])
     scores = b.op("BATCH_MATMUL", [q, k], [1, 2, rows, rows], adj_y=True)
-    scaled = b.op("MUL", [scores, b.const("scale", np.float32([depth ** -0.5]))], scores.shape)
-    weights = b.op("SOFTMAX", [b.op("ADD", [scaled, mask], scores.shape)], scores.shape, beta=1.0)
-    b.output(b.op("BATCH_MATMUL", [weights, v], [1, 2, rows, depth]))
+    if core:
+        scaled = b.op("MUL", [scores, b.const("scale", np.float32([depth ** -0.5]))], scores.shape)
+        weights = b.op("SOFTMAX", [b.op("ADD", [scaled, mask], scores.shape)], scores.shape, beta=1.0)
+        b.output(b.op("BATCH_MATMUL", [weights, v], [1, 2, rows, depth]))
+    else:  # the scores alone: the matrix-product template
+        b.output(scores)
     model = b.build()
     ops, kernel = only_block_kernel(model)
-    assert len(ops) == 5  # the padding mask's broadcast ADD keeps the core one block (fusion.table3)
+    assert len(ops) == (5 if core else 1)  # the padding mask's broadcast ADD keeps the core one block (fusion.table3)
     schedule_cpu(kernel, params)
     stmt = tmp_path / "attn.stmt"
     kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)

@@ -1,22 +1,21 @@
 """An attention core (scores, softmax, weights x values) computed a tile of query rows at a time,
-so that its score matrix never exists whole."""
+so that its score matrix never exists whole: at every size, as one parallel loop over the heads'
+row tiles (a stage at a time over small score matrices, each stage its own loop, lost at two
+threads: bench/RESULTS.md, "Attention at the lengths models ship")."""
 
 from __future__ import annotations
-
-import numpy as np
 
 from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..values import Value
-from .params import ATTENTION_TILED_BYTES, CpuParams
+from .params import CpuParams
 from .register_tile import home_of, materialize_prologue, register_tile
 from .vectors import loop_vars, vectorize_helper
 
 
 def attention_core(kernel: BlockKernel) -> tuple[Accumulator, Accumulator, list[Value]] | None:
     """(scores, weights x values, the stages per row tile) of a block that is an attention core
-    (fusion.table3.attention_allowed) whose scores outgrow ATTENTION_TILED_BYTES: two float matrix
-    products, the second reading the softmax of the first's result (through elementwise ops) as
+    (fusion.table3.attention_allowed): two float matrix products, the second reading the softmax of the first's result (through elementwise ops) as
     its left operand, with none of the scores, their softmax or its helpers a block output. Else
     None."""
     softmax = [k for k, op in enumerate(kernel.ops) if op.name == "SOFTMAX"]
@@ -27,8 +26,6 @@ def attention_core(kernel: BlockKernel) -> tuple[Accumulator, Accumulator, list[
     if not scores.op_index < s < weights.op_index or kernel.ops[weights.op_index].inputs[0] is not kernel.ops[s].outputs[0]:
         return None
     if len(weights.value.shape) < 3 or tuple(kernel.ops[s].outputs[0].shape)[:-1] != tuple(weights.value.shape)[:-1]:
-        return None
-    if 4 * int(np.prod(scores.value.shape)) <= ATTENTION_TILED_BYTES:
         return None
     stages = _attention_stages(kernel, scores, s)
     if any(kernel.is_output(v.func) for v in stages):

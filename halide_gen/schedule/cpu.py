@@ -5,8 +5,7 @@ a block kernel, and what no template covers.
   pixels or rows (unrolled), the accumulator computed at the tile and the reduction loops outside
   it (register_tile.py; its shape from the tile model, tiles.py; the numbers per CPU family in
   params.py). A chain of convolutions whose intermediates outgrow the cache streams through row
-  buffers (conv_chain.py); an attention core with a large score matrix runs in tiles of query rows
-  (attention.py).
+  buffers (conv_chain.py); an attention core runs in tiles of query rows (attention.py).
 * Depthwise convolutions: channels x pixels with the taps unrolled. A convolution reads its zero
   padding inline where its input is in memory anyway, the bounds test `likely` so that Halide's
   loop partitioning leaves it on the border tiles only (padding_inlined says where not).

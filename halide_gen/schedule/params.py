@@ -102,11 +102,6 @@ WHOLE_MAP_PIXELS = 16
 
 CACHE_LINE = 64  # bytes
 
-# Score matrices ([heads, queries, keys] float32) of at most this many bytes are computed whole, a
-# stage at a time, in an attention core's kernel (they stay in L2); larger ones a tile of query rows
-# at a time (attention.schedule_attention), whose tiles read the keys and values again.
-ATTENTION_TILED_BYTES = 1 << 20
-
 
 # The CPU template parameters of each CPU family a TargetSpec may name.
 CPU_PARAMS = {"x86": X86, "arm": NEON}
