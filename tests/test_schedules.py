@@ -796,11 +796,16 @@ def test_a_row_reductions_partial_sums_run_in_one_loop_on_neon(tmp_path):
 
 
 @pytest.mark.parametrize("params_name", ["X86", "NEON"])
-def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows(tmp_path, params_name):
+@pytest.mark.parametrize("tiled", [False, True])
+def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_past_its_family_threshold(
+        tmp_path, tiled, params_name):
     # Scores, scale, causal mask, softmax and weights x values in one kernel (fusion.table3's
-    # attention exception), a tile of query rows at a time, where the second product reads them:
-    # the scores' buffer holds one tile's rows (a tail tile among the 40), never the whole matrix.
-    # Exact against LiteRT's reference kernels.
+    # attention exception). Scores of at most params.attention_whole_bytes are computed whole, a stage
+    # at a time; larger ones a tile of query rows at a time, where the second product reads them: the
+    # scores' buffer holds one tile's rows (a tail tile among the 40), never the whole matrix. Exact
+    # against LiteRT's reference kernels either way.
+    import dataclasses
+
     import halide as hl
 
     from blockcheck import check_model_blocks
@@ -808,7 +813,7 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows(tmp_path, par
     from halide_gen.schedule import schedule_cpu
     from halide_gen.schedule import params as cpu_params
 
-    params = getattr(cpu_params, params_name)
+    params = dataclasses.replace(getattr(cpu_params, params_name), attention_whole_bytes=0 if tiled else 1 << 20)
     rows = 40
     b = tflite_tools.ModelBuilder()
     q, k, v = (b.input(n, [1, 2, rows, 8]) for n in "qkv")
@@ -821,7 +826,8 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows(tmp_path, par
     kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
     scores = set(re.findall(r"allocate \w*op0_batch_matmul(?:\$\d+)?\[float32 \* (\d+) \* (\d+)", stmt.read_text()))
     # (Its rows: the second product's register tile, params.attention_rows on x86, modelled on NEON.)
-    assert len(scores) == 1 and all(int(keys) == rows and int(r) < rows for keys, r in scores), scores
+    assert len(scores) == 1 and all(int(keys) == rows and (int(r) < rows if tiled else int(r) == rows)
+                                    for keys, r in scores), scores
     assert check_model_blocks(model, params=params) == {"attention core": 1}  # the roofline plan fuses it whole
 
 

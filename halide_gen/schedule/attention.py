@@ -1,9 +1,10 @@
 """An attention core (scores, softmax, weights x values) computed a tile of query rows at a time,
-so that its score matrix never exists whole: at every size, as one parallel loop over the heads'
-row tiles (a stage at a time over small score matrices, each stage its own loop, lost at two
-threads: bench/RESULTS.md, "Attention at the lengths models ship")."""
+so that its score matrix never exists whole, as one parallel loop over the heads' row tiles; below
+CpuParams.attention_whole_bytes of scores, a stage at a time instead."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
@@ -13,9 +14,10 @@ from .register_tile import home_of, materialize_prologue, register_tile
 from .vectors import loop_vars, vectorize_helper
 
 
-def attention_core(kernel: BlockKernel) -> tuple[Accumulator, Accumulator, list[Value]] | None:
+def attention_core(kernel: BlockKernel, params: CpuParams) -> tuple[Accumulator, Accumulator, list[Value]] | None:
     """(scores, weights x values, the stages per row tile) of a block that is an attention core
-    (fusion.table3.attention_allowed): two float matrix products, the second reading the softmax of the first's result (through elementwise ops) as
+    (fusion.table3.attention_allowed) whose scores outgrow params.attention_whole_bytes: two float
+    matrix products, the second reading the softmax of the first's result (through elementwise ops) as
     its left operand, with none of the scores, their softmax or its helpers a block output. Else
     None."""
     softmax = [k for k, op in enumerate(kernel.ops) if op.name == "SOFTMAX"]
@@ -26,6 +28,8 @@ def attention_core(kernel: BlockKernel) -> tuple[Accumulator, Accumulator, list[
     if not scores.op_index < s < weights.op_index or kernel.ops[weights.op_index].inputs[0] is not kernel.ops[s].outputs[0]:
         return None
     if len(weights.value.shape) < 3 or tuple(kernel.ops[s].outputs[0].shape)[:-1] != tuple(weights.value.shape)[:-1]:
+        return None
+    if 4 * int(np.prod(scores.value.shape)) <= params.attention_whole_bytes:
         return None
     stages = _attention_stages(kernel, scores, s)
     if any(kernel.is_output(v.func) for v in stages):

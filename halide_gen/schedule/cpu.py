@@ -5,7 +5,8 @@ a block kernel, and what no template covers.
   pixels or rows (unrolled), the accumulator computed at the tile and the reduction loops outside
   it (register_tile.py; its shape from the tile model, tiles.py; the numbers per CPU family in
   params.py). A chain of convolutions whose intermediates outgrow the cache streams through row
-  buffers (conv_chain.py); an attention core runs in tiles of query rows (attention.py).
+  buffers (conv_chain.py); an attention core runs in tiles of query rows (attention.py; on NEON
+  only past 1 MB of scores).
 * Depthwise convolutions: channels x pixels with the taps unrolled. A convolution reads its zero
   padding inline where its input is in memory anyway, the bounds test `likely` so that Halide's
   loop partitioning leaves it on the border tiles only (padding_inlined says where not).
@@ -134,7 +135,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     in_place = padding_inlined(kernel, params)
     vectorized: set[str] = set()  # (vectorize_inner)
     streamed = schedule_conv_chain(kernel, chain, params, in_place, vectorized) if chain else set()
-    core = None if chain else attention_core(kernel)
+    core = None if chain else attention_core(kernel, params)
     if core:
         streamed = schedule_attention(kernel, core, params, vectorized)
     terms = {id(r.partial.func): r.terms for r in kernel.row_reductions}
