@@ -383,15 +383,14 @@ def grouped_by_subtarget(compiler: str, kernels: Sequence[Path], folder: Path) -
     for k, kernel in enumerate(kernels):
         into = folder / str(k)
         into.mkdir(parents=True)
-        members = subprocess.run([archiver, "t", str(kernel)], capture_output=True, text=True)
         extracted = subprocess.run([archiver, "x", str(kernel)], cwd=into, capture_output=True, text=True)
-        if members.returncode != 0 or extracted.returncode != 0:
+        if extracted.returncode != 0:
             raise ToolchainError(f"reading kernel library {kernel.name} failed ({archiver}): "
-                                 f"{(members.stderr or extracted.stderr).strip() or 'no message'}")
-        for member in members.stdout.split():
+                                 f"{extracted.stderr.strip() or 'no message'}")
+        for member in sorted(into.iterdir()):
             # Halide names them <library>-<sub-target>.o and <library>_wrapper.o.
-            key = member[len(kernel.name):] if member.startswith(kernel.name) else member
-            groups.setdefault("" if key == "_wrapper.o" else key, []).append(into / member)
+            key = member.name[len(kernel.name):] if member.name.startswith(kernel.name) else member.name
+            groups.setdefault("" if key == "_wrapper.o" else key, []).append(member)
     return [o for key in sorted(groups, key=lambda key: key != "") for o in groups[key]]
 
 

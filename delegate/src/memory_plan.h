@@ -71,7 +71,6 @@ class SharedArena {
     return memory_.data();
   }
   void Release() { busy_.store(false, std::memory_order_release); }
-  size_t size() const { return memory_.size(); }
 
  private:
   std::atomic<bool> busy_{false};
@@ -94,7 +93,6 @@ class ArenaLease {
   ArenaLease(const ArenaLease&) = delete;
   ArenaLease& operator=(const ArenaLease&) = delete;
   uint8_t* data() const { return data_; }
-  bool shared() const { return held_; }
 
  private:
   SharedArena& shared_;

@@ -2,9 +2,9 @@
 // graph (t0 -> n0 -> t1 -> n1 -> t2 -> n2 -> t3), a hand-written bundle of three one-node
 // blocks whose "kernels" add a constant, and a profiler that records events. It checks what the
 // Python end-to-end tests cannot see: one profiler event per block, the arena for tensors
-// internal to a partition (one for all of a delegate's partitions), 64-byte-aligned buffers for every kernel output and for all memory the
-// partition owns, idempotent prepare, a failing kernel reported (not aborting), option parsing
-// with a NULL error reporter, and the memory planner.
+// internal to a partition (one for all of a delegate's partitions), 64-byte-aligned buffers for
+// every kernel output and for all memory the partition owns, idempotent prepare, a failing kernel
+// reported (not aborting), option parsing with a NULL error reporter, and the memory planner.
 //
 // Built and run by tests/test_delegate_runtime.py; exits non-zero if any check failed.
 #include <algorithm>

@@ -45,7 +45,7 @@ def _feeds_only_its_epilogue(kernel: BlockKernel, acc: Accumulator) -> bool:
             and all(op.name in ELEMENTWISE and tuple(op.outputs[0].shape) == shape for op in after))
 
 
-# Ops computed from an exponential (halide_gen.lower.ieee.exp_nonpositive, expm1_nonpositive).
+# Ops computed from an exponential (halide_gen.lower.ieee's exp_nonpositive, expm1_nonpositive, exp_between).
 EXPONENTIAL = frozenset({"EXP", "LOGISTIC", "TANH", "ELU"})
 
 
@@ -316,11 +316,11 @@ def transposed_block_input(kernel: BlockKernel, acc: Accumulator, params: CpuPar
     if op.name != "BATCH_MATMUL" or not getattr(op.options, "adjY", False) or acc.dot or acc.narrow:
         return
     rhs = op.inputs[1]
-    v = kernel.values.get(id(rhs))
-    if v is None or rhs.is_constant or v.rank < 2 or any(any(u is rhs for u in o.outputs) for o in kernel.ops):
-        return
+    if rhs.is_constant or not any(a.tensor is rhs and not a.pack for a in kernel.arguments):
+        return  # a weight (packed for its kernel), or computed in the block (materialize_prologue)
+    v = kernel.values[id(rhs)]
     lanes = params.lanes
-    if v.shape[-2] < lanes or v.shape[-1] < lanes:
+    if v.rank < 2 or v.shape[-2] < lanes or v.shape[-1] < lanes:
         return
     f = v.func
     fv = loop_vars(f)  # (depth, columns, batch...) innermost first
