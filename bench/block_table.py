@@ -1,6 +1,6 @@
 """Per-block timing: each planned block's Halide kernel vs LiteRT + XNNPACK on the same nodes.
 
-    python bench/block_table.py [--threads 1] [--limit N] [--delegate] [MODEL ...]
+    python bench/block_table.py [--threads 1] [--limit N | --blocks NAME ...] [--delegate] [MODEL ...]
 
 MODEL defaults to the reference models (bench/zoo.py).
 
@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("models", nargs="*", type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--limit", type=int, default=0, help="only the first N blocks of each model")
+    parser.add_argument("--blocks", nargs="+", default=(), help="only these blocks (plan.json's names)")
     parser.add_argument("--autoschedulers", action="store_true",
                         help="also time Halide's CPU autoschedulers per block and use the fastest source")
     parser.add_argument("--delegate", action="store_true",
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| block | ops | {ours} ms | XNNPACK ms | {ours} GFLOP/s | ratio |" + extra)
         print("|---|---|---|---|---|---|" + ("---|" if args.autoschedulers else ""))
         total_h = total_x = 0.0
-        blocks = [b for b in plan.blocks if not b.opaque_reason]
+        blocks = [b for b in plan.blocks if not b.opaque_reason and (not args.blocks or b.name in args.blocks)]
         for block in blocks[: args.limit or None]:
             ops = [plan.ecg.nodes[i].op for i in block.ops]
             names = " ".join(op.name + (f"+{op.fused_activation}" if op.fused_activation else "") for op in ops)

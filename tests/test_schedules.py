@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+import halide as hl
 import numpy as np
 import pytest
 
@@ -429,28 +430,89 @@ def test_an_output_that_later_ops_read_is_computed_once_into_its_buffer(tmp_path
     assert check_model_blocks(model)
 
 
-@pytest.mark.parametrize("shape, split", [((1, 4, 128, 128), True), ((1, 4, 64, 64), False)])
-def test_a_softmax_shares_its_stages_among_threads_only_when_they_are_large(tmp_path, shape, split):
-    # A block with no convolution or matrix product splits its stages from 2^16 terms each
-    # (CpuParams.parallel_light_work), every stage over the same rows (the heads here), so that a
-    # thread reads back the rows it wrote: bert's softmax is split, gpt2's smaller one stays serial.
+def _layer_norm(b, x, shape):
+    """A converter's LayerNorm over the last axis of `x` (MEAN, SQUARED_DIFFERENCE, RSQRT, ...)."""
+    rows = [*shape[:-1], 1]
+    axis = b.const("axis", np.array([len(shape) - 1], np.int32))
+    mean = b.op("MEAN", [x, axis], rows, keep_dims=True)
+    variance = b.op("MEAN", [b.op("SQUARED_DIFFERENCE", [x, mean], list(shape)), axis], rows, keep_dims=True)
+    scale = b.op("RSQRT", [b.op("ADD", [variance, b.const("eps", np.array([1e-5], np.float32))], rows)], rows)
+    gamma = b.const("gamma", np.linspace(0.5, 1.5, shape[-1], dtype=np.float32))
+    return b.op("MUL", [b.op("MUL", [b.op("SUB", [x, mean], list(shape)), scale], list(shape)), gamma], list(shape))
+
+
+@pytest.mark.parametrize("case, shape, parallel", [
+    ("softmax", (1, 4, 128, 128), True), ("softmax", (1, 4, 64, 64), False), ("layer_norm", (1, 4096, 32), True),
+    ("residual_layer_norm", (1, 2048, 64), True), ("layer_norm", (1, 197, 192), False)])
+def test_a_row_wise_block_runs_every_stage_in_one_loop_over_row_tiles(tmp_path, case, shape, parallel):
+    # A block of row statistics and the elementwise work reading them (softmax, LayerNorm, a
+    # residual ADD kept as a block output before its LayerNorm) computes each tile of rows whole:
+    # every stage inside the one loop over row tiles, shared among threads from 2^16 elements
+    # (CpuParams.parallel_light_work). A stage at a time, each was a pass over the tensor and the
+    # row totals ran on one thread: SegFormer's LayerNorms as slow at two threads as at one.
+    from blockcheck import check_model_blocks
     from halide_gen.schedule.cpu import schedule_cpu
 
     b = tflite_tools.ModelBuilder()
     x = b.input("x", list(shape))
-    b.output(b.op("SOFTMAX", [x], list(shape), beta=1.0))
-    ops = b.build().main.operators
-    kernel = build_block("softmax", ops, [ops[0].outputs[0]])
+    if case == "softmax":
+        b.output(b.op("SOFTMAX", [x], list(shape), beta=1.0))
+    elif case == "layer_norm":
+        b.output(_layer_norm(b, x, shape))
+    else:
+        residual = b.op("ADD", [x, b.input("r", list(shape))], list(shape))
+        b.output(residual)
+        b.output(_layer_norm(b, residual, shape))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("rows", ops, [t for op in ops for t in op.outputs if t in model.main.outputs])
     schedule_cpu(kernel)
     path = tmp_path / "k.stmt"
-    kernel.pipeline().compile_to_lowered_stmt(str(path), [a.param for a in kernel.arguments])
+    kernel.pipeline().compile_to_lowered_stmt(str(path), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
     stmt = path.read_text()
-    # Halide names a uniquified Func "f$2" and its parallel closure "par_for_f__2_s0_y" (or, with
-    # other Funcs of that name made earlier in the process, another suffix): any suffix will do.
-    partial = re.escape(kernel.row_reductions[0].partial.func.name().split("$")[0])
-    closures = set(re.findall(r"par_for_(\w+?)_s0_y", stmt))
-    assert any(re.fullmatch(f"{partial}_*\\d*", c) for c in closures) == split, closures
-    assert ("halide_do_par_for" in stmt) == split
+    # The one parallel loop's body is printed first, as a function of its own; with none, the
+    # tile loop is the outer loop of the kernel's body.
+    loops = re.findall(r"halide_do_par_for\(\(halide_task_t\)::(\w+),", stmt)
+    statistics = [r.partial.func.name() for r in kernel.row_reductions] + [r.total.func.name() for r in kernel.row_reductions]
+    assert statistics
+    normalized = kernel.outputs[-1][1].func.name()  # the residual sum, an output too, is a loop of its own
+    if parallel:
+        # Halide names a uniquified Func "f$2" and its parallel closure "..._par_for_f_2_s0_..."
+        # (or, with other Funcs of that name made earlier in the process, "f__2").
+        base = "_+".join(re.escape(part) for part in normalized.split("$"))
+        (loop,) = [name for name in loops if re.search(f"par_for_{base}(__\\d+)?_s0_", name)]
+        body = stmt[stmt.index(f"func {loop} "):stmt.index("external_plus_metadata func")]
+    else:
+        assert not loops
+        body = stmt[stmt.index(f"for ({normalized}.s0."):]
+    for name in statistics:
+        assert f"produce {name} " in body, name
+    assert check_model_blocks(model)
+
+
+def test_a_projection_to_few_channels_is_shared_among_threads_by_rows(tmp_path):
+    # A FULLY_CONNECTED to 32 channels over 4096 tokens has one channel tile: shared by channel tiles
+    # only, it ran on one thread (SegFormer's projections, as slow at two threads as at one). Its
+    # row tiles go in groups, each a task: about ROW_TASKS tasks in all.
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule.cpu import schedule_cpu
+    from halide_gen.schedule.params import ROW_TASKS
+
+    rng = np.random.default_rng(0)
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 4096, 64])
+    w = b.const("w", rng.standard_normal((32, 64)).astype(np.float32))
+    b.output(b.op("FULLY_CONNECTED", [x, w, b.const("bias", np.zeros(32, np.float32))], [1, 4096, 32],
+                  keep_num_dims=True))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("projection", ops, [ops[0].outputs[0]])
+    schedule_cpu(kernel)
+    path = tmp_path / "k.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(path), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    tasks = [int(n) for n in re.findall(r"halide_do_par_for\(\(halide_task_t\)::\w+, 0, (\d+),", path.read_text())]
+    assert tasks and min(tasks) >= ROW_TASKS, tasks
+    assert check_model_blocks(model)
 
 
 def test_conv_tiles_cover_rows_without_a_one_pixel_tail():

@@ -10,8 +10,11 @@ a block kernel, and what no template covers.
 * Depthwise convolutions: channels x pixels with the taps unrolled. A convolution reads its zero
   padding inline where its input is in memory anyway, the bounds test `likely` so that Halide's
   loop partitioning leaves it on the border tiles only (padding_inlined says where not).
-* Parallelism in coarse tasks over rows, rows times groups of channel tiles, or channel tiles times
-  heads; none for a stage too small to repay handing tasks to the pool (CpuParams.parallel_work).
+* A block of row statistics and the elementwise work reading them (LayerNorm, softmax) computes
+  a tile of rows at a time, every stage inside one parallel loop over the tiles (row_tiles.py).
+* Parallelism in coarse tasks over rows, rows times groups of channel tiles, channel tiles times
+  heads, or a matrix product's channel tiles times groups of its rows where its channel tiles are
+  few; none for a stage too small to repay handing tasks to the pool (CpuParams.parallel_work).
   The threads are the delegate's pool's (delegate/src/thread_pool.cc), their count set at run time.
 * Everything else is vectorized along TFLite's innermost axis (vectors.py).
 
@@ -27,10 +30,12 @@ from fusion.mapping import MtM, op_mapping
 
 from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
+from ..values import Value
 from .attention import attention_core, schedule_attention
 from .conv_chain import conv_chain, schedule_conv_chain
 from .params import X86, CpuParams
 from .register_tile import exponential_epilogue, home_of, materialize_prologue, register_tile, tile_for
+from .row_tiles import row_tiled_stages, schedule_row_tiles
 from .tiles import depthwise_tile, reads_in_groups
 from .vectors import loop_vars, split_rows, tile_transpose, vectorize_helper, vectorize_inner
 
@@ -128,6 +133,15 @@ TEMPLATES = {AccumulatorKind.CONV: _template_conv, AccumulatorKind.DEPTHWISE: _t
              AccumulatorKind.MATMUL: _template_matmul, AccumulatorKind.REDUCE: _template_reduce}
 
 
+def _roots(kernel: BlockKernel, streamed: set[int]) -> list[Value]:
+    """Many-to-Many results no template covers, and small results read broadcast (computed once, not
+    once per element of their consumer): what is computed at the root besides the helpers."""
+    roots = [v for k, (op, values) in enumerate(zip(kernel.ops, kernel.op_values))
+             if op_mapping(op) == MtM and not any(a.op_index == k for a in kernel.accumulators)
+             for v in values if not kernel.inline_into_output(v.func) and id(v.func) not in streamed]
+    return roots + [v for v in kernel.broadcast_sources() if not kernel.is_output(v.func) and id(v.func) not in streamed]
+
+
 def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     """Applies the CPU templates in place; what no template covers is computed at the root
     (Many-to-Many results) or inlined, and vectorized along the innermost axis."""
@@ -140,6 +154,9 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         streamed = schedule_attention(kernel, core, params, vectorized)
     terms = {id(r.partial.func): r.terms for r in kernel.row_reductions}
     light = not kernel.accumulators
+    rows = row_tiled_stages(kernel, [*kernel.materialize, *_roots(kernel, streamed)], params.lanes) if light else None
+    if rows:
+        streamed = schedule_row_tiles(kernel, rows, params, vectorized, set(terms))
     # Zero-padded copies move data only: several vectors a step, as block outputs take.
     copies = {id(p.func) for p, _ in kernel.padded}
     for v in kernel.materialize:
@@ -156,14 +173,8 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         if acc.kind not in TEMPLATES:
             raise ValueError(f"no CPU schedule template for {acc.kind}")
         TEMPLATES[acc.kind](kernel, acc, params, tiled)
-    # Many-to-Many results no template covers, and small results read broadcast (computed once, not
-    # once per element of their consumer), are computed at the root.
-    roots = [v for k, (op, values) in enumerate(zip(kernel.ops, kernel.op_values))
-             if op_mapping(op) == MtM and not any(a.op_index == k for a in kernel.accumulators)
-             for v in values if not kernel.inline_into_output(v.func) and id(v.func) not in streamed]
-    roots += [v for v in kernel.broadcast_sources() if not kernel.is_output(v.func)]
     rooted = {id(v.func) for v in kernel.materialize} | {id(a.value.func) for a in kernel.accumulators} | tiled
-    for v in roots:
+    for v in _roots(kernel, streamed):
         if id(v.func) not in rooted:
             v.func.compute_root()
             vectorize_inner(v.func, v.shape, params, vectorized, joins=v.joins)

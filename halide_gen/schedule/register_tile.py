@@ -172,7 +172,12 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         # next axis (a batch matmul's heads, a small map's rows), never one parallel loop per head.
         home.reorder([hl.VarOrRVar(w) for w in (ci, xi, xo, co, *v[2:])])
         inner_tile = xo
-        if parallel and len(v) > 2:
+        tiles = -(-acc.value.shape[-1] // channels)
+        outer = acc.value.shape[-3] if len(v) > 2 else 1
+        groups = _row_groups(acc.value.shape[-2], pixels, tiles * outer) if acc.kind == AccumulatorKind.MATMUL else 1
+        if parallel and groups > 1:
+            inner_tile = _parallel_with_row_groups(home, xo, co, v[2:], -(-acc.value.shape[-2] // pixels), groups)
+        elif parallel and len(v) > 2:
             _parallel_with_channel_groups(home, co, v[2], -(-acc.value.shape[-1] // channels), acc.value.shape[-3])
         elif parallel:
             home.parallel(co)
@@ -264,6 +269,35 @@ def _parallel_with_channel_groups(home: hl.Func, co: hl.Var, outer: hl.Var, tile
         home.fuse(cg, outer, task).parallel(task)
     else:
         home.parallel(outer)
+
+
+def _row_groups(rows: int, pixels: int, tasks: int) -> int:
+    """Groups of row tiles a matrix product's threads need beside its `tasks` (channel tiles times
+    batches): 1 where those are about ROW_TASKS already or the rows are few (a group of one tile
+    costs a task for little work), else as many as make up the difference (a projection to 32
+    channels over 16384 tokens is one channel tile: one task, one thread)."""
+    row_tiles = -(-rows // pixels)
+    if tasks >= ROW_TASKS or row_tiles < 2 * ROW_TASKS:
+        return 1
+    return -(-ROW_TASKS // tasks)
+
+
+def _parallel_with_row_groups(home: hl.Func, xo: hl.Var, co: hl.Var, outer: list[hl.Var], row_tiles: int,
+                              groups: int) -> hl.Var:
+    """Runs `home` in parallel over `groups` groups of its `row_tiles` row tiles times its channel
+    tiles (and `outer`, a batch), each group's rows passing every channel tile in turn; returns the
+    loop of row tiles within a group (where the accumulator is computed)."""
+    xg, xi = hl.Var(xo.name() + "_g"), hl.Var(xo.name() + "_gi")
+    home.split(xo, xg, xi, -(-row_tiles // groups), hl.TailStrategy.GuardWithIf)
+    home.reorder(co, xg)  # (xi, co, xg, outer...): tasks ordered by rows, as the row-split stages after it
+    task = hl.Var(co.name() + "_rows")
+    home.fuse(co, xg, task)
+    for axis in outer:
+        fused = hl.Var(task.name() + "_" + axis.name())
+        home.fuse(task, axis, fused)
+        task = fused
+    home.parallel(task)
+    return xi
 
 
 def _few_channels(acc: Accumulator, home: hl.Func, rank: int) -> int:

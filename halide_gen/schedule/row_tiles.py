@@ -1,0 +1,131 @@
+"""A block of row-wise stages (a LayerNorm, an RMSNorm, a softmax: statistics of each row, then
+elementwise work that reads them) computed a tile of rows at a time: each tile's statistics and
+results in L1, all of them inside one parallel loop over the tiles.
+
+A stage at a time instead, every stage was a pass over the whole tensor, and the small ones (a
+row's mean from its partial sums) ran on one thread between the parallel ones: SegFormer's
+LayerNorms over 16384 rows of 32 channels took as long at two threads as at one, and a softmax
+over [12, 512, 512] 2.4x XNNPACK's time (bench/RESULTS.md, "Real-size corpus: speed")."""
+
+from __future__ import annotations
+
+import halide as hl
+
+from ..block import BlockKernel
+from ..values import Value
+from .params import CpuParams
+from .tiles import parallel_worthwhile
+from .vectors import loop_vars, vectorize_helper, vectorize_inner
+
+# Bytes of the widest stage one tile of rows holds: with the row statistics, well inside L1.
+ROW_TILE_BYTES = 16 << 10
+
+
+def row_tiled_stages(kernel: BlockKernel, stages: list[Value], lanes: int) -> dict[int, list[Value]] | None:
+    """Output index -> the stages computed per row tile of that output, for a block with no matrix
+    product or convolution whose every stage at the root (`stages`: helpers and Many-to-Many
+    results) lies behind exactly one output, over that output's rows (the same shape but the
+    innermost axis), reached other than through another output's buffer. None where any does not
+    (a reshape between a statistic and the output, a stage two outputs read), or where no output
+    has stages; such blocks keep a stage at a time."""
+    if kernel.accumulators or not stages:
+        return None
+    owner = _stage_ops(kernel)
+    output_ids = {id(t) for t, _ in kernel.outputs}
+    claimed: dict[int, int] = {}  # op index -> output index
+    for index, (tensor, _) in enumerate(kernel.outputs):
+        for k in _ops_behind(kernel, tensor, output_ids):
+            if claimed.setdefault(k, index) != index:
+                return None
+    tiled: dict[int, list[Value]] = {}
+    for v in {id(v.func): v for v in stages}.values():
+        k = owner.get(id(v.func))
+        if k is None or k not in claimed:
+            return None
+        tiled.setdefault(claimed[k], []).append(v)
+    for index, values in tiled.items():
+        shape = tuple(kernel.outputs[index][0].shape)
+        if len(shape) < 2 or shape[-1] < lanes or any(
+                len(v.shape) != len(shape) or tuple(v.shape[:-1]) != shape[:-1] for v in values):
+            return None
+    return tiled
+
+
+def _stage_ops(kernel: BlockKernel) -> dict[int, int]:
+    """id() of each helper's and op result's Func -> the op that defines it."""
+    owner = {}
+    for k, (helpers, values) in enumerate(zip(kernel.op_helpers, kernel.op_values)):
+        for v in (*helpers, *values):
+            owner.setdefault(id(v.func), k)
+    return owner
+
+
+def _ops_behind(kernel: BlockKernel, tensor, output_ids: set[int]) -> set[int]:
+    """The ops `tensor` is computed from, back to the block's inputs or another output (read from
+    that output's buffer, not recomputed)."""
+    producer = {id(t): k for k, op in enumerate(kernel.ops) for t in op.outputs}
+    seen: set[int] = set()
+    pending = [tensor]
+    while pending:
+        k = producer.get(id(pending.pop()))
+        if k is None or k in seen:
+            continue
+        seen.add(k)
+        pending += [t for t in kernel.ops[k].inputs if t is not None and id(t) not in output_ids]
+    return seen
+
+
+def tile_rows(shape, element_bytes: int = 4) -> tuple[int, int]:
+    """(rows of `shape`'s innermost row axis, rows of the next axis) per tile: about ROW_TILE_BYTES
+    of rows, a divisor of the axis where one is at least half that (no tail tile), whole rows of
+    the next axis where the innermost one is smaller (a tile of one short axis is a loop of a few
+    steps, which LLVM unrolled whole, its exponentials spilling)."""
+    extent, outer = int(shape[-2]), int(shape[-3]) if len(shape) > 2 else 1
+    target = max(1, ROW_TILE_BYTES // (element_bytes * int(shape[-1])))
+    if target >= extent:
+        return extent, _divisor_near(outer, target // extent)
+    return _divisor_near(extent, target), 1
+
+
+def _divisor_near(extent: int, target: int) -> int:
+    """The largest divisor of `extent` up to `target` where it is at least half `target`, else
+    `target` (at most `extent`)."""
+    target = min(extent, max(1, target))
+    divisor = max(d for d in range(1, target + 1) if extent % d == 0)
+    return divisor if 2 * divisor >= target else target
+
+
+def schedule_row_tiles(kernel: BlockKernel, tiled: dict[int, list[Value]], params: CpuParams,
+                       vectorized: set[str], partials: set[int]) -> set[int]:
+    """Each output of `tiled` (row_tiled_stages) in tiles of rows, its stages computed per tile
+    (`partials`: id() of the row reductions' partial-result Funcs, vectorize_helper's); the tiles,
+    times the outer axes, one parallel loop. Returns id() of every Func scheduled."""
+    done: set[int] = set()
+    for index, stages in tiled.items():
+        tensor, out = kernel.outputs[index]
+        shape = tuple(tensor.shape)
+        f = out.func
+        vectorize_inner(f, shape, params, vectorized, output=True, joins=out.joins)
+        v = loop_vars(f)
+        rows, outer_rows = tile_rows(shape)
+        task, rest = v[1], v[2:]
+        if rows < shape[-2]:
+            task, inner = hl.Var(v[1].name() + "_tile"), hl.Var(v[1].name() + "_row")
+            f.split(v[1], task, inner, rows, hl.TailStrategy.GuardWithIf)
+        elif outer_rows > 1:
+            task, inner = hl.Var(v[2].name() + "_tile"), hl.Var(v[2].name() + "_row")
+            f.split(v[2], task, inner, outer_rows, hl.TailStrategy.GuardWithIf)
+            rest = v[3:]
+        for axis in rest:
+            fused = hl.Var(task.name() + "_" + axis.name())
+            f.fuse(task, axis, fused)
+            task = fused
+        if parallel_worthwhile(params, shape, light=True):
+            f.parallel(task)
+        for stage in stages:
+            # A constant size: on the stack, not an allocation per tile.
+            stage.func.compute_at(f, task).bound_storage(loop_vars(stage.func)[1], rows)
+            vectorize_helper(stage, params, vectorized, id(stage.func) in partials)
+            done.add(id(stage.func))
+        done.add(id(f))
+    return done
