@@ -443,13 +443,16 @@ def _layer_norm(b, x, shape):
 
 @pytest.mark.parametrize("case, shape, parallel", [
     ("softmax", (1, 4, 128, 128), True), ("softmax", (1, 4, 64, 64), False), ("layer_norm", (1, 4096, 32), True),
-    ("residual_layer_norm", (1, 2048, 64), True), ("layer_norm", (1, 197, 192), False)])
+    ("residual_layer_norm", (1, 2048, 64), True), ("layer_norm", (1, 197, 192), False),
+    ("softmax", (1, 3, 197, 197), True), ("layer_norm", (1, 256, 312), True)])
 def test_a_row_wise_block_runs_every_stage_in_one_loop_over_row_tiles(tmp_path, case, shape, parallel):
     # A block of row statistics and the elementwise work reading them (softmax, LayerNorm, a
     # residual ADD kept as a block output before its LayerNorm) computes each tile of rows whole:
     # every stage inside the one loop over row tiles, shared among threads from 2^16 elements
     # (CpuParams.parallel_light_work). A stage at a time, each was a pass over the tensor and the
-    # row totals ran on one thread: SegFormer's LayerNorms as slow at two threads as at one.
+    # row totals ran on one thread: SegFormer's LayerNorms as slow at two threads as at one. Rows
+    # of a length 16 does not divide (a ViT's 197 tokens, TinyBERT's 312) are folded in 16-lane
+    # partials too, their last elements after: folded one at a time, they were a serial chain.
     from blockcheck import check_model_blocks
     from halide_gen.schedule.cpu import schedule_cpu
 
@@ -855,6 +858,18 @@ def test_a_row_reductions_partial_sums_run_in_one_loop_on_neon(tmp_path):
     art = compile_kernel(sg.operators, sg.outputs, "arm64-linux", cache_dir=tmp_path, emit_asm=True)
     stmt = "".join(p.read_text() for p in art.extra if p.suffix == ".stmt")
     assert sum("for (sum" in line and "_ro$x" in line for line in stmt.splitlines()) == 1
+
+
+@pytest.mark.parametrize("queries", [50, 77, 128, 197, 256, 300, 384, 512, 1024])
+def test_attention_row_tiles_divide_the_queries_where_a_size_near_the_most_does(queries):
+    # A last row tile of fewer rows makes every tile's stages loops of a run-time length: 12 rows ran
+    # 512 queries 1.23x XNNPACK's time, 8 rows 0.82x; 50 and 77 queries in 8-row tiles 1.4-1.6x.
+    from halide_gen.schedule.attention import query_tile_rows
+    from halide_gen.schedule.params import X86
+
+    rows = query_tile_rows(queries, X86.attention_rows)
+    dividing = [r for r in range(X86.attention_rows // 2, X86.attention_rows + 1) if queries % r == 0]
+    assert rows == (max(dividing) if dividing else X86.attention_rows)
 
 
 @pytest.mark.parametrize("params_name", ["X86", "NEON"])

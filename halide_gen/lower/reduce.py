@@ -62,8 +62,9 @@ REDUCERS = {
 
 
 # Innermost-axis reductions of at least two vectors run as PARTIAL-wide partial results first:
-# lane k folds elements k, k+16, k+32, ... (vectorizable), then the 16 lanes fold into one: a row
-# folded one element at a time is a serial chain of adds that no vector shortens.
+# lane k folds elements k, k+16, k+32, ... (vectorizable), then the 16 lanes and the row's last
+# depth % 16 elements fold into one: a row folded one element at a time is a serial chain of adds
+# that no vector shortens (a ViT's softmax over 197 tokens, TinyBERT's LayerNorm over 312).
 PARTIAL = 16
 
 
@@ -73,17 +74,26 @@ def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, ele
     `element(row, k)` gives the k-th value of a row (row: TFLite-order index without the last axis).
     """
     shape = tuple(rows) + (1,)
-    if depth % PARTIAL or depth < 2 * PARTIAL:
+    if depth < 2 * PARTIAL:
         r = ReductionDomain([depth], ctx.func_name(name + "_r"))
         return ctx.define(ctx.func_name(name), shape, lambda *i: reducer(element(list(i[:-1]), r[0])), exact=True)
-    outer = ReductionDomain([depth // PARTIAL], ctx.func_name(name + "_ro"))
-    lanes = ReductionDomain([PARTIAL], ctx.func_name(name + "_rl"))
+    steps, tail = divmod(depth, PARTIAL)
+    outer = ReductionDomain([steps], ctx.func_name(name + "_ro"))
+    lanes = ReductionDomain([PARTIAL + tail], ctx.func_name(name + "_rl"))
     partial = ctx.define(ctx.func_name(name + "_partial"), tuple(rows) + (PARTIAL,),
                          lambda *i: reducer(element(list(i[:-1]), outer[0] * PARTIAL + i[-1])), exact=True)
     ctx.materialize.append(partial)
-    total = ctx.define(ctx.func_name(name), shape, lambda *i: reducer(partial.at(list(i[:-1]) + [lanes[0]])),
-                       exact=True)
-    ctx.row_reductions.append(RowReduction(partial, total, depth // PARTIAL))
+
+    def fold(*i):
+        row, k = list(i[:-1]), lanes[0]
+        if not tail:
+            return reducer(partial.at(row + [k]))
+        # The lanes, then the tail's elements; both sides clamped in range (a select reads both).
+        last = element(row, steps * PARTIAL + hl.max(k - PARTIAL, 0))
+        return reducer(hl.select(k < PARTIAL, partial.at(row + [hl.min(k, PARTIAL - 1)]), last))
+
+    total = ctx.define(ctx.func_name(name), shape, fold, exact=True)
+    ctx.row_reductions.append(RowReduction(partial, total, steps))
     return total
 
 

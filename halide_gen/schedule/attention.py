@@ -45,6 +45,14 @@ def _attention_stages(kernel: BlockKernel, scores: Accumulator, softmax: int) ->
     return [scores.value, *helpers, kernel.op_values[softmax][0]]
 
 
+def query_tile_rows(queries: int, most: int) -> int:
+    """Query rows per tile: the most, down to half of `most`, that divide `queries`, else `most`.
+    A last tile of fewer rows makes every tile's stages loops of a run-time length: 12 rows ran 128
+    and 512 queries 1.23-1.27x XNNPACK's time, 8 rows 1.01 and 0.82; 300 queries the other way round
+    (bench/RESULTS.md, "Attention at the lengths models ship")."""
+    return next((rows for rows in range(most, most // 2 - 1, -1) if queries % rows == 0), most)
+
+
 def schedule_attention(kernel: BlockKernel, core: tuple[Accumulator, Accumulator, list[Value]],
                         params: CpuParams, vectorized: set[str]) -> set[int]:
     """The attention core in one pass over tiles of query rows: the second product (weights x
@@ -56,7 +64,7 @@ def schedule_attention(kernel: BlockKernel, core: tuple[Accumulator, Accumulator
     for acc in (scores, weights):
         materialize_prologue(kernel, acc, params, vectorized)  # transposed queries, keys, values
     home = home_of(kernel, weights)
-    tile_rows = params.attention_rows or params.mm_rows
+    tile_rows = query_tile_rows(weights.value.shape[-2], params.attention_rows or params.mm_rows)
     row_loop, rows = register_tile(home, weights, params, params.mm_channels, tile_rows, None,
                                     unroll_taps=False, round_up_channels=False, rows_outer=True)
     register_tile(scores.value.func, scores, params, params.mm_channels, tile_rows, None,

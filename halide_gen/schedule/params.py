@@ -62,7 +62,7 @@ class CpuParams:
     # own inputs every few reduction steps (tiles.pixels_in_l1_sets).
     l1_ways: int = 0
     l1_way_bytes: int = 4096
-    # Query rows of an attention core's tiles (both products; 0: mm_rows).
+    # Most query rows of an attention core's tiles (both products; 0: mm_rows).
     attention_rows: int = 0
     # Score matrices ([heads, queries, keys] float32) of at most this many bytes are computed whole,
     # a stage at a time, in an attention core's kernel; larger ones a tile of query rows at a time
@@ -73,12 +73,11 @@ class CpuParams:
 # AVX-512 (16 lanes, 32 registers): 32 x 7 conv tiles (7 divides MobileNet's rows) and 32 x 14 on rows
 # that 14 divides, 32 x 12 matrix-product tiles: enough accumulators to hide two FMA pipes' latency.
 # AVX2 and baseline builds split each 16-lane vector into the registers they have. L1: 8 ways of 4 KB.
-# Attention in tiles of 8 query rows at every size: at 12, a core over exactly 512 keys ran at 0.7 of
-# its speed over 480 or 528 (Sapphire Rapids; RESULTS, "Attention at the lengths models ship"), at 8 as
-# fast as at 12 over every other length; a small core a stage at a time, each stage its own parallel
-# loop, was slower at two threads than at one.
+# Attention in tiles of up to 12 query rows, as many as divide the queries (attention.query_tile_rows:
+# 8 for 128 or 512, 12 for 300), at every size: a small core a stage at a time, each stage its own
+# parallel loop, was slower at two threads than at one.
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
-                dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, l1_ways=8, attention_rows=8)
+                dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, l1_ways=8, attention_rows=12)
 
 # NEON (4 lanes, 32 registers): tiles modelled per op (registers=32), 4 reduction steps per input
 # vector load (`fmla` by element) two groups to a loop iteration, 4 SDOT groups per input load.
