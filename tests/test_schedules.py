@@ -493,6 +493,39 @@ def test_a_row_wise_block_runs_every_stage_in_one_loop_over_row_tiles(tmp_path, 
     assert check_model_blocks(model)
 
 
+@pytest.mark.parametrize("kernel_size", [1, 3])
+def test_a_concatenation_a_pointwise_conv_reads_is_computed_per_pixel_tile(tmp_path, kernel_size):
+    # SegFormer's head concatenates four 256-channel maps of 128 x 128 for a 1x1 conv: stored whole
+    # first, 64 MB went to memory and back. A 1x1 stride-1 conv needs a tile's own pixels of it, all
+    # of their channels: computed inside the conv's loop over pixel tiles, which every channel tile
+    # then reads from L1. A 3x3 conv (a U-Net's decoder) reads neighbouring rows: stored whole, as before.
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule.cpu import schedule_cpu
+
+    rng = np.random.default_rng(0)
+    b = tflite_tools.ModelBuilder()
+    x, y = b.input("x", [1, 16, 16, 32]), b.input("y", [1, 16, 16, 32])
+    joined = b.op("CONCATENATION", [x, y], [1, 16, 16, 64], axis=3)
+    w = b.const("w", rng.standard_normal((32, kernel_size, kernel_size, 64)).astype(np.float32))
+    b.output(b.op("CONV_2D", [joined, w, b.const("bias", np.zeros(32, np.float32))], [1, 16, 16, 32],
+                  padding="SAME", stride_h=1, stride_w=1, dilation_h_factor=1, dilation_w_factor=1))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("head", ops, [ops[1].outputs[0]])
+    schedule_cpu(kernel)
+    path = tmp_path / "k.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(path), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    stmt = path.read_text()
+    joined_func = kernel.op_values[0][0].func.name()
+    allocation = re.search(rf"allocate {re.escape(joined_func)}\[float32 \* 64 \* (\d+) ", stmt)
+    if kernel_size == 1:
+        body = stmt[:stmt.index("external_plus_metadata func")]  # the parallel loop's body, printed first
+        assert f"produce {joined_func} " in body and int(allocation.group(1)) < 16, stmt[:3000]
+    else:
+        assert f"produce {joined_func} " not in stmt[:stmt.index("external_plus_metadata func")]
+    assert check_model_blocks(model)
+
+
 def test_a_projection_to_few_channels_is_shared_among_threads_by_rows(tmp_path):
     # A FULLY_CONNECTED to 32 channels over 4096 tokens has one channel tile: shared by channel tiles
     # only, it ran on one thread (SegFormer's projections, as slow at two threads as at one). Its

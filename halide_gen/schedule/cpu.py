@@ -107,19 +107,22 @@ def _schedule_outer_reduction(acc: Accumulator, lanes: int) -> None:
     update.vectorize(inner, lanes).unroll(inner)
 
 
-def _template_reduce(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int]) -> None:
+def _template_reduce(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int],
+                     per_tile: list[Value]) -> None:
     """A sum over outer axes: vectorized along the untouched innermost axis."""
     _schedule_outer_reduction(acc, params.lanes)
 
 
-def _template_conv(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int]) -> None:
-    """A convolution in a register tile of its consumer (the op's output)."""
+def _template_conv(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int],
+                   per_tile: list[Value]) -> None:
+    """A convolution in a register tile of its consumer (the op's output); `per_tile`: register_tile's."""
     home = home_of(kernel, acc)
     tiled.add(id(home))
-    tile_for(acc, home, params, unroll_rows=not exponential_epilogue(kernel, acc))
+    tile_for(acc, home, params, unroll_rows=not exponential_epilogue(kernel, acc), per_tile=per_tile)
 
 
-def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int]) -> None:
+def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int],
+                     per_tile: list[Value]) -> None:
     """A matrix product in a register tile of rows x output channels."""
     home = home_of(kernel, acc)
     tiled.add(id(home))
@@ -169,10 +172,10 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     tiled = set(streamed)
     # A conv chain's or an attention core's accumulators were scheduled with it, above.
     for acc in [] if chain or core else kernel.accumulators:
-        materialize_prologue(kernel, acc, params, vectorized)
+        per_tile = materialize_prologue(kernel, acc, params, vectorized)
         if acc.kind not in TEMPLATES:
             raise ValueError(f"no CPU schedule template for {acc.kind}")
-        TEMPLATES[acc.kind](kernel, acc, params, tiled)
+        TEMPLATES[acc.kind](kernel, acc, params, tiled, per_tile)
     rooted = {id(v.func) for v in kernel.materialize} | {id(a.value.func) for a in kernel.accumulators} | tiled
     for v in _roots(kernel, streamed):
         if id(v.func) not in rooted:

@@ -11,6 +11,7 @@ from fusion.mapping import ELEMENTWISE, MtM, op_mapping
 
 from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
+from ..values import Value
 from .params import INTERLEAVED_CHANNELS, ROW_TASKS, CpuParams
 from .tiles import (depthwise_tile, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape, weights_outgrow_cache,
                     whole_map_channels, whole_map_rows)
@@ -76,7 +77,8 @@ def _align_to_packing(home: hl.Func, acc: Accumulator, c: hl.Var, channels: int,
 def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: int, pixels: int,
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
                    parallel: bool = True, whole_map: bool = False,
-                   rows_outer: bool = False, unroll_rows: bool = True) -> tuple[hl.Var, int] | None:
+                   rows_outer: bool = False, unroll_rows: bool = True,
+                   per_tile: list[Value] = ()) -> tuple[hl.Var, int] | None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
     its reduction loops (in `rdom_order`, innermost first) outside the tile. `whole_map`: the
     template owns the loops (not a conv chain's strips), so a tiny map's rows may be one tile
@@ -84,7 +86,10 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
     `rows_outer` (a matrix product): the channel tiles go inside the row tiles instead, and the
     row-tile loop and the rows of a tile are returned, for stages computed once per row tile
     (schedule_attention). `unroll_rows=False` leaves the tile's rows (pixels) a loop, its vectors
-    of channels unrolled (exponential_epilogue)."""
+    of channels unrolled (exponential_epilogue). `per_tile` (materialize_prologue's): computed per
+    tile of pixels where the channel tiles run inside it, which then all read it from L1 (SegFormer's
+    head concatenates four 256-channel maps of 128 x 128 for a 1x1 conv: 64 MB stored and read back
+    at the root); else shared among threads at the root."""
     lanes = params.lanes
     v = loop_vars(home)
     c = v[0]
@@ -185,6 +190,12 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         inner_tile = co
         if parallel:
             home.parallel(v[2] if len(v) > 2 else xo)
+        for p in per_tile:
+            # A constant size (a row's last tile may be shorter): on the stack, not a heap allocation per tile.
+            p.func.compute_at(home, xo).bound_storage(loop_vars(p.func)[1], pixels)
+        per_tile = ()
+    for p in per_tile:
+        parallel_rows(p, params)
 
     f = acc.acc
     av = loop_vars(f)
@@ -312,9 +323,10 @@ def _few_channels(acc: Accumulator, home: hl.Func, rank: int) -> int:
     return 1 << (channels - 1).bit_length()
 
 
-def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParams, vectorized: set[str]) -> None:
+def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParams, vectorized: set[str]) -> list[Value]:
     """Computes the in-block producers of a reduction's inputs once, at the root (`vectorized`:
-    as vectorize_inner takes it).
+    as vectorize_inner takes it). Returns those a pointwise convolution may compute per pixel tile
+    instead (register_tile's `per_tile`), not yet shared among threads.
 
     Inlined, an elementwise producer (GELU before a fully-connected layer) would be recomputed for
     every output channel, and a TRANSPOSE before a matrix product would turn its dense loads into
@@ -322,8 +334,9 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
     """
     op = kernel.ops[acc.op_index]
     if kernel.op_helpers[acc.op_index]:
-        return  # the op reads its input through a helper it materialises (a zero-padded copy)
+        return []  # the op reads its input through a helper it materialises (a zero-padded copy)
     transposed_block_input(kernel, acc, params)
+    per_tile = []
     for t in op.inputs:
         v = kernel.values.get(id(t)) if t is not None else None
         if v is None or id(v.func) not in kernel.read_in_block or any(v.func is a.value.func for a in kernel.accumulators):
@@ -332,11 +345,27 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
         if producer is None or op_mapping(producer) == MtM:
             continue
         v.func.compute_root()
-        fv = loop_vars(v.func)
         if not tile_transpose(v, params.lanes, vectorized):
             vectorize_inner(v.func, v.shape, params, vectorized, output=True, joins=v.joins)
-        if len(fv) > 1 and parallel_worthwhile(params, v.shape):
-            v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
+        if producer.name == "CONCATENATION" and _pointwise(acc, op, t):
+            per_tile.append(v)
+        else:
+            parallel_rows(v, params)
+    return per_tile
+
+
+def parallel_rows(v: Value, params: CpuParams) -> None:
+    """Splits a materialised producer's outer rows among threads, where it has work enough."""
+    fv = loop_vars(v.func)
+    if len(fv) > 1 and parallel_worthwhile(params, v.shape):
+        v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
+
+
+def _pointwise(acc: Accumulator, op, source) -> bool:
+    """Whether a float convolution reads `source` one pixel per output pixel (1x1, stride 1): a tile of
+    its output pixels then needs exactly those pixels of the source, every input channel."""
+    return (acc.kind == AccumulatorKind.CONV and not acc.dot and not acc.narrow and all(e == 1 for e in acc.extents[:-1])
+            and tuple(source.shape[:-1]) == tuple(acc.value.shape[:-1]))
 
 
 def transposed_block_input(kernel: BlockKernel, acc: Accumulator, params: CpuParams) -> None:
@@ -366,28 +395,28 @@ def transposed_block_input(kernel: BlockKernel, acc: Accumulator, params: CpuPar
 
 
 def _tile_depthwise(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
-                    whole_map: bool = True, unroll_rows: bool = True) -> None:
+                    whole_map: bool = True, unroll_rows: bool = True, per_tile: list[Value] = ()) -> None:
     """Channels x pixels, the taps unrolled (one row at a time, whatever `whole_map` says)."""
     channels, pixels = depthwise_tile(acc, params)
     register_tile(home, acc, params, channels, pixels, None, unroll_taps=True,
-                   round_up_channels=True, parallel=parallel, unroll_rows=unroll_rows)
+                   round_up_channels=True, parallel=parallel, unroll_rows=unroll_rows, per_tile=per_tile)
 
 
 def _tile_conv(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
-               whole_map: bool = True, unroll_rows: bool = True) -> None:
+               whole_map: bool = True, unroll_rows: bool = True, per_tile: list[Value] = ()) -> None:
     """Channels x pixels; RDom (ky, kx, ci) loops ci innermost, then kx, then ky (a filter row's
     taps, (ky, row), for a narrow-input dot-product conv). `whole_map`: a tiny map in one tile
     (not where a conv chain computes the map a row at a time)."""
     innermost_first = list(reversed(range(acc.rdom.dimensions())))
     register_tile(home, acc, params, params.conv_channels, params.conv_pixels, innermost_first,
                    unroll_taps=False, round_up_channels=True, parallel=parallel, whole_map=whole_map,
-                   unroll_rows=unroll_rows)
+                   unroll_rows=unroll_rows, per_tile=per_tile)
 
 
 def tile_for(acc: Accumulator, home: hl.Func, params: CpuParams, parallel: bool = True,
-              whole_map: bool = True, unroll_rows: bool = True) -> None:
-    """A convolution's register tile, by its kind (`unroll_rows`: register_tile)."""
-    CONV_TILES[acc.kind](acc, home, params, parallel, whole_map, unroll_rows)
+              whole_map: bool = True, unroll_rows: bool = True, per_tile: list[Value] = ()) -> None:
+    """A convolution's register tile, by its kind (`unroll_rows`, `per_tile`: register_tile)."""
+    CONV_TILES[acc.kind](acc, home, params, parallel, whole_map, unroll_rows, per_tile)
 
 
 # The register tile of each convolution kind (a conv chain streams only these).
