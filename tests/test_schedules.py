@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-import halide as hl
 import numpy as np
 import pytest
 
@@ -445,7 +444,7 @@ def _layer_norm(b, x, shape):
     ("softmax", (1, 4, 128, 128), True), ("softmax", (1, 4, 64, 64), False), ("layer_norm", (1, 4096, 32), True),
     ("residual_layer_norm", (1, 2048, 64), True), ("layer_norm", (1, 197, 192), False),
     ("softmax", (1, 3, 197, 197), True), ("layer_norm", (1, 256, 312), True)])
-def test_a_row_wise_block_runs_every_stage_in_one_loop_over_row_tiles(tmp_path, case, shape, parallel):
+def test_a_row_wise_block_runs_every_stage_in_one_loop_over_row_tiles(case, shape, parallel):
     # A block of row statistics and the elementwise work reading them (softmax, LayerNorm, a
     # residual ADD kept as a block output before its LayerNorm) computes each tile of rows whole:
     # every stage inside the one loop over row tiles, shared among threads from 2^16 elements
@@ -470,9 +469,7 @@ def test_a_row_wise_block_runs_every_stage_in_one_loop_over_row_tiles(tmp_path, 
     ops = model.main.operators
     kernel = build_block("rows", ops, [t for op in ops for t in op.outputs if t in model.main.outputs])
     schedule_cpu(kernel)
-    path = tmp_path / "k.stmt"
-    kernel.pipeline().compile_to_lowered_stmt(str(path), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
-    stmt = path.read_text()
+    stmt = _lowered_stmt(kernel)
     # The one parallel loop's body is printed first, as a function of its own; with none, the
     # tile loop is the outer loop of the kernel's body.
     loops = re.findall(r"halide_do_par_for\(\(halide_task_t\)::(\w+),", stmt)
@@ -494,7 +491,7 @@ def test_a_row_wise_block_runs_every_stage_in_one_loop_over_row_tiles(tmp_path, 
 
 
 @pytest.mark.parametrize("kernel_size", [1, 3])
-def test_a_concatenation_a_pointwise_conv_reads_is_computed_per_pixel_tile(tmp_path, kernel_size):
+def test_a_concatenation_a_pointwise_conv_reads_is_computed_per_pixel_tile(kernel_size):
     # SegFormer's head concatenates four 256-channel maps of 128 x 128 for a 1x1 conv: stored whole
     # first, 64 MB went to memory and back. A 1x1 stride-1 conv needs a tile's own pixels of it, all
     # of their channels: computed inside the conv's loop over pixel tiles, which every channel tile
@@ -513,9 +510,7 @@ def test_a_concatenation_a_pointwise_conv_reads_is_computed_per_pixel_tile(tmp_p
     ops = model.main.operators
     kernel = build_block("head", ops, [ops[1].outputs[0]])
     schedule_cpu(kernel)
-    path = tmp_path / "k.stmt"
-    kernel.pipeline().compile_to_lowered_stmt(str(path), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
-    stmt = path.read_text()
+    stmt = _lowered_stmt(kernel)
     joined_func = kernel.op_values[0][0].func.name()
     allocation = re.search(rf"allocate {re.escape(joined_func)}\[float32 \* 64 \* (\d+) ", stmt)
     if kernel_size == 1:
@@ -526,7 +521,7 @@ def test_a_concatenation_a_pointwise_conv_reads_is_computed_per_pixel_tile(tmp_p
     assert check_model_blocks(model)
 
 
-def test_a_projection_to_few_channels_is_shared_among_threads_by_rows(tmp_path):
+def test_a_projection_to_few_channels_is_shared_among_threads_by_rows():
     # A FULLY_CONNECTED to 32 channels over 4096 tokens has one channel tile: shared by channel tiles
     # only, it ran on one thread (SegFormer's projections, as slow at two threads as at one). Its
     # row tiles go in groups, each a task: about ROW_TASKS tasks in all.
@@ -544,9 +539,7 @@ def test_a_projection_to_few_channels_is_shared_among_threads_by_rows(tmp_path):
     ops = model.main.operators
     kernel = build_block("projection", ops, [ops[0].outputs[0]])
     schedule_cpu(kernel)
-    path = tmp_path / "k.stmt"
-    kernel.pipeline().compile_to_lowered_stmt(str(path), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
-    tasks = [int(n) for n in re.findall(r"halide_do_par_for\(\(halide_task_t\)::\w+, 0, (\d+),", path.read_text())]
+    tasks = [int(n) for n in re.findall(r"halide_do_par_for\(\(halide_task_t\)::\w+, 0, (\d+),", _lowered_stmt(kernel))]
     assert tasks and min(tasks) >= ROW_TASKS, tasks
     assert check_model_blocks(model)
 
