@@ -10,6 +10,7 @@ from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..values import Value
 from .params import CpuParams
+from .tiles import dividing_size
 from .register_tile import home_of, materialize_prologue, register_tile
 from .vectors import loop_vars, vectorize_helper
 
@@ -50,7 +51,7 @@ def query_tile_rows(queries: int, most: int) -> int:
     A last tile of fewer rows makes every tile's stages loops of a run-time length: 12 rows ran 128
     and 512 queries 1.23-1.27x XNNPACK's time, 8 rows 1.01 and 0.82; 300 queries the other way round
     (bench/RESULTS.md, "Attention at the lengths models ship")."""
-    return next((rows for rows in range(most, most // 2 - 1, -1) if queries % rows == 0), most)
+    return dividing_size(queries, most)
 
 
 def schedule_attention(kernel: BlockKernel, core: tuple[Accumulator, Accumulator, list[Value]],

@@ -15,7 +15,7 @@ from ..values import Value
 from .params import INTERLEAVED_CHANNELS, ROW_TASKS, CpuParams
 from .tiles import (depthwise_tile, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape, weights_outgrow_cache,
                     whole_map_channels, whole_map_rows)
-from .vectors import lanes_of, loop_vars, tile_transpose, vectorize_inner
+from .vectors import fuse_outward, lanes_of, loop_vars, tile_transpose, vectorize_inner
 
 
 def home_of(kernel: BlockKernel, acc: Accumulator) -> hl.Func:
@@ -301,13 +301,7 @@ def _parallel_with_row_groups(home: hl.Func, xo: hl.Var, co: hl.Var, outer: list
     xg, xi = hl.Var(xo.name() + "_g"), hl.Var(xo.name() + "_gi")
     home.split(xo, xg, xi, -(-row_tiles // groups), hl.TailStrategy.GuardWithIf)
     home.reorder(co, xg)  # (xi, co, xg, outer...): tasks ordered by rows, as the row-split stages after it
-    task = hl.Var(co.name() + "_rows")
-    home.fuse(co, xg, task)
-    for axis in outer:
-        fused = hl.Var(task.name() + "_" + axis.name())
-        home.fuse(task, axis, fused)
-        task = fused
-    home.parallel(task)
+    home.parallel(fuse_outward(home, co, [xg, *outer]))
     return xi
 
 
@@ -347,7 +341,7 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
         v.func.compute_root()
         if not tile_transpose(v, params.lanes, vectorized):
             vectorize_inner(v.func, v.shape, params, vectorized, output=True, joins=v.joins)
-        if producer.name == "CONCATENATION" and _pointwise(acc, op, t):
+        if producer.name == "CONCATENATION" and _pointwise(acc, t):
             per_tile.append(v)
         else:
             parallel_rows(v, params)
@@ -361,7 +355,7 @@ def parallel_rows(v: Value, params: CpuParams) -> None:
         v.func.parallel(fv[-1] if v.shape[0] > 1 or len(fv) < 3 else fv[-2])
 
 
-def _pointwise(acc: Accumulator, op, source) -> bool:
+def _pointwise(acc: Accumulator, source) -> bool:
     """Whether a float convolution reads `source` one pixel per output pixel (1x1, stride 1): a tile of
     its output pixels then needs exactly those pixels of the source, every input channel."""
     return (acc.kind == AccumulatorKind.CONV and not acc.dot and not acc.narrow and all(e == 1 for e in acc.extents[:-1])

@@ -14,8 +14,8 @@ import halide as hl
 from ..block import BlockKernel
 from ..values import Value
 from .params import CpuParams
-from .tiles import parallel_worthwhile
-from .vectors import loop_vars, vectorize_helper, vectorize_inner
+from .tiles import dividing_size, parallel_worthwhile
+from .vectors import fuse_outward, loop_vars, vectorize_helper, vectorize_inner
 
 # Bytes of the widest stage one tile of rows holds: with the row statistics, well inside L1.
 ROW_TILE_BYTES = 16 << 10
@@ -32,9 +32,10 @@ def row_tiled_stages(kernel: BlockKernel, stages: list[Value], lanes: int) -> di
         return None
     owner = _stage_ops(kernel)
     output_ids = {id(t) for t, _ in kernel.outputs}
+    producer = {id(t): k for k, op in enumerate(kernel.ops) for t in op.outputs}
     claimed: dict[int, int] = {}  # op index -> output index
     for index, (tensor, _) in enumerate(kernel.outputs):
-        for k in _ops_behind(kernel, tensor, output_ids):
+        for k in _ops_behind(kernel, tensor, producer, output_ids):
             if claimed.setdefault(k, index) != index:
                 return None
     tiled: dict[int, list[Value]] = {}
@@ -60,10 +61,9 @@ def _stage_ops(kernel: BlockKernel) -> dict[int, int]:
     return owner
 
 
-def _ops_behind(kernel: BlockKernel, tensor, output_ids: set[int]) -> set[int]:
-    """The ops `tensor` is computed from, back to the block's inputs or another output (read from
-    that output's buffer, not recomputed)."""
-    producer = {id(t): k for k, op in enumerate(kernel.ops) for t in op.outputs}
+def _ops_behind(kernel: BlockKernel, tensor, producer: dict[int, int], output_ids: set[int]) -> set[int]:
+    """The ops `tensor` is computed from (`producer`: id() of each op output -> the op), back to the
+    block's inputs or another output (read from that output's buffer, not recomputed)."""
     seen: set[int] = set()
     pending = [tensor]
     while pending:
@@ -83,16 +83,8 @@ def tile_rows(shape, element_bytes: int = 4) -> tuple[int, int]:
     extent, outer = int(shape[-2]), int(shape[-3]) if len(shape) > 2 else 1
     target = max(1, ROW_TILE_BYTES // (element_bytes * int(shape[-1])))
     if target >= extent:
-        return extent, _divisor_near(outer, target // extent)
-    return _divisor_near(extent, target), 1
-
-
-def _divisor_near(extent: int, target: int) -> int:
-    """The largest divisor of `extent` up to `target` where it is at least half `target`, else
-    `target` (at most `extent`)."""
-    target = min(extent, max(1, target))
-    divisor = max(d for d in range(1, target + 1) if extent % d == 0)
-    return divisor if 2 * divisor >= target else target
+        return extent, dividing_size(outer, max(1, min(outer, target // extent)))
+    return dividing_size(extent, target), 1
 
 
 def schedule_row_tiles(kernel: BlockKernel, tiled: dict[int, list[Value]], params: CpuParams,
@@ -116,10 +108,7 @@ def schedule_row_tiles(kernel: BlockKernel, tiled: dict[int, list[Value]], param
             task, inner = hl.Var(v[2].name() + "_tile"), hl.Var(v[2].name() + "_row")
             f.split(v[2], task, inner, outer_rows, hl.TailStrategy.GuardWithIf)
             rest = v[3:]
-        for axis in rest:
-            fused = hl.Var(task.name() + "_" + axis.name())
-            f.fuse(task, axis, fused)
-            task = fused
+        task = fuse_outward(f, task, rest)
         if parallel_worthwhile(params, shape, light=True):
             f.parallel(task)
         for stage in stages:

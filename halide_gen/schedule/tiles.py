@@ -144,6 +144,12 @@ def _fixed_tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels
     return channels, pixels
 
 
+def dividing_size(extent: int, most: int) -> int:
+    """The largest size from `most` down to half of it that divides `extent` (no shorter last tile),
+    else `most`."""
+    return next((size for size in range(most, (most - 1) // 2, -1) if extent % size == 0), most)
+
+
 def whole_rows(width: int, pixels: int) -> int:
     """The pixel count near `pixels` (one more, down to three fewer, never under half) whose tiles
     waste the fewest columns of a `width`-pixel row, the nearest on a tie: 7 on MobileNet's 112 / 56

@@ -29,6 +29,16 @@ def row_axis(f: hl.Func, shape) -> hl.Var | None:
     return None
 
 
+def fuse_outward(f: hl.Func, inner: hl.Var, outer: list[hl.Var]) -> hl.Var:
+    """Fuses `inner` with each of `outer` in turn (the loops just outside it, innermost first) into one
+    loop, which it returns: the tasks of a parallel loop over all of them."""
+    for axis in outer:
+        fused = hl.Var(inner.name() + "_" + axis.name())
+        f.fuse(inner, axis, fused)
+        inner = fused
+    return inner
+
+
 def split_rows(f: hl.Func, shape, params: CpuParams, depth: int = 1, light: bool = False) -> None:
     """Runs a stage computed at the root in parallel over its row axis (row_axis), where it has
     work enough (parallel_worthwhile)."""
