@@ -1,7 +1,8 @@
 """The delegate runtime in C++, under a fake TFLite host (delegate/tests/fake_host_test.cc):
 profiler events per block, the partition arena, idempotent prepare, failing kernels, options with
 a NULL reporter, claims against a changed graph, and the memory planner; and the thread pool behind
-the kernels' parallel loops (delegate/tests/thread_pool_test.cc)."""
+the kernels' parallel loops and the heap they allocate from (delegate/tests/thread_pool_test.cc,
+kernel_heap_test.cc)."""
 
 from __future__ import annotations
 
@@ -35,17 +36,21 @@ def test_fake_host(tmp_path):
     assert "unknown option 'colour'" in proc.stderr
 
 
-def test_thread_pool(tmp_path):
-    """delegate/tests/thread_pool_test.cc: the pool behind the kernels' parallel loops, under
-    ThreadSanitizer where the toolchain has it (it reports any data race it sees as a failure)."""
-    sources = [DELEGATE_DIR / "tests" / "thread_pool_test.cc"] + [
-        DELEGATE_DIR / "src" / name for name in ("thread_pool.cc", "denormals.cc", "log.cc")]
+@pytest.mark.parametrize("test, sources", [
+    ("thread_pool_test.cc", ("thread_pool.cc", "denormals.cc", "log.cc")),
+    ("kernel_heap_test.cc", ("kernel_heap.cc",)),
+])
+def test_runtime_parts_under_thread_sanitizer(tmp_path, test, sources):
+    """delegate/tests/thread_pool_test.cc: the pool behind the kernels' parallel loops;
+    kernel_heap_test.cc: the heap their allocations come from. Under ThreadSanitizer where the
+    toolchain has it (it reports any data race it sees as a failure)."""
+    paths = [DELEGATE_DIR / "tests" / test] + [DELEGATE_DIR / "src" / name for name in sources]
     for sanitizer in (["-fsanitize=thread"], []):
-        exe = tmp_path / f"thread_pool{len(sanitizer)}"
-        if _build_host_program(sources, exe, tmp_path, flags=(*sanitizer, "-Wall", "-Werror")).returncode == 0:
+        exe = tmp_path / f"{Path(test).stem}{len(sanitizer)}"
+        if _build_host_program(paths, exe, tmp_path, flags=(*sanitizer, "-Wall", "-Werror")).returncode == 0:
             break
     else:
-        pytest.fail("thread_pool_test.cc did not build")
+        pytest.fail(f"{test} did not build")
     proc = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "TSAN_OPTIONS": "halt_on_error=1"})
     assert proc.returncode == 0, proc.stderr[-3000:]

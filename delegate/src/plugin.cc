@@ -17,6 +17,7 @@
 #include "dnnfusion/tflite_abi.h"
 #include "gpu_caps.h"
 #include "halide_hooks.h"
+#include "kernel_heap.h"
 #include "log.h"
 #include "options.h"
 #include "partition.h"
@@ -159,6 +160,7 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   }
   SetLogLevel(state->options.log_level);
   InstallHalideHooks();
+  InstallKernelHeap();
   InstallCpuFeatureCheck();
   InstallThreadPool();
   AcquireThreadPool();
@@ -221,6 +223,7 @@ __attribute__((visibility("default"))) void tflite_plugin_destroy_delegate(TfLit
   delete static_cast<dnnfusion::DelegateState*>(delegate->data_);
   std::free(delegate);
   dnnfusion::ReleaseThreadPool();
+  dnnfusion::TrimKernelHeap();
 }
 
 }  // extern "C"
