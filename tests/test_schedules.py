@@ -1033,3 +1033,29 @@ def test_transcendentals_are_vector_code_not_c_library_calls(op, options, tmp_pa
         calls = {c for c in calls if not c.startswith("halide_")}
         allowed = _ROUNDING_CALLS if k == len(listings) - 1 else set()  # the last: the x86-64 baseline
         assert calls <= allowed, (listing.name, calls)
+
+
+@pytest.mark.parametrize("depth, channels, rows_outside", [(64, 128, True), (512, 256, False)])
+def test_a_matrix_product_whose_weights_fit_l1_reads_each_input_row_once(depth, channels, rows_outside):
+    # With the channel tiles outside the row tiles, every channel tile passes over all the rows: what
+    # keeps a large weight matrix's slice in cache, but for weights that stay in L1 anyway (SegFormer's
+    # 32 -> 128 projections over 16384 tokens: 16 KB) it read each input row once per channel tile
+    # and wrote the output in strips (1.15x XNNPACK's time). Such products run the channel tiles
+    # inside each task of row tiles (CpuParams.small_weight_bytes).
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule.cpu import schedule_cpu
+
+    rng = np.random.default_rng(0)
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 1024, depth])
+    w = b.const("w", rng.standard_normal((channels, depth)).astype(np.float32))
+    b.output(b.op("FULLY_CONNECTED", [x, w, b.const("bias", np.zeros(channels, np.float32))], [1, 1024, channels],
+                  keep_num_dims=True))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("projection", ops, [ops[0].outputs[0]])
+    schedule_cpu(kernel)
+    tasks = re.findall(r"halide_do_par_for\(\(halide_task_t\)::(\w+), 0, (\d+),", _lowered_stmt(kernel))
+    assert len(tasks) == 1, tasks
+    assert ("_s0_x_x_o" in tasks[0][0]) == rows_outside, tasks
+    assert check_model_blocks(model)

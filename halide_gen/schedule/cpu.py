@@ -25,6 +25,7 @@ that runs past the last channel reads zeros that exist instead of guarding every
 from __future__ import annotations
 
 import halide as hl
+import numpy as np
 
 from fusion.mapping import MtM, op_mapping
 
@@ -126,9 +127,13 @@ def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, t
     """A matrix product in a register tile of rows x output channels."""
     home = home_of(kernel, acc)
     tiled.add(id(home))
-    packed = any(a.pack for a in kernel.arguments if a.tensor in kernel.ops[acc.op_index].inputs)
+    op = kernel.ops[acc.op_index]
+    packed = any(a.pack for a in kernel.arguments if a.tensor in op.inputs)
+    weights = next((a.tensor for a in kernel.arguments if a.pack and a.tensor is op.inputs[1]), None)
+    small = (weights is not None and acc.acc.type().is_float()
+             and 4 * int(np.prod(weights.shape)) <= params.small_weight_bytes)
     register_tile(home, acc, params, params.mm_channels, params.mm_rows, None, unroll_taps=False,
-                   round_up_channels=packed, unroll_rows=not exponential_epilogue(kernel, acc))
+                   round_up_channels=packed, unroll_rows=not exponential_epilogue(kernel, acc), rows_outer=small)
 
 
 # The template that schedules each kind of accumulator (halide_gen.lower.AccumulatorKind).

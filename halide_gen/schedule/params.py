@@ -57,6 +57,11 @@ class CpuParams:
     # Weight bytes of a float convolution above which its output-channel tiles go outside its rows
     # (0: never): about the core's L2. Not set for NEON, whose measure (instructions) cannot see it.
     weight_cache_bytes: int = 0
+    # Weight bytes of a matrix product with constant weights at most which its channel tiles go
+    # inside its row tiles (0: never): its weights stay in L1 anyway, and each input row is then read
+    # once and each output row written whole, instead of once per channel tile (SegFormer's 32 -> 128
+    # projections over 16384 tokens).
+    small_weight_bytes: int = 0
     # Ways of the core's L1 data cache (0: not modelled) and the bytes one way spans: a register
     # tile whose pixels (a matrix product's rows) put more than `l1_ways` lines in one set evicts its
     # own inputs every few reduction steps (tiles.pixels_in_l1_sets).
@@ -77,7 +82,8 @@ class CpuParams:
 # 8 for 128 or 512, 12 for 300), at every size: a small core a stage at a time, each stage its own
 # parallel loop, was slower at two threads than at one.
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
-                dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, l1_ways=8, attention_rows=12)
+                dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, small_weight_bytes=64 << 10,
+                l1_ways=8, attention_rows=12)
 
 # NEON (4 lanes, 32 registers): tiles modelled per op (registers=32), 4 reduction steps per input
 # vector load (`fmla` by element) two groups to a loop iteration, 4 SDOT groups per input load.
