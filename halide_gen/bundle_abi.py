@@ -91,6 +91,9 @@ PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_
     Member("tap_sums", "kTapSums", 8, "int8 depthwise [1, kh, kw, C] -> int32 [C padded]: each channel's sum; "
                                       "refuses -128 (its kernels add two products in int16)"),
     Member("dot4_blocked", "kDot4Blocked", 9, "dot-product weights [O, ..., I] -> [O padded / tile, ..., I / 4, tile, 4]"),
+    Member("o_last_blocked", "kOLastBlocked", 10, "CONV_3D weights [..., O] -> [O padded / tile, ..., tile]"),
+    Member("o_before_last_blocked", "kOBeforeLastBlocked", 11,
+           "CONV_3D_TRANSPOSE weights [..., O, I] -> [O padded / tile, ..., I, tile]"),
 ))
 
 ARG_SOURCE = Enum("ArgSource", "Where a kernel argument's data comes from (ArgSpec::source).", (

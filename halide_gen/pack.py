@@ -62,6 +62,18 @@ def _blocked(a: np.ndarray) -> np.ndarray:
     return np.moveaxis(tiled, 1, -1)
 
 
+def _last_blocked(a: np.ndarray) -> np.ndarray:
+    """[..., O] -> [O_padded / CHANNEL_TILE, ..., CHANNEL_TILE]: `_blocked` of a filter whose output
+    channel is its innermost axis (CONV_3D's [kd, kh, kw, I, O])."""
+    return _blocked(np.moveaxis(a, -1, 0))
+
+
+def _before_last_blocked(a: np.ndarray) -> np.ndarray:
+    """[..., O, I] -> [O_padded / CHANNEL_TILE, ..., I, CHANNEL_TILE]: `_blocked` of a filter whose
+    output channel is its next-to-innermost axis (CONV_3D_TRANSPOSE's [kd, kh, kw, O, I])."""
+    return _blocked(np.moveaxis(a, -2, 0))
+
+
 def _dot4(a: np.ndarray) -> np.ndarray:
     """[O, *mid, I] -> [*mid, I/4, O_padded, 4]: the 4 consecutive input channels one dot-product
     lane sums, innermost (I is a multiple of 4)."""
@@ -117,6 +129,15 @@ PACKERS: dict[str, Packer] = {
     # gathers 128-byte pieces a whole channel count apart.
     "o_blocked": Packer("o_blocked", lambda s: (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:]) + (CHANNEL_TILE,),
                         _blocked),
+    # CONV_3D filters [kd, kh, kw, I, O] -> [O/32, kd, kh, kw, I, 32]: "o_blocked" for a filter whose
+    # output channel is innermost. As stored, a tile's 128-byte pieces lay O * 4 bytes apart, which
+    # map to a few of the L2's sets: a 512-channel layer's tile slice (1.8 MB) never stayed in it.
+    "o_last_blocked": Packer("o_last_blocked", lambda s: (padded(s[-1]) // CHANNEL_TILE,) + tuple(s[:-1])
+                             + (CHANNEL_TILE,), _last_blocked),
+    # CONV_3D_TRANSPOSE filters [kd, kh, kw, O, I] -> [O/32, kd, kh, kw, I, 32]: as stored, a tile's
+    # channels lay I values apart, a gather per vector.
+    "o_before_last_blocked": Packer("o_before_last_blocked", lambda s: (padded(s[-2]) // CHANNEL_TILE,)
+                                    + tuple(s[:-2]) + (s[-1], CHANNEL_TILE), _before_last_blocked),
     # Dot-product weights [O, *mid, I] -> [*mid, I/4, O_padded, 4] (CONV_2D: [kh, kw, I/4, O, 4];
     # FULLY_CONNECTED: [I/4, O, 4]).
     "dot4": Packer("dot4", lambda s: tuple(s[1:-1]) + (s[-1] // DOT_DEPTH, padded(s[0]), DOT_DEPTH), _dot4),

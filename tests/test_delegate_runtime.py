@@ -96,11 +96,12 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     native = ctypes.CDLL(str(lib)).pack_constant
     rng = np.random.default_rng(0)
     ranks = {"pad_channels": None, "o_blocked": None, "dot4": None, "dot4_blocked": None,
-             "channel_sums": None, "dot4_rows": 4, "tap_sums": None}
+             "channel_sums": None, "dot4_rows": 4, "tap_sums": None, "o_last_blocked": None,
+             "o_before_last_blocked": None}
     for name in PACKERS:
         for _ in range(25):
             dot = name in ("dot4", "dot4_blocked")
-            rank = ranks[name] or int(rng.integers(2 if dot else 1, 5))
+            rank = ranks[name] or int(rng.integers(2 if dot or name == "o_before_last_blocked" else 1, 5))
             shape = tuple(int(d) for d in rng.integers(1, 40, rank))
             if dot:
                 shape = shape[:-1] + (4 * -(-shape[-1] // 4),)  # whole groups of 4 input channels

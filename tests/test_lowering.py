@@ -224,8 +224,14 @@ def test_conv3d(shape, cout, k, strides, padding, act, dilations, then):
     ((1, 3, 4, 3, 6), 3, (3, 3, 3), (2, 2, 2), "SAME", "RELU", True),
     ((2, 2, 3, 4, 3), 17, (3, 2, 1), (1, 2, 1), "SAME", "NONE", False),  # batch 2, uneven, no bias
     ((1, 2, 2, 2, 8), 4, (1, 3, 2), (1, 1, 3), "VALID", "RELU6", True),
+    ((1, 2, 3, 3, 4), 40, (2, 2, 2), (2, 2, 2), "SAME", "NONE", True),   # two tiles of output channels
 ])
 def test_conv3d_transpose(shape, cout, k, strides, padding, act, bias):
+    compare(conv3d_transpose_model(shape, cout, k, strides, padding, act, bias))
+
+
+def conv3d_transpose_model(shape, cout, k, strides, padding, act="NONE", bias=True):
+    """A CONV_3D_TRANSPOSE (a 3-D U-Net's upsampling: [kd, kh, kw, Cout, Cin] filter)."""
     b = ModelBuilder()
     n, *spatial, cin = shape
     out = [size * s if padding == "SAME" else size * s + max(kk - s, 0) for size, kk, s in zip(spatial, k, strides)]
@@ -234,7 +240,7 @@ def test_conv3d_transpose(shape, cout, k, strides, padding, act, bias):
         ins.append(b.const("b", w(cout)))
     b.output(b.op("CONV_3D_TRANSPOSE", ins, [n, *out, cout], dtype="float32", padding=padding, stride_d=strides[0],
                   stride_h=strides[1], stride_w=strides[2], fused_activation_function=act))
-    compare(b.build())
+    return b.build()
 
 
 def depthwise_model(shape, k, stride, padding, mult=1, act="NONE"):
@@ -262,13 +268,47 @@ def test_depthwise(shape, k, stride, padding, mult, act):
 @pytest.mark.parametrize("padding, k, stride, in_hw, out_hw", [("VALID", 2, 2, 4, 8), ("SAME", 3, 2, 4, 8),
                                                                 ("VALID", 3, 1, 5, 7)])
 def test_transpose_conv(padding, k, stride, in_hw, out_hw):
+    compare(transpose_conv_model(padding, k, stride, in_hw, out_hw))
+
+
+def transpose_conv_model(padding, k, stride, in_hw, out_hw, cout=3):
+    """A TRANSPOSE_CONV from 5 channels ([Cout, kh, kw, Cin] filter)."""
     b = ModelBuilder()
     x = b.input("x", [1, in_hw, in_hw, 5])
-    y = b.op("TRANSPOSE_CONV", [b.const("shape", i32([1, out_hw, out_hw, 3])), b.const("w", w(3, k, k, 5)), x,
-                                b.const("b", w(3))], [1, out_hw, out_hw, 3], padding=padding, stride_h=stride,
+    y = b.op("TRANSPOSE_CONV", [b.const("shape", i32([1, out_hw, out_hw, cout])), b.const("w", w(cout, k, k, 5)), x,
+                                b.const("b", w(cout))], [1, out_hw, out_hw, cout], padding=padding, stride_h=stride,
              stride_w=stride)
     b.output(y)
-    compare(b.build())
+    return b.build()
+
+
+def test_every_constant_filter_is_read_a_tile_of_output_channels_at_a_time():
+    # A register tile's weights are vectors of CHANNEL_TILE output channels, one per tap and input
+    # channel. Read in TFLite's layout, a filter whose output channel is not its innermost axis makes
+    # each vector a gather (CONV_3D_TRANSPOSE's [kd, kh, kw, O, I]: 3.4x slower), and one whose output
+    # channel is innermost but not outermost spreads a tile's vectors a whole channel count apart
+    # (CONV_3D's [kd, kh, kw, I, O]: C3D's 512-channel layers, whose tile slices then map to a few of
+    # the L2's sets, took 1.2-1.3x the builtin kernel's time). Every constant filter is packed so that
+    # each tile of output channels holds its weights in one run, channels innermost.
+    from halide_gen.block import build_block
+    from halide_gen.pack import CHANNEL_TILE, PACKERS, padded
+
+    b = ModelBuilder()
+    x = b.input("x", [2, 40])
+    b.output(b.op("FULLY_CONNECTED", [x, b.const("w", w(40, 40)), b.const("b", w(40))], [2, 40]))
+    models = {"CONV_2D": conv_model((1, 6, 6, 5), 40, 3, 1, "SAME"),
+              "CONV_3D": conv3d_model((1, 3, 4, 4, 5), 40, (3, 3, 3), (1, 1, 1), "SAME"),
+              "CONV_3D_TRANSPOSE": conv3d_transpose_model((1, 2, 3, 3, 4), 40, (2, 2, 2), (2, 2, 2), "SAME"),
+              "TRANSPOSE_CONV": transpose_conv_model("SAME", 3, 2, 4, 8, cout=40),
+              "FULLY_CONNECTED": b.build()}
+    for name, model in models.items():
+        ops = model.main.operators
+        (op,) = [o for o in ops if o.name == name]
+        kernel = build_block("filter", ops, [ops[-1].outputs[0]])
+        filters = [a for a in kernel.arguments if a.tensor is op.inputs[1]]
+        assert filters and filters[0].pack, f"{name}: its filter is read as TFLite stores it"
+        shape = PACKERS[filters[0].pack].shape(tuple(op.inputs[1].shape))
+        assert shape[0] == padded(40) // CHANNEL_TILE and shape[-1] == CHANNEL_TILE, (name, filters[0].pack, shape)
 
 
 @pytest.mark.parametrize("in_shape, out_shape, keep", [((2, 17), (2, 10), False), ((1, 4, 6), (1, 4, 3), True),

@@ -32,6 +32,25 @@ bool PackDot4(const uint8_t* src, size_t o_count, size_t mid, size_t depth, uint
   return true;
 }
 
+// [pre, O, post] -> [O_padded / tile, pre, post, tile]: each tile of output channels' weights in one
+// run, from a filter whose output channel is not its outermost axis.
+bool PackOBlocked(const uint8_t* src, const int32_t* src_dims, int src_rank, int o_axis, uint8_t* dst,
+                  const int32_t* dst_dims, int dst_rank, size_t bytes) {
+  if (dst_rank != src_rank + 1 || o_axis < 0 || o_axis >= src_rank) return false;
+  const size_t tile = dst_dims[dst_rank - 1], o_count = src_dims[o_axis];
+  const size_t pre = Product(src_dims, o_axis), post = Product(src_dims + o_axis + 1, src_rank - o_axis - 1);
+  if (tile == 0 || static_cast<size_t>(dst_dims[0]) * tile < o_count) return false;
+  for (size_t a = 0; a < pre; ++a) {
+    for (size_t o = 0; o < o_count; ++o) {
+      for (size_t b = 0; b < post; ++b) {
+        const size_t at = (((o / tile) * pre + a) * post + b) * tile + o % tile;
+        std::memcpy(dst + at * bytes, src + ((a * o_count + o) * post + b) * bytes, bytes);
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void UnpackInt4(const uint8_t* packed, size_t count, int8_t* out) {
@@ -67,17 +86,12 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
       for (size_t r = 0; r < rows; ++r) std::memcpy(out + r * cp * bytes, in + r * c * bytes, c * bytes);
       return true;
     }
-    case Pack::kOBlocked: {  // [O, rest...] -> [O_padded / T, rest..., T]
-      if (dst_rank != src_rank + 1 || src_rank == 0) return false;
-      const size_t tile = dst_dims[dst_rank - 1], rest = Product(src_dims + 1, src_rank - 1);
-      if (tile == 0 || static_cast<size_t>(dst_dims[0]) * tile < static_cast<size_t>(src_dims[0])) return false;
-      for (size_t o = 0; o < static_cast<size_t>(src_dims[0]); ++o) {
-        for (size_t r = 0; r < rest; ++r) {
-          std::memcpy(out + (((o / tile) * rest + r) * tile + o % tile) * bytes, in + (o * rest + r) * bytes, bytes);
-        }
-      }
-      return true;
-    }
+    case Pack::kOBlocked:  // [O, rest...] -> [O_padded / T, rest..., T]
+      return PackOBlocked(in, src_dims, src_rank, 0, out, dst_dims, dst_rank, bytes);
+    case Pack::kOLastBlocked:  // [rest..., O] -> [O_padded / T, rest..., T]
+      return PackOBlocked(in, src_dims, src_rank, src_rank - 1, out, dst_dims, dst_rank, bytes);
+    case Pack::kOBeforeLastBlocked:  // [rest..., O, I] -> [O_padded / T, rest..., I, T]
+      return PackOBlocked(in, src_dims, src_rank, src_rank - 2, out, dst_dims, dst_rank, bytes);
     case Pack::kDot4:  // [O, mid..., I] -> [mid..., I/4, O_padded, 4]
       if (src_rank < 2 || dst_rank != src_rank + 1 || src_dims[src_rank - 1] % 4 != 0) return false;
       return PackDot4(in, src_dims[0], Product(src_dims + 1, src_rank - 2), src_dims[src_rank - 1], out, dst_dims,

@@ -232,10 +232,10 @@ def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: 
 def lower_conv3d(ctx: OpContext) -> list[Value]:
     """out[n,z,y,x,o] = act(bias[o] + sum_{kz,ky,kx,i} in[n, z*s-p+kz*d, y*s-p+ky*d, x*s-p+kx*d, i] * w[kz,ky,kx,i,o]).
 
-    TFLite's filter is [kd, kh, kw, Cin, Cout]: a register tile's output channels are contiguous
-    in it as stored, so it is read with only the channels padded (as a register tile rounds them
-    up). The accumulator is CONV_2D's with one more spatial axis and one more tap loop, and takes
-    the same register-tile template."""
+    TFLite's filter is [kd, kh, kw, Cin, Cout]; a constant one is tile-blocked as CONV_2D's
+    ("o_last_blocked": each tile of output channels holds its weights in one run). The accumulator
+    is CONV_2D's with one more spatial axis and one more tap loop, and takes the same register-tile
+    template."""
     arith = float_arithmetic(ctx, 2)
     x = ctx.value(0)
     kd, kh, kw, cin, _ = ctx.op.inputs[1].shape
@@ -245,7 +245,12 @@ def lower_conv3d(ctx: OpContext) -> list[Value]:
     strides = tuple(int(ctx.option(f"stride{a}", 1)) for a in "DHW")
     dilations = tuple(int(ctx.option(f"dilation{a}Factor", 1)) for a in "DHW")
     pads = _padding(ctx, x.shape[1:4], out[1:4], strides, dilations, (kd, kh, kw))
-    w = ctx.packed(1, "pad_channels") or ctx.value(1)
+    blocked = ctx.packed(1, "o_last_blocked")
+    if blocked is not None:
+        def w(kz, ky, kx, i, o):
+            return blocked(o / CHANNEL_TILE, kz, ky, kx, i, _within_tile(o))
+    else:
+        w = ctx.value(1)
     src = _zero_outside(x, ctx.func_name("padded"), arith.fill)
     ctx.materialize.append(src)
     ctx.padded.append((src, x))
@@ -375,7 +380,13 @@ def lower_conv3d_transpose(ctx: OpContext) -> list[Value]:
     strides = tuple(int(ctx.option(f"stride{a}", 1)) for a in "DHW")
     # The padding of the forward conv whose input is this op's output.
     pads = _padding(ctx, out[1:4], sizes, strides, (1, 1, 1), kernel)
-    w = ctx.value(1)  # as stored: a register tile rounds its channels up, so they are clamped
+    blocked = ctx.packed(1, "o_before_last_blocked")
+    if blocked is not None:  # padded with zeros: a register tile's rounded-up channels read them
+        def w(kz, ky, kx, o, i):
+            return blocked(o / CHANNEL_TILE, kz, ky, kx, i, _within_tile(o))
+    else:
+        def w(kz, ky, kx, o, i):  # as stored: a register tile's rounded-up channels are clamped
+            return ctx.value(1)(kz, ky, kx, hl.min(o, cout - 1), i)
     r = ReductionDomain([-(-k // s) for k, s in zip(kernel, strides)] + [cin], ctx.func_name("r"))
 
     def update(n, *at):
@@ -386,7 +397,7 @@ def lower_conv3d_transpose(ctx: OpContext) -> list[Value]:
         for t, k, i, size in zip(taps, kernel, src, sizes):
             valid = valid & (t < k) & (i >= 0) & (i < size)
         term = arith.term(x(n, *(hl.clamp(i, 0, size - 1) for i, size in zip(src, sizes)), r[3]),
-                          w(*(hl.min(t, k - 1) for t, k in zip(taps, kernel)), hl.min(o, cout - 1), r[3]))
+                          w(*(hl.min(t, k - 1) for t, k in zip(taps, kernel)), o, r[3]))
         return hl.select(valid, term, hl.cast(term.type(), 0))
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r)

@@ -36,6 +36,8 @@ enum class Pack : int32_t {
   kDot4Rows = 7,  // CONV_2D [O, kh, kw, I] -> [kh, ceil(kw * I / 4), O padded, 4], zero-padded
   kTapSums = 8,  // int8 depthwise [1, kh, kw, C] -> int32 [C padded]: each channel's sum; refuses -128 (its kernels add two products in int16)
   kDot4Blocked = 9,  // dot-product weights [O, ..., I] -> [O padded / tile, ..., I / 4, tile, 4]
+  kOLastBlocked = 10,  // CONV_3D weights [..., O] -> [O padded / tile, ..., tile]
+  kOBeforeLastBlocked = 11,  // CONV_3D_TRANSPOSE weights [..., O, I] -> [O padded / tile, ..., I, tile]
 };
 
 // Where a kernel argument's data comes from (ArgSpec::source).
