@@ -42,6 +42,9 @@ class LoweringOptions:
     # Device code (GPU), which cannot fail an invoke: indices read from data are checked by the
     # delegate on the host before the kernel runs, and the kernel only clamps them.
     device_code: bool = False
+    # PARTIAL-wide partials a float row reduction may keep apart (lower.reduce.partial_groups): x86
+    # takes 4, each its own chain of adds; NEON's 16 lanes are already 4 registers.
+    row_partials: int = 1
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:

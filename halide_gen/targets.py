@@ -150,14 +150,16 @@ class TargetSpec:
     def lowering_options(self):
         """The forms this target's kernels take (halide_gen.lowering_options.LoweringOptions): ARM's
         float min / max give TFLite's NaN and inf answers by themselves (x86's maxps does not); x86
-        takes its integer forms (VNNI reads unsigned activations; a 64-bit product requantizes);
+        takes its integer forms (VNNI reads unsigned activations; a 64-bit product requantizes) and
+        keeps 4 partials of a float row reduction apart;
         Vulkan targets here ask for no 64-bit integers, which phone GPUs often lack; GPU code
         cannot fail an invoke."""
         from .lowering_options import LoweringOptions
 
         return LoweringOptions(precision=self.precision, native_minmax=self.family == "arm",
                                x86_integer=self.family == "x86", int8_rounding=self.int8_rounding,
-                               wide_integers=self.gpu_api != "vulkan", device_code=self.family == "gpu")
+                               wide_integers=self.gpu_api != "vulkan", device_code=self.family == "gpu",
+                               row_partials=4 if self.family == "x86" else 1)
 
     @property
     def dot_product(self) -> bool:

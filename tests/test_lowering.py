@@ -369,6 +369,27 @@ def test_l2_normalization():
     compare(unary("L2_NORMALIZATION", (2, 3, 17)))
 
 
+@pytest.mark.parametrize("depth", [100, 197, 312, 576])
+@pytest.mark.parametrize("op", ["SOFTMAX", "LOG_SOFTMAX", "MEAN", "SUM", "REDUCE_MAX", "L2_NORMALIZATION"])
+def test_row_reductions_with_partials_kept_apart(op, depth):
+    # x86 keeps up to 4 partials of a float row reduction apart (LoweringOptions.row_partials): each
+    # its own chain of adds, folded into 16 lanes before the lanes fold. The same numbers as LiteRT's
+    # over lengths that take 2 (100), 4 (197, 576) and 1 (312: 4 would leave a 56-element tail).
+    from halide_gen.lower.reduce import partial_groups
+    from halide_gen.lowering_options import LoweringOptions
+
+    assert [partial_groups(d, 4) for d in (100, 197, 312, 576)] == [2, 4, 1, 4]
+    assert partial_groups(576, 1) == 1
+    if op in ("MEAN", "SUM", "REDUCE_MAX"):
+        b = ModelBuilder()
+        x = b.input("x", [3, depth])
+        b.output(b.op(op, [x, b.const("axes", i32([1]))], [3], keep_dims=False))
+        model = b.build()
+    else:
+        model = unary(op, (3, depth), **({"beta": 1.0} if op == "SOFTMAX" else {}))
+    compare(model, options=LoweringOptions(row_partials=4))
+
+
 @pytest.mark.parametrize("op", ["ARG_MAX", "ARG_MIN"])
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_arg_max_min(op, axis):
