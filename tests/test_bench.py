@@ -161,10 +161,21 @@ def test_block_table_times_each_block_through_the_delegate(capsys, model_path):
 
     assert block_table.main(["--delegate", "--runs", "5", str(model_path("fc_softmax"))]) == 0
     out = capsys.readouterr().out
-    assert "| block | ops | delegate ms | XNNPACK ms | delegate GFLOP/s | ratio |" in out
+    assert "| block | ops | delegate ms | XNNPACK ms | ratio | delegate GFLOP/s |" in out
     rows = [line.split("|") for line in out.splitlines() if line.startswith("| block_")]
     assert [row[2].strip() for row in rows] == ["FULLY_CONNECTED", "SOFTMAX"]
-    assert all(float(row[-2]) > 0 for row in rows)
+    assert all(float(row[5]) > 0 for row in rows)
+    # Several thread counts: the columns repeat per count; --unique adds how many blocks each row
+    # stands for, and the total weighs each row by it.
+    model = str(model_path("transformer_encoder"))
+    assert block_table.main([model, "--delegate", "--unique", "--threads", "1", "2", "--seconds", "0.01",
+                             "--runs", "20"]) == 0
+    out = capsys.readouterr().out
+    assert ("| block | ops | count | delegate ms | XNNPACK ms | ratio (1 thread) | delegate GFLOP/s | "
+            "delegate ms | XNNPACK ms | ratio (2 threads) |") in out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| block_")]
+    assert rows and all(float(row[6]) > 0 and float(row[10]) > 0 for row in rows)
+    assert sum(int(row[3]) for row in rows) > len(rows)  # the encoder's layers repeat their blocks
 
 
 def test_random_ids_stay_under_the_smallest_table_they_index(capsys, model_path, tmp_path):
