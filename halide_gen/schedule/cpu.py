@@ -37,7 +37,7 @@ from .conv_chain import conv_chain, schedule_conv_chain
 from .params import ROW_TASKS, X86, CpuParams
 from .register_tile import exponential_epilogue, home_of, materialize_prologue, register_tile, tile_for
 from .row_tiles import row_tiled_stages, schedule_row_tiles
-from .tiles import depthwise_tile, parallel_worthwhile, reads_in_groups
+from .tiles import depthwise_tile, reads_in_groups
 from .vectors import loop_vars, split_rows, tile_transpose, vectorize_helper, vectorize_inner
 
 
@@ -96,9 +96,8 @@ def _schedule_outer_reduction(acc: Accumulator, params: CpuParams) -> None:
     lanes = params.lanes
     channels = acc.value.shape[-1] if acc.value.shape else 1
     rvars = [acc.rdom[k] for k in reversed(range(acc.rdom.dimensions()))]  # innermost reduced axis first
-    work = int(np.prod(acc.extents))
     bands = None
-    if channels >= lanes and parallel_worthwhile(params, acc.value.shape, work):
+    if channels >= lanes and int(np.prod(acc.extents)) * channels >= BANDED_SUM_WORK:
         bands = _parallel_bands(acc)
     if bands is None:
         _vectorize_outer_sum(f, rvars, channels, lanes)
@@ -110,6 +109,12 @@ def _schedule_outer_reduction(acc: Accumulator, params: CpuParams) -> None:
     c = loop_vars(f)[0]
     f.vectorize(c, lanes, hl.TailStrategy.GuardWithIf)
     f.update().vectorize(c, lanes, hl.TailStrategy.GuardWithIf)
+
+
+# Elements summed (map pixels x channels) from which a sum over a map is split into bands: the
+# bands' partials and their final pass cost more than they share on EfficientNet's 7x7 to 28x28
+# pools (63-188 K elements, 1.1-1.5x XNNPACK's time at one thread), and repay it on a 56x56x144 one.
+BANDED_SUM_WORK = 1 << 18
 
 
 def _parallel_bands(acc: Accumulator) -> tuple[hl.Func, hl.Var, int] | None:
