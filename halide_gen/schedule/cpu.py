@@ -13,8 +13,9 @@ a block kernel, and what no template covers.
 * A block of row statistics and the elementwise work reading them (LayerNorm, softmax) computes
   a tile of rows at a time, every stage inside one parallel loop over the tiles (row_tiles.py).
 * Parallelism in coarse tasks over rows, rows times groups of channel tiles, channel tiles times
-  heads, or a matrix product's channel tiles times groups of its rows where its channel tiles are
-  few; none for a stage too small to repay handing tasks to the pool (CpuParams.parallel_work).
+  heads, a matrix product's channel tiles times groups of its rows where its channel tiles are
+  few (its row tiles alone where its weights fit L1), bands of a large map's rows for a sum over
+  it; none for a stage too small to repay handing tasks to the pool (CpuParams.parallel_work).
   The threads are the delegate's pool's (delegate/src/thread_pool.cc), their count set at run time.
 * Everything else is vectorized along TFLite's innermost axis (vectors.py).
 
@@ -89,8 +90,8 @@ def _schedule_outer_reduction(acc: Accumulator, params: CpuParams) -> None:
     """Sums over outer axes (global average pooling): the accumulator at the root, vectorized along
     the kept innermost axis, in chunks of up to 8 vectors that stay in registers while the
     reduction loops run inside the chunk: a load and an add per vector, where with the reduction
-    outermost the accumulator goes through memory. A sum with work enough for threads first sums
-    bands of its outermost reduced axis in parallel (_parallel_bands), then adds up the bands."""
+    outermost the accumulator goes through memory. A sum over a large map (BANDED_SUM_WORK) first
+    sums bands of its outermost reduced axis in parallel (_parallel_bands), then adds up the bands."""
     f = acc.acc
     f.compute_root()
     lanes = params.lanes
