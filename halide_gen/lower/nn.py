@@ -144,11 +144,18 @@ def _weights(ctx: OpContext, index: int, dot: int = 0, blocked_dot: bool = False
         # block.
         w = ctx.packed(index, "dot4")
         return lambda o, *rest: w(*rest[:-1], rest[-1] / dot, o, rest[-1] % dot)
-    blocked = ctx.packed(index, "o_blocked")
+    return _tile_blocked(ctx, index, "o_blocked", lambda w, o, *rest: w(o, *rest))
+
+
+def _tile_blocked(ctx: OpContext, index: int, packer: str, as_stored):
+    """weight(o, *rest) for a filter whose constant form is packed by `packer` into
+    [O_padded / CHANNEL_TILE, *rest, CHANNEL_TILE] (pack.py: "o_blocked", "o_last_blocked",
+    "o_before_last_blocked"); a filter that is not constant is read by as_stored(w, o, *rest)."""
+    blocked = ctx.packed(index, packer)
     if blocked is not None:
         return lambda o, *rest: blocked(o / CHANNEL_TILE, *rest, _within_tile(o))
     w = ctx.value(index)
-    return lambda o, *rest: w(o, *rest)
+    return lambda o, *rest: as_stored(w, o, *rest)
 
 
 @register("CONV_2D")
@@ -245,12 +252,7 @@ def lower_conv3d(ctx: OpContext) -> list[Value]:
     strides = tuple(int(ctx.option(f"stride{a}", 1)) for a in "DHW")
     dilations = tuple(int(ctx.option(f"dilation{a}Factor", 1)) for a in "DHW")
     pads = _padding(ctx, x.shape[1:4], out[1:4], strides, dilations, (kd, kh, kw))
-    blocked = ctx.packed(1, "o_last_blocked")
-    if blocked is not None:
-        def w(kz, ky, kx, i, o):
-            return blocked(o / CHANNEL_TILE, kz, ky, kx, i, _within_tile(o))
-    else:
-        w = ctx.value(1)
+    weight = _tile_blocked(ctx, 1, "o_last_blocked", lambda w, o, *rest: w(*rest, o))
     src = _zero_outside(x, ctx.func_name("padded"), arith.fill)
     ctx.materialize.append(src)
     ctx.padded.append((src, x))
@@ -260,7 +262,7 @@ def lower_conv3d(ctx: OpContext) -> list[Value]:
         *spatial, o = at
         pixel = src(n, *(i * s - p + r[k] * d for k, (i, s, p, d) in enumerate(zip(spatial, strides, pads, dilations))),
                     r[3])
-        return arith.term(pixel, w(r[0], r[1], r[2], r[3], o))
+        return arith.term(pixel, weight(o, r[0], r[1], r[2], r[3]))
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r, source=src.func,
                      source_stride=cin * strides[2] * x.type.bytes())
@@ -380,13 +382,9 @@ def lower_conv3d_transpose(ctx: OpContext) -> list[Value]:
     strides = tuple(int(ctx.option(f"stride{a}", 1)) for a in "DHW")
     # The padding of the forward conv whose input is this op's output.
     pads = _padding(ctx, out[1:4], sizes, strides, (1, 1, 1), kernel)
-    blocked = ctx.packed(1, "o_before_last_blocked")
-    if blocked is not None:  # padded with zeros: a register tile's rounded-up channels read them
-        def w(kz, ky, kx, o, i):
-            return blocked(o / CHANNEL_TILE, kz, ky, kx, i, _within_tile(o))
-    else:
-        def w(kz, ky, kx, o, i):  # as stored: a register tile's rounded-up channels are clamped
-            return ctx.value(1)(kz, ky, kx, hl.min(o, cout - 1), i)
+    # Packed, a register tile's rounded-up channels read the padding's zeros; as stored, they are clamped.
+    weight = _tile_blocked(ctx, 1, "o_before_last_blocked",
+                           lambda w, o, kz, ky, kx, i: w(kz, ky, kx, hl.min(o, cout - 1), i))
     r = ReductionDomain([-(-k // s) for k, s in zip(kernel, strides)] + [cin], ctx.func_name("r"))
 
     def update(n, *at):
@@ -397,7 +395,7 @@ def lower_conv3d_transpose(ctx: OpContext) -> list[Value]:
         for t, k, i, size in zip(taps, kernel, src, sizes):
             valid = valid & (t < k) & (i >= 0) & (i < size)
         term = arith.term(x(n, *(hl.clamp(i, 0, size - 1) for i, size in zip(src, sizes)), r[3]),
-                          w(*(hl.min(t, k - 1) for t, k in zip(taps, kernel)), o, r[3]))
+                          weight(o, *(hl.min(t, k - 1) for t, k in zip(taps, kernel)), r[3]))
         return hl.select(valid, term, hl.cast(term.type(), 0))
 
     acc = accumulate(ctx, out, lambda *i: arith.init(i[-1]), update, AccumulatorKind.CONV, r)
