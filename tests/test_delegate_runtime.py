@@ -38,7 +38,7 @@ def test_fake_host(tmp_path):
 
 @pytest.mark.parametrize("test, sources", [
     ("thread_pool_test.cc", ("thread_pool.cc", "denormals.cc", "log.cc")),
-    ("kernel_heap_test.cc", ("kernel_heap.cc",)),
+    ("kernel_heap_test.cc", ("kernel_heap.cc", "halide_hooks.cc", "log.cc")),
 ])
 def test_runtime_parts_under_thread_sanitizer(tmp_path, test, sources):
     """delegate/tests/thread_pool_test.cc: the pool behind the kernels' parallel loops;

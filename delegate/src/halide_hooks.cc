@@ -3,6 +3,7 @@
 #include <mutex>
 
 #include "HalideRuntime.h"
+#include "kernel_heap.h"
 #include "log.h"
 
 namespace dnnfusion {
@@ -24,6 +25,8 @@ void InstallHalideHooks() {
   std::call_once(once, [] {
     halide_set_error_handler(OnError);
     halide_set_custom_print(OnPrint);
+    halide_set_custom_malloc(KernelHeapMalloc);
+    halide_set_custom_free(KernelHeapFree);
   });
 }
 

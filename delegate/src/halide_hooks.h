@@ -1,5 +1,6 @@
 // Halide runtime hooks: errors are captured (so a failing kernel becomes a kTfLiteError with
-// Halide's message, not a line on stderr) and Halide's prints go through our log.
+// Halide's message, not a line on stderr), Halide's prints go through our log, and what kernels
+// allocate comes from the kernel heap (kernel_heap.h).
 #pragma once
 
 #include <string>

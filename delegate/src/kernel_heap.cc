@@ -2,7 +2,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
 #include "HalideRuntime.h"
@@ -52,10 +51,12 @@ void* Header(void* base, size_t capacity) {
   return static_cast<char*>(base) + kHeader;
 }
 
+}  // namespace
+
 // A small block from malloc; else the smallest cached block that holds `size` bytes without wasting
 // more than half of itself; else a new one, once the cached blocks that would take the thread past
 // its peak are freed.
-void* Malloc(void* user_context, size_t size) {
+void* KernelHeapMalloc(void* user_context, size_t size) {
   if (size < kSmallest) return Header(halide_default_malloc(user_context, size + kHeader), size);
   Cache& cache = t_cache;
   size_t best = cache.blocks.size();
@@ -85,7 +86,7 @@ void* Malloc(void* user_context, size_t size) {
   return ptr;
 }
 
-void Free(void* user_context, void* ptr) {
+void KernelHeapFree(void* user_context, void* ptr) {
   if (ptr == nullptr) return;
   void* base = static_cast<char*>(ptr) - kHeader;
   const size_t capacity = *static_cast<size_t*>(base);
@@ -101,16 +102,6 @@ void Free(void* user_context, void* ptr) {
   }
   cache.blocks.push_back({capacity, base});
   cache.bytes += capacity;
-}
-
-}  // namespace
-
-void InstallKernelHeap() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    halide_set_custom_malloc(Malloc);
-    halide_set_custom_free(Free);
-  });
 }
 
 void TrimKernelHeap() { t_cache.Clear(); }

@@ -9,8 +9,9 @@
 
 namespace dnnfusion {
 
-// Routes the Halide runtime linked into this library to the cache (once).
-void InstallKernelHeap();
+// halide_malloc and halide_free through the cache (InstallHalideHooks routes Halide to them).
+void* KernelHeapMalloc(void* user_context, size_t size);
+void KernelHeapFree(void* user_context, void* ptr);
 
 // Frees the calling thread's cached blocks (the last delegate is gone).
 void TrimKernelHeap();

@@ -160,7 +160,6 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
   }
   SetLogLevel(state->options.log_level);
   InstallHalideHooks();
-  InstallKernelHeap();
   InstallCpuFeatureCheck();
   InstallThreadPool();
   AcquireThreadPool();

@@ -14,6 +14,7 @@
 
 #include "HalideRuntime.h"
 #include "check.h"
+#include "halide_hooks.h"
 #include "kernel_heap.h"
 
 namespace {
@@ -53,7 +54,7 @@ bool Churn(int rounds) {
 int main() {
   using namespace dnnfusion;
   constexpr size_t kMiB = size_t{1} << 20;
-  InstallKernelHeap();
+  InstallHalideHooks();
   CHECK(KernelHeapCachedBytes() == 0);
   void* a = halide_malloc(nullptr, kMiB);
   CHECK(a != nullptr && Aligned(a));
