@@ -369,16 +369,19 @@ def test_l2_normalization():
     compare(unary("L2_NORMALIZATION", (2, 3, 17)))
 
 
-@pytest.mark.parametrize("depth", [100, 197, 312, 576])
+@pytest.mark.parametrize("depth", [100, 197, 312, 576, 1000])
 @pytest.mark.parametrize("op", ["SOFTMAX", "LOG_SOFTMAX", "MEAN", "SUM", "REDUCE_MAX", "L2_NORMALIZATION"])
 def test_row_reductions_with_partials_kept_apart(op, depth):
     # x86 keeps up to 4 partials of a float row reduction apart (LoweringOptions.row_partials): each
-    # its own chain of adds, folded into 16 lanes before the lanes fold. The same numbers as LiteRT's
-    # over lengths that take 2 (100), 4 (197, 576) and 1 (312: 4 would leave a 56-element tail).
+    # its own chain of adds, folded into 16 lanes with the row's whole vectors past the last step
+    # (312 = 4 x 64 + 3 x 16 + 8, 1000 = 15 x 64 + 2 x 16 + 8), then the lanes and the last elements
+    # in pairs. REDUCE_MAX, which skips NaNs, folds one at a time and keeps 312's tail short (one
+    # partial). The same numbers as LiteRT's over every length.
     from halide_gen.lower.reduce import partial_groups
     from halide_gen.lowering_options import LoweringOptions
 
-    assert [partial_groups(d, 4) for d in (100, 197, 312, 576)] == [2, 4, 1, 4]
+    assert [partial_groups(d, 4) for d in (100, 197, 312, 576, 1000)] == [2, 4, 4, 4, 4]
+    assert partial_groups(312, 4, pairwise=False) == 1 and partial_groups(1000, 4, pairwise=False) == 2
     assert partial_groups(576, 1) == 1
     if op in ("MEAN", "SUM", "REDUCE_MAX"):
         b = ModelBuilder()

@@ -68,12 +68,27 @@ REDUCERS = {
 PARTIAL = 16
 
 
-def partial_groups(depth: int, most: int) -> int:
+# Reducers that fold in a tree of pairs: a row's last stages take log2(terms) dependent
+# operations, not one per term (a [128, 576] RMSNorm's rows each waited on 16 dependent adds), and
+# the row's whole vectors past its last step fold as vectors.
+PAIRWISE = {hl.sum: lambda a, b: a + b, hl.maximum: hl.max, hl.minimum: hl.min, hl.product: lambda a, b: a * b}
+
+
+def partial_groups(depth: int, most: int, pairwise: bool = True) -> int:
     """How many PARTIAL-wide partials a float row reduction over `depth` keeps apart (up to `most`,
-    LoweringOptions.row_partials): each is a chain of its own, two vectors long at least, and the
-    row's tail stays under PARTIAL elements (312 = 19 x 16 + 8 keeps one: 4 would leave 56)."""
+    LoweringOptions.row_partials): each is a chain of its own, two vectors long at least. A reducer
+    that does not fold in pairs also keeps the row's tail under PARTIAL elements (it folds them one
+    at a time: 312 = 19 x 16 + 8 keeps one partial, where 4 would leave 56)."""
     return next((g for g in (4, 2) if g <= most and depth // (PARTIAL * g) >= 2
-                 and depth % (PARTIAL * g) == depth % PARTIAL), 1)
+                 and (pairwise or depth % (PARTIAL * g) == depth % PARTIAL)), 1)
+
+
+def pairwise(terms: list[hl.Expr], combine) -> hl.Expr:
+    """`terms` folded by `combine` in pairs, level by level."""
+    while len(terms) > 1:
+        paired = [combine(a, b) for a, b in zip(terms[::2], terms[1::2])]
+        terms = paired + terms[len(paired) * 2:]
+    return terms[0]
 
 
 def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, element, reducer) -> Value:
@@ -82,37 +97,60 @@ def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, ele
     `element(row, k)` gives the k-th value of a row (row: TFLite-order index without the last axis).
     A float row may keep several partials apart (partial_groups), folded into PARTIAL lanes before
     the lanes fold: one vector's chain of adds waits on its own latency, each step (a [128, 576]
-    RMSNorm took 1.4x XNNPACK's time on x86).
+    RMSNorm took 1.4x XNNPACK's time on x86). Sums, maxima, minima and products fold their last
+    stages in pairs (PAIRWISE); other reducers (REDUCE_MAX's NaN-skipping one) one term at a time.
     """
     shape = tuple(rows) + (1,)
+    combine = PAIRWISE.get(reducer)
+    if depth < 2 * PARTIAL and combine is not None:
+        terms = lambda row: [element(row, hl.Expr(k)) for k in range(depth)]  # noqa: E731
+        return ctx.define(ctx.func_name(name), shape, lambda *i: pairwise(terms(list(i[:-1])), combine), exact=True)
     if depth < 2 * PARTIAL:
         r = ReductionDomain([depth], ctx.func_name(name + "_r"))
         return ctx.define(ctx.func_name(name), shape, lambda *i: reducer(element(list(i[:-1]), r[0])), exact=True)
     floats = element([hl.Expr(0)] * len(rows), hl.Expr(0)).type().is_float()
-    groups = partial_groups(depth, ctx.options.row_partials) if floats else 1
+    groups = partial_groups(depth, ctx.options.row_partials, combine is not None) if floats else 1
     width = PARTIAL * groups
-    steps, tail = divmod(depth, width)
+    steps = depth // width
+    vectors, tail = divmod(depth - steps * width, PARTIAL)  # past the last step: whole vectors, then single elements
     outer = ReductionDomain([steps], ctx.func_name(name + "_ro"))
-    lanes = ReductionDomain([PARTIAL + tail], ctx.func_name(name + "_rl"))
     partial = ctx.define(ctx.func_name(name + "_partial"), tuple(rows) + (width,),
                          lambda *i: reducer(element(list(i[:-1]), outer[0] * width + i[-1])), exact=True)
     ctx.materialize.append(partial)
-    if groups > 1:
+    wide = partial
+    if combine is not None and groups + vectors > 1:
+        partials = partial
+
+        def lane(*i):
+            row, k = list(i[:-1]), i[-1]
+            return pairwise([partials.at(row + [g * PARTIAL + k]) for g in range(groups)]
+                            + [element(row, steps * width + v * PARTIAL + k) for v in range(vectors)], combine)
+
+        partial = ctx.define(ctx.func_name(name + "_lanes"), tuple(rows) + (PARTIAL,), lane, exact=True)
+        ctx.materialize.append(partial)
+    elif groups > 1:
         group = ReductionDomain([groups], ctx.func_name(name + "_rg"))
         partial = ctx.define(ctx.func_name(name + "_lanes"), tuple(rows) + (PARTIAL,),
                              lambda *i: reducer(partial.at(list(i[:-1]) + [group[0] * PARTIAL + i[-1]])), exact=True)
         ctx.materialize.append(partial)
+    lanes = ReductionDomain([PARTIAL + tail], ctx.func_name(name + "_rl"))
+    first = steps * width + vectors * PARTIAL  # the row's single elements start here
 
     def fold(*i):
         row, k = list(i[:-1]), lanes[0]
+        if combine is not None:
+            return pairwise([partial.at(row + [j]) for j in range(PARTIAL)]
+                            + [element(row, hl.Expr(first + j)) for j in range(tail)], combine)
         if not tail:
             return reducer(partial.at(row + [k]))
         # The lanes, then the tail's elements; both sides clamped in range (a select reads both).
-        last = element(row, steps * width + hl.max(k - PARTIAL, 0))
+        last = element(row, first + hl.max(k - PARTIAL, 0))
         return reducer(hl.select(k < PARTIAL, partial.at(row + [hl.min(k, PARTIAL - 1)]), last))
 
     total = ctx.define(ctx.func_name(name), shape, fold, exact=True)
-    ctx.row_reductions.append(RowReduction(partial, total, steps * groups))
+    # The wide partials, for the schedules to compute as one vector: one loop keeping `groups`
+    # chains apart, not a loop per group.
+    ctx.row_reductions.append(RowReduction(wide, total, steps))
     return total
 
 
@@ -173,8 +211,10 @@ def lower_softmax(ctx: OpContext) -> list[Value]:
     beta = float(ctx.option("beta", 1.0))
     row_max = _row_max(ctx, x)
     exp = _shifted_exp(beta, ctx.options.native_minmax)
+    # (A strict float multiply by the converter's beta of 1 would stay in every vector.)
+    scaled = (lambda v: v) if beta == 1.0 else (lambda v: v * hl.f32(beta))
     exps = ctx.define(ctx.func_name("exp"), x.shape,
-                      lambda *i: exp((x(*i) - row_max.at(list(i[:-1]) + [hl.Expr(0)])) * hl.f32(beta)))
+                      lambda *i: exp(scaled(x(*i) - row_max.at(list(i[:-1]) + [hl.Expr(0)]))))
     ctx.materialize.append(exps)
     row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1], lambda row, k: exps.at(row + [k]), hl.sum)
     ctx.materialize.append(row_sum)

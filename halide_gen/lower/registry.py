@@ -27,8 +27,9 @@ class LoweringError(NotImplementedError):
 
 
 class RowReduction(NamedTuple):
-    """An innermost-axis reduction in two stages (reduce.row_reduce): 16-lane partials, each the
-    fold of `terms` elements of its row, then the row totals."""
+    """An innermost-axis reduction in stages (reduce.row_reduce): partials 16 lanes wide or a
+    multiple (row_partials), each the fold of `terms` elements of its row, then the row totals
+    (through a 16-lane stage where the partials are wider: never on a GPU, whose partials are 16)."""
 
     partial: Value
     total: Value
