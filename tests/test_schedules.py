@@ -17,6 +17,7 @@ from halide_gen.schedule import TEMPLATE_VARIANTS, is_template
 from halide_gen.schedule.auto import CPU_AUTOSCHEDULERS, schedule_auto
 from tflite_tools import runtime
 from opcheck import FLOAT_RTOL
+from halide_gen.schedule.params import X86 as X86_PARAMS
 
 
 def first_block(model_path, stem):
@@ -910,6 +911,47 @@ def test_a_row_reduction_on_x86_keeps_its_chains_apart_in_one_loop_and_folds_in_
         assert partials, stmt
         assert sum("for (" in line and "_ro$x" in line for line in stmt.splitlines()) == len(partials)
         assert not re.search(r"for \(\S*_r[lg]\$x", stmt)
+
+
+@pytest.mark.parametrize("case", ["squeeze", "gemv"])
+def test_a_register_tile_of_few_accumulators_keeps_interleaved_partial_sums(tmp_path, case):
+    # x86: a tile of fewer accumulator vectors than CpuParams.min_chains (FMA latency x pipes) waits
+    # on each FMA's result: a squeeze-excite conv (96 -> 4 channels on one pixel, then swish) is one
+    # vector, a matrix-vector product 2. Each keeps interleaved partial sums along its reduction
+    # (rfactor), added once at the end; the squeeze's one pixel is one vector of its 4 channels, not
+    # a scalar epilogue per channel. Exact against LiteRT.
+    import halide as hl
+
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule import schedule_cpu
+    from halide_gen.schedule.register_tile import interleaved_chains
+
+    rng = np.random.default_rng(4)
+    b = tflite_tools.ModelBuilder()
+    if case == "squeeze":
+        x = b.input("x", [1, 1, 1, 96])
+        conv = b.op("CONV_2D", [x, b.const("w", (rng.standard_normal([4, 1, 1, 96]) * 0.1).astype(np.float32)),
+                                b.const("b", np.zeros(4, np.float32))], [1, 1, 1, 4], padding="SAME",
+                    stride_w=1, stride_h=1)
+        b.output(b.op("MUL", [conv, b.op("LOGISTIC", [conv], [1, 1, 1, 4])], [1, 1, 1, 4]))
+    else:
+        x = b.input("x", [1, 512])
+        b.output(b.op("FULLY_CONNECTED", [x, b.const("w", (rng.standard_normal([24, 512]) * 0.05).astype(np.float32)),
+                                          None], [1, 24]))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("few", ops, [ops[-1].outputs[0]])
+    (acc,) = kernel.accumulators
+    deepest = acc.extents.index(max(acc.extents))  # the input channels
+    assert interleaved_chains(acc, X86_PARAMS, deepest, 1) == 8
+    assert interleaved_chains(acc, X86_PARAMS, deepest, 8) == 1
+    schedule_cpu(kernel)
+    stmt = tmp_path / "few.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    text = stmt.read_text()
+    assert re.search(r"allocate \w*_intm(?:\$\d+)?\[float32 \* \d+( \* 1)* \* [48]\]", text), text
+    assert not re.search(r"blk_0\[\d\] = ", text) and not re.search(r"few\w*\[\d\] = ", text)
+    assert check_model_blocks(model)
 
 
 @pytest.mark.parametrize("queries", [50, 77, 128, 197, 256, 300, 384, 512, 1024])

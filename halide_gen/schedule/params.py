@@ -67,6 +67,10 @@ class CpuParams:
     # own inputs every few reduction steps (tiles.pixels_in_l1_sets).
     l1_ways: int = 0
     l1_way_bytes: int = 4096
+    # Independent accumulator vectors a float register tile keeps at least (1: no minimum): FMA
+    # latency times the FMA pipes. A tile of fewer (a conv on one pixel into a few channels, a
+    # matrix-vector product) keeps interleaved partial sums (register_tile.interleaved_chains).
+    min_chains: int = 1
     # Most query rows of an attention core's tiles (both products; 0: mm_rows).
     attention_rows: int = 0
     # Score matrices ([heads, queries, keys] float32) of at most this many bytes are computed whole,
@@ -83,7 +87,7 @@ class CpuParams:
 # parallel loop, was slower at two threads than at one.
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
                 dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, small_weight_bytes=64 << 10,
-                l1_ways=8, attention_rows=12)
+                l1_ways=8, attention_rows=12, min_chains=8)
 
 # NEON (4 lanes, 32 registers): tiles modelled per op (registers=32), 4 reduction steps per input
 # vector load (`fmla` by element) two groups to a loop iteration, 4 SDOT groups per input load.

@@ -210,6 +210,22 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
     f.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
     update = f.update()
     tile_loops = [hl.VarOrRVar(av[0]), hl.VarOrRVar(av[1])]
+    chains = interleaved_chains(acc, params, innermost, -(-channels // acc_lanes) * pixels)
+    if chains > 1 and steps == 1 and not (rows or unroll_taps):
+        # Too few accumulators to cover the FMA latency (a squeeze-excite conv on one pixel, a
+        # matrix-vector product): `chains` interleaved partial sums per accumulator, added at the end.
+        outer, chain_step = hl.RVar(order[0].name() + "_k"), hl.RVar(order[0].name() + "_chain")
+        update.split(order[0], outer, chain_step, chains)
+        chain = hl.Var(f.name() + "_chain")
+        partials = update.rfactor([(chain_step, chain)])
+        total = f.update().vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1])
+        total.unroll(hl.RVar(chain_step.name()))  # the partials' sum, over the chains
+        partials.compute_at(home, inner_tile).bound_storage(av[0], channels).bound_storage(av[1], pixels)
+        partials.vectorize(av[0], acc_lanes, channel_tail).unroll(av[0]).unroll(av[1]).unroll(chain)
+        update = partials.update()
+        update.unroll(chain)
+        tile_loops.append(hl.VarOrRVar(chain))
+        order = [outer, *order[1:]]
     if rows:
         f.bound_storage(av[2], rows).unroll(av[2])
         tile_loops.append(hl.VarOrRVar(av[2]))
@@ -249,6 +265,24 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         for r in order:
             update.unroll(r)
     return (row_loop, pixels) if row_loop is not None else None
+
+
+# Fewest steps of the reduction each interleaved partial sum takes (below that, adding the
+# partials costs about what they save).
+MIN_CHAIN_STEPS = 8
+
+
+def interleaved_chains(acc: Accumulator, params: CpuParams, innermost: int, accumulators: int) -> int:
+    """How many interleaved partial sums each of a float register tile's `accumulators` vectors
+    keeps (1: none): enough for params.min_chains independent chains in all, each at least
+    MIN_CHAIN_STEPS steps of the innermost reduction axis, whose extent they divide."""
+    if acc.dot or acc.narrow or not acc.acc.type().is_float() or accumulators >= params.min_chains:
+        return 1
+    extent = acc.extents[innermost]
+    chains = 1 << (params.min_chains // accumulators).bit_length() - 1
+    while chains > 1 and (extent % chains or extent // chains < MIN_CHAIN_STEPS):
+        chains //= 2
+    return chains
 
 
 def _unroll_float_groups(update: hl.Stage, acc: Accumulator, params: CpuParams, outer: hl.RVar,
@@ -308,9 +342,13 @@ def _parallel_with_row_groups(home: hl.Func, xo: hl.Var, co: hl.Var, outer: list
 def _few_channels(acc: Accumulator, home: hl.Func, rank: int) -> int:
     """The channel count of a float convolution whose output has so few (<= INTERLEAVED_CHANNELS,
     rounded up to a power of two) that its register tile runs over vectors of pixels instead, when
-    an elementwise epilogue is computed in the tile (its home is not the op's own result); else 0."""
+    an elementwise epilogue is computed in the tile (its home is not the op's own result) and a row
+    holds more pixels than that (a squeeze-excite conv's one pixel is one vector of its channels,
+    not a scalar epilogue per channel); else 0."""
     channels = acc.value.shape[-1]
     if acc.kind != AccumulatorKind.CONV or acc.dot or acc.narrow or rank < 3 or channels > INTERLEAVED_CHANNELS:
+        return 0
+    if acc.value.shape[-2] <= 1 << (channels - 1).bit_length():
         return 0
     if home is acc.value.func:
         return 0
