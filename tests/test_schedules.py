@@ -1002,6 +1002,39 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_past_its_fami
     assert check_model_blocks(model, params=params) == {"attention core": 1}  # the roofline plan fuses it whole
 
 
+def test_query_rows_no_tile_divides_are_tiles_of_one_size_the_last_shifted_back(tmp_path):
+    # Grouped-query attention with each key/value head's query heads on its rows (2 x 23 = 46 rows
+    # per key/value head here, 788 for 4 x 197): no tile of 6-12 rows divides them. A shorter last
+    # tile of each head made the tile's stages loops of a run-time length (or a second copy of every
+    # loop) and ran GQA at 197 tokens 1.08-1.40x XNNPACK's time; the last tile now shifts back over
+    # rows its neighbour computes, so every tile's loops run 12 rows. Exact against LiteRT.
+    import dataclasses
+
+    import halide as hl
+
+    from blockcheck import check_model_blocks
+    from graphgen import attention_ops
+    from halide_gen.schedule import schedule_cpu
+    from halide_gen.schedule.params import X86
+
+    params = dataclasses.replace(X86, attention_whole_bytes=0)
+    tokens, group = 23, 2
+    b = tflite_tools.ModelBuilder()
+    q = b.input("q", [1, 2, group * tokens, 8])
+    k, v = (b.input(n, [1, 2, tokens, 8]) for n in "kv")
+    mask = np.tile(np.triu(np.full((tokens, tokens), -1e9, np.float32), 1), (group, 1))[None, None]
+    b.output(attention_ops(b, q, k, v, mask))
+    model = b.build()
+    ops = model.main.operators
+    kernel = build_block("gqa", ops, [ops[-1].outputs[0]])
+    schedule_cpu(kernel, params)
+    stmt = tmp_path / "gqa.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    rows = re.findall(r"for \(\w*softmax\w*\.s0\.x\.rebased, 0, (\S+)\)", stmt.read_text())
+    assert rows and set(rows) == {str(X86.attention_rows)}, rows
+    assert check_model_blocks(model, params=params) == {"attention core": 1}
+
+
 @pytest.mark.parametrize("params_name", ["X86", "NEON"])
 @pytest.mark.parametrize("core", [True, False])
 def test_keys_read_transposed_from_the_block_input_are_stored_transposed_once(tmp_path, core, params_name):

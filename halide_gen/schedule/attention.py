@@ -48,9 +48,11 @@ def _attention_stages(kernel: BlockKernel, scores: Accumulator, softmax: int) ->
 
 def query_tile_rows(queries: int, most: int) -> int:
     """Query rows per tile: the most, down to half of `most`, that divide `queries`, else `most`.
-    A last tile of fewer rows makes every tile's stages loops of a run-time length: 12 rows ran 128
+    A last tile of fewer rows made every tile's stages loops of a run-time length: 12 rows ran 128
     and 512 queries 1.23-1.27x XNNPACK's time, 8 rows 1.01 and 0.82; 300 queries the other way round
-    (bench/RESULTS.md, "Attention at the lengths models ship")."""
+    (bench/RESULTS.md, "Attention at the lengths models ship"). Where none divides, the last tile
+    shifts back over rows its neighbour computes (register_tile's shift_last_rows): a few rows computed
+    twice, every tile the same size."""
     return dividing_size(queries, most)
 
 
@@ -67,7 +69,8 @@ def schedule_attention(kernel: BlockKernel, core: tuple[Accumulator, Accumulator
     home = home_of(kernel, weights)
     tile_rows = query_tile_rows(weights.value.shape[-2], params.attention_rows or params.mm_rows)
     row_loop, rows = register_tile(home, weights, params, params.mm_channels, tile_rows, None,
-                                    unroll_taps=False, round_up_channels=False, rows_outer=True)
+                                    unroll_taps=False, round_up_channels=False, rows_outer=True,
+                                    shift_last_rows=True)
     register_tile(scores.value.func, scores, params, params.mm_channels, tile_rows, None,
                    unroll_taps=False, round_up_channels=False, parallel=False)
     terms = {id(r.partial.func) for r in kernel.row_reductions}

@@ -78,7 +78,7 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
                    parallel: bool = True, whole_map: bool = False,
                    rows_outer: bool = False, unroll_rows: bool = True,
-                   per_tile: list[Value] = ()) -> tuple[hl.Var, int] | None:
+                   per_tile: list[Value] = (), shift_last_rows: bool = False) -> tuple[hl.Var, int] | None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
     its reduction loops (in `rdom_order`, innermost first) outside the tile. `whole_map`: the
     template owns the loops (not a conv chain's strips), so a tiny map's rows may be one tile
@@ -89,7 +89,9 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
     of channels unrolled (exponential_epilogue). `per_tile` (materialize_prologue's): computed per
     tile of pixels where the channel tiles run inside it, which then all read it from L1 (SegFormer's
     head concatenates four 256-channel maps of 128 x 128 for a 1x1 conv: 64 MB stored and read back
-    at the root); else shared among threads at the root."""
+    at the root); else shared among threads at the root. `shift_last_rows`: where the tile's rows
+    do not divide the rows, the last tile shifts back over rows its neighbour computes (computed
+    twice), for stages computed per row tile, whose loops then run a constant length."""
     lanes = params.lanes
     v = loop_vars(home)
     c = v[0]
@@ -125,7 +127,14 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         channels, pixels = few, min(lanes, acc.value.shape[-2])  # a vector of pixels, or the whole row
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
-    home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
+    if shift_last_rows and acc.value.shape[-2] % pixels and acc.value.shape[-2] > pixels:
+        # The last row tile shifted back over rows its neighbour computes: every tile is `pixels`
+        # rows, so what the row-tile loop computes (an attention core's scores and softmax) runs
+        # loops of a constant length (grouped-query attention's 394 or 788 query rows).
+        home.split(c, co, ci, channels, guard).split(x, xo, xi, pixels, hl.TailStrategy.ShiftInwards)
+        home.reorder(ci, xi, co, xo)
+    else:
+        home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
     if few:
         # Vectors of pixels, the few channels unrolled: the tile's epilogue (a sigmoid) runs on
         # whole vectors, not on 2 of 16 lanes.
