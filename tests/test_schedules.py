@@ -35,6 +35,21 @@ def only_block_kernel(model):
     return ops, build_block(block.name, ops, block.outputs)
 
 
+def scheduled_stmt(tmp_path, model, params=None) -> str:
+    """The lowered statement of `model`'s ops as one block (its last op's output), under the CPU
+    templates with `params` (default: x86's)."""
+    import halide as hl
+
+    from halide_gen.schedule import schedule_cpu
+
+    ops = model.main.operators
+    kernel = build_block("blk", ops, [ops[-1].outputs[0]])
+    schedule_cpu(kernel, *([params] if params is not None else []))
+    stmt = tmp_path / "blk.stmt"
+    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
+    return stmt.read_text()
+
+
 @pytest.mark.parametrize("autoscheduler", CPU_AUTOSCHEDULERS)
 @pytest.mark.parametrize("stem", ["swish_chain", "conv_relu6"])
 def test_autoscheduled_kernels_match_litert(model_path, stem, autoscheduler):
@@ -977,11 +992,8 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_past_its_fami
     # against LiteRT's reference kernels either way.
     import dataclasses
 
-    import halide as hl
-
     from blockcheck import check_model_blocks
     from graphgen import attention_ops
-    from halide_gen.schedule import schedule_cpu
     from halide_gen.schedule import params as cpu_params
 
     params = dataclasses.replace(getattr(cpu_params, params_name), attention_whole_bytes=0 if tiled else 1 << 20)
@@ -990,12 +1002,8 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_past_its_fami
     q, k, v = (b.input(n, [1, 2, rows, 8]) for n in "qkv")
     b.output(attention_ops(b, q, k, v, np.triu(np.full((rows, rows), -1e9, np.float32), 1)[None, None]))
     model = b.build()
-    ops = model.main.operators
-    kernel = build_block("attn", ops, [ops[-1].outputs[0]])
-    schedule_cpu(kernel, params)
-    stmt = tmp_path / "attn.stmt"
-    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
-    scores = set(re.findall(r"allocate \w*op0_batch_matmul(?:\$\d+)?\[float32 \* (\d+) \* (\d+)", stmt.read_text()))
+    scores = set(re.findall(r"allocate \w*op0_batch_matmul(?:\$\d+)?\[float32 \* (\d+) \* (\d+)",
+                            scheduled_stmt(tmp_path, model, params)))
     # (Its rows: the second product's register tile, params.attention_rows on x86, modelled on NEON.)
     assert len(scores) == 1 and all(int(keys) == rows and (int(r) < rows if tiled else int(r) == rows)
                                     for keys, r in scores), scores
@@ -1010,11 +1018,8 @@ def test_query_rows_no_tile_divides_are_tiles_of_one_size_the_last_shifted_back(
     # rows its neighbour computes, so every tile's loops run 12 rows. Exact against LiteRT.
     import dataclasses
 
-    import halide as hl
-
     from blockcheck import check_model_blocks
     from graphgen import attention_ops
-    from halide_gen.schedule import schedule_cpu
     from halide_gen.schedule.params import X86
 
     params = dataclasses.replace(X86, attention_whole_bytes=0)
@@ -1025,12 +1030,7 @@ def test_query_rows_no_tile_divides_are_tiles_of_one_size_the_last_shifted_back(
     mask = np.tile(np.triu(np.full((tokens, tokens), -1e9, np.float32), 1), (group, 1))[None, None]
     b.output(attention_ops(b, q, k, v, mask))
     model = b.build()
-    ops = model.main.operators
-    kernel = build_block("gqa", ops, [ops[-1].outputs[0]])
-    schedule_cpu(kernel, params)
-    stmt = tmp_path / "gqa.stmt"
-    kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)
-    rows = re.findall(r"for \(\w*softmax\w*\.s0\.x\.rebased, 0, (\S+)\)", stmt.read_text())
+    rows = re.findall(r"for \([\w$]*softmax[\w$]*\.s0\.x\.rebased, 0, (\S+)\)", scheduled_stmt(tmp_path, model, params))
     assert rows and set(rows) == {str(X86.attention_rows)}, rows
     assert check_model_blocks(model, params=params) == {"attention core": 1}
 
