@@ -119,11 +119,9 @@ def row_reduce(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, ele
     ctx.materialize.append(partial)
     wide = partial
     if combine is not None and groups + vectors > 1:
-        partials = partial
-
         def lane(*i):
             row, k = list(i[:-1]), i[-1]
-            return pairwise([partials.at(row + [g * PARTIAL + k]) for g in range(groups)]
+            return pairwise([wide.at(row + [g * PARTIAL + k]) for g in range(groups)]
                             + [element(row, steps * width + v * PARTIAL + k) for v in range(vectors)], combine)
 
         partial = ctx.define(ctx.func_name(name + "_lanes"), tuple(rows) + (PARTIAL,), lane, exact=True)

@@ -288,7 +288,7 @@ def interleaved_chains(acc: Accumulator, params: CpuParams, innermost: int, accu
     if acc.dot or acc.narrow or not acc.acc.type().is_float() or accumulators >= params.min_chains:
         return 1
     extent = acc.extents[innermost]
-    chains = 1 << (params.min_chains // accumulators).bit_length() - 1
+    chains = 1 << ((params.min_chains // accumulators).bit_length() - 1)  # a power of two, at most the need
     while chains > 1 and (extent % chains or extent // chains < MIN_CHAIN_STEPS):
         chains //= 2
     return chains
@@ -357,11 +357,10 @@ def _few_channels(acc: Accumulator, home: hl.Func, rank: int) -> int:
     channels = acc.value.shape[-1]
     if acc.kind != AccumulatorKind.CONV or acc.dot or acc.narrow or rank < 3 or channels > INTERLEAVED_CHANNELS:
         return 0
-    if acc.value.shape[-2] <= 1 << (channels - 1).bit_length():
+    rounded = 1 << (channels - 1).bit_length()
+    if acc.value.shape[-2] <= rounded or home is acc.value.func:
         return 0
-    if home is acc.value.func:
-        return 0
-    return 1 << (channels - 1).bit_length()
+    return rounded
 
 
 def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParams, vectorized: set[str]) -> list[Value]:
