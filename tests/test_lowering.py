@@ -412,6 +412,38 @@ def test_reshape_squeeze_expand_dims():
     compare(b.build())
 
 
+RESHAPES = [((1, 4, 3, 10), (1, 12, 10)), ((1, 12, 10), (1, 4, 3, 10)), ((2, 6, 5), (2, 3, 10)),
+            ((1, 6, 1, 4), (24,)), ((24,), (1, 2, 1, 12)), ((2, 6), (3, 4)), ((1, 5, 1), (1, 1, 5, 1, 1))]
+
+
+@pytest.mark.parametrize("in_shape, out_shape", RESHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_reshape_runs_of_axes(in_shape, out_shape):
+    # Axes merged, split, kept and shuffled across runs, with ones anywhere: a reshape indexes each
+    # run of axes holding the same elements on its own (movement.axis_groups).
+    b = ModelBuilder()
+    x = b.input("x", list(in_shape))
+    r = b.op("RESHAPE", [x, b.const("s", i32(out_shape))], list(out_shape), new_shape=list(out_shape))
+    b.output(b.op("MUL", [r, r], list(out_shape)))
+    compare(b.build())
+
+
+def test_a_reshape_of_outer_axes_keeps_the_rows_vectors_dense(tmp_path):
+    # SegFormer's LayerNorm reads [1, 16, 16, 160] as [1, 256, 160]: the offset of the whole index
+    # made each of its row vectors a gather with a division per lane (2x XNNPACK's time).
+    import re
+
+    from halide_gen.targets import target_spec
+    from test_schedules import scheduled_stmt
+
+    b = ModelBuilder()
+    x = b.input("x", [1, 16, 16, 160])
+    rows = b.op("RESHAPE", [x, b.const("s", i32([1, 256, 160]))], [1, 256, 160], new_shape=[1, 256, 160])
+    mean = b.op("MEAN", [rows, b.const("axis", i32([2]))], [1, 256, 1], keep_dims=True)
+    b.output(b.op("SUB", [rows, mean], [1, 256, 160]))
+    stmt = scheduled_stmt(tmp_path, b.build(), options=target_spec("host").lowering_options())
+    assert not re.search(r"[/%] *x\d+\(", stmt), "a vector index divides"
+    assert "ramp(" in stmt
+
 @pytest.mark.parametrize("perm", [(0, 2, 1, 3), (3, 1, 0, 2), (0, 1, 2, 3)])
 def test_transpose(perm):
     shape = (2, 3, 4, 5)

@@ -35,15 +35,15 @@ def only_block_kernel(model):
     return ops, build_block(block.name, ops, block.outputs)
 
 
-def scheduled_stmt(tmp_path, model, params=None) -> str:
+def scheduled_stmt(tmp_path, model, params=None, options=None) -> str:
     """The lowered statement of `model`'s ops as one block (its last op's output), under the CPU
-    templates with `params` (default: x86's)."""
+    templates with `params` (default: x86's) and the lowering's `options` (default: its defaults)."""
     import halide as hl
 
     from halide_gen.schedule import schedule_cpu
 
     ops = model.main.operators
-    kernel = build_block("blk", ops, [ops[-1].outputs[0]])
+    kernel = build_block("blk", ops, [ops[-1].outputs[0]], *([options] if options is not None else []))
     schedule_cpu(kernel, *([params] if params is not None else []))
     stmt = tmp_path / "blk.stmt"
     kernel.pipeline().compile_to_lowered_stmt(str(stmt), [a.param for a in kernel.arguments], hl.StmtOutputFormat.Text)

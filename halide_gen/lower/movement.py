@@ -20,13 +20,49 @@ from .elementwise import activation, round_half_away
 from .registry import LoweringError, OpContext, register
 
 
+def axis_groups(a, b) -> list[tuple[slice, slice]] | None:
+    """The runs of axes of shapes `a` and `b` (same element count) that a reshape maps onto each
+    other, in order: each pair of runs holds the same number of elements, as few axes as can be
+    (trailing ones join the last run). None where an axis is empty or either shape a scalar."""
+    if not a or not b or 0 in a or 0 in b:
+        return None
+    groups, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start = (i, j)
+        pa, pb = a[i], b[j]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb:
+                pa, i = pa * a[i], i + 1
+            else:
+                pb, j = pb * b[j], j + 1
+        groups.append((slice(start[0], i), slice(start[1], j)))
+    last_a, last_b = groups[-1]
+    groups[-1] = (slice(last_a.start, len(a)), slice(last_b.start, len(b)))
+    return groups
+
+
 @register("RESHAPE", "SQUEEZE", "EXPAND_DIMS", shape_inputs=(1,))
 def lower_reshape(ctx: OpContext) -> list[Value]:
-    """Same elements, new shape: out[i] = in[unflatten(flatten(i))]."""
+    """Same elements, new shape: out[i] = in[unflatten(flatten(i))], run by run of axes that hold
+    the same elements (axis_groups), so an axis both shapes keep is indexed as it is: a reshape of
+    [1, 16, 16, 160] to [1, 256, 160] keeps its rows' 160 elements a dense vector, where the
+    row-major offset of the whole index made every vector a gather."""
     x, out = ctx.value(0), ctx.out_shape()
     if tuple(x.shape) == out:
         return [ctx.define(ctx.func_name(), out, lambda *i: x(*i))]
-    return [ctx.define(ctx.func_name(), out, lambda *i: x.at(unflatten(x.shape, flat_index(out, i))))]
+    groups = axis_groups(tuple(x.shape), out)
+    if groups is None:
+        return [ctx.define(ctx.func_name(), out, lambda *i: x.at(unflatten(x.shape, flat_index(out, i))))]
+
+    def body(*i):
+        index: list[hl.Expr] = []
+        for src, dst in groups:
+            flat = flat_index(out[dst], i[dst])
+            index += [flat] if src.stop - src.start == 1 else unflatten(x.shape[src], flat)
+        return x.at(index)
+
+    return [ctx.define(ctx.func_name(), out, body)]
 
 
 @register("TRANSPOSE", compile_time=(1,))
