@@ -91,7 +91,7 @@ def test_hybrid_fully_connected_flattens_rows_and_fuses_its_activation(asymmetri
 
 
 def _conv_model(op: str, in_shape, out_channels: int, kernel: int, *, per_channel: bool, stride: int = 1,
-                padding: str = "SAME", activation: str = "NONE"):
+                padding: str = "SAME", activation: str = "NONE", dilation: int = 1):
     rng = np.random.default_rng(out_channels + kernel)
     b = ModelBuilder()
     x = b.input("x", list(in_shape))
@@ -104,10 +104,12 @@ def _conv_model(op: str, in_shape, out_channels: int, kernel: int, *, per_channe
     scales = rng.uniform(0.002, 0.02, out_channels) if per_channel else [0.01]
     weights = b.const("w", values, "int8", quant=quantization(scales, 0, axis=axis))
     bias = b.const("bias", rng.standard_normal(out_channels).astype(np.float32))
-    size = (-(-h // stride), -(-w_ // stride)) if padding == "SAME" else ((h - kernel) // stride + 1,
-                                                                         (w_ - kernel) // stride + 1)
+    span = dilation * (kernel - 1) + 1
+    size = (-(-h // stride), -(-w_ // stride)) if padding == "SAME" else ((h - span) // stride + 1,
+                                                                         (w_ - span) // stride + 1)
     b.output(b.op(op, [x, weights, bias], [n, *size, out_channels], dtype="float32", padding=padding,
-                  strideH=stride, strideW=stride, fusedActivationFunction=activation, **options))
+                  strideH=stride, strideW=stride, dilationHFactor=dilation, dilationWFactor=dilation,
+                  fusedActivationFunction=activation, **options))
     return b.build()
 
 
@@ -120,19 +122,52 @@ def _images(shape):
     return make
 
 
+@pytest.mark.parametrize("x86", FORMS)
 @pytest.mark.parametrize("per_channel", [True, False])
 @pytest.mark.parametrize("stride, padding", [(1, "SAME"), (2, "SAME"), (1, "VALID")])
-def test_hybrid_conv2d(per_channel, stride, padding):
-    model = _conv_model("CONV_2D", (2, 9, 7, 5), 12, 3, per_channel=per_channel, stride=stride, padding=padding,
+@pytest.mark.parametrize("channels", [8, 5])
+def test_hybrid_conv2d(x86, per_channel, stride, padding, channels):
+    # In dot products: 8 input channels in groups of 4, 5 along the filter rows; the padding reads
+    # as each image's zero point (the second image's sits at -128).
+    shape = (2, 9, 7, channels)
+    model = _conv_model("CONV_2D", shape, 12, 3, per_channel=per_channel, stride=stride, padding=padding,
                         activation="RELU")
-    opcheck.compare(model, _images((2, 9, 7, 5)), seeds=(0, 1))
+    opcheck.compare(model, _images(shape), seeds=(0, 1), options=LoweringOptions(x86_integer=x86))
 
 
+@pytest.mark.parametrize("target, instruction", [("host", "vpdpbusd"), ("arm64-linux", "sdot\t")])
+def test_hybrid_conv2d_sums_in_the_int8_paths_dot_products(target, instruction, tmp_path):
+    # Int16 sums took twice the multiplies XNNPACK's dynamic quantization does; an RGB stem (3
+    # input channels) sums along its filter rows.
+    from halide_gen.aot import compile_kernel
+
+    for channels in (8, 3):
+        sg = _conv_model("CONV_2D", (1, 8, 8, channels), 16, 3, per_channel=True).main
+        art = compile_kernel(sg.operators, sg.outputs, target, cache_dir=tmp_path, emit_asm=True)
+        asm = sorted(p for p in art.extra if p.suffix == ".s")[0]  # the host's first: AVX-512 with VNNI
+        assert instruction in asm.read_text(), (target, channels)
+
+
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_a_hybrid_conv2d_no_dot_product_takes_sums_in_int16(per_channel):
+    # Dilated along its rows over 5 input channels: neither dot-product form fits.
+    model = _conv_model("CONV_2D", (2, 9, 9, 5), 12, 3, per_channel=per_channel, dilation=2)
+    opcheck.compare(model, _images((2, 9, 9, 5)), seeds=(0, 1))
+
+
+@pytest.mark.parametrize("x86", FORMS)
 @pytest.mark.parametrize("multiplier", [1, 2])
-def test_hybrid_depthwise(multiplier):
-    # TFLite's hybrid depthwise takes per-channel weights only (its Prepare refuses one scale).
-    model = _conv_model("DEPTHWISE_CONV_2D", (2, 8, 6, 6), 6 * multiplier, 3, per_channel=True, stride=1)
-    opcheck.compare(model, _images((2, 8, 6, 6)), seeds=(0, 1))
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("lowest_weight", [-127, -128])
+def test_hybrid_depthwise(x86, multiplier, stride, lowest_weight):
+    # TFLite's hybrid depthwise takes per-channel weights only (its Prepare refuses one scale). Its
+    # taps sum in pairs of int8 products in int16, with each image's zero point outside the map;
+    # a weight of -128 could overflow that, so such weights take int16 terms instead.
+    model = _conv_model("DEPTHWISE_CONV_2D", (2, 8, 6, 6), 6 * multiplier, 3, per_channel=True, stride=stride)
+    weights = model.main.operators[0].inputs[1]
+    weights.data = weights.data.copy()
+    weights.data.flat[0] = lowest_weight
+    opcheck.compare(model, _images((2, 8, 6, 6)), seeds=(0, 1), options=LoweringOptions(x86_integer=x86))
 
 
 def test_int4_weights_quantized_per_block_are_left_to_tflite_with_the_reason(tmp_path, private_cache):

@@ -36,6 +36,7 @@ from halide_gen.targets import target_spec
 from tflite_tools.fuse import fuse
 from tflite_tools.model.builder import ModelBuilder, quantization
 from tflite_tools.model.fingerprint import block_identity, subgraph_fingerprint
+from tflite_tools.model.hybrid import is_hybrid
 from tflite_tools.run import run
 from twins import REDUCERS, twin_constants, with_twins
 
@@ -106,6 +107,16 @@ def _int16_ops(b: ModelBuilder) -> list:
     return [b.op("MEAN", [x, _i32(b, "axes", [1])], [1, 6, 8], quant=quantization(2e-4, 0))]
 
 
+@_case("hybrid")
+def _hybrid_ops(b: ModelBuilder) -> list:
+    x = b.input("x", [1, 8, 8, 16])
+    rng = np.random.default_rng(8)
+    w = b.const("w", rng.integers(-127, 128, (1, 3, 3, 16)).astype(np.int8),
+                quant=quantization(rng.uniform(0.002, 0.01, 16).astype(np.float32), 0, 3))
+    return [b.op("DEPTHWISE_CONV_2D", [x, w, b.const("bias", rng.standard_normal(16).astype(np.float32))],
+                 [1, 8, 8, 16], dtype="float32", padding="SAME", stride_h=1, stride_w=1, depth_multiplier=1)]
+
+
 def pair_model(kind: str):
     """The base ops of `kind`, each reading a graph input, then a twin of each (tests/twins.py)."""
     b = ModelBuilder()
@@ -122,7 +133,7 @@ def _pairs(model):
 
 def _kind(op) -> str:
     types = {t.type_name for t in (*op.inputs, *op.outputs) if t is not None and not t.is_constant}
-    kind = "int16" if "INT16" in types else "int8" if "INT8" in types else "float"
+    kind = "int16" if "INT16" in types else "int8" if "INT8" in types else "hybrid" if is_hybrid(op) else "float"
     return kind if (kind, op.name) in COMPILE_TIME_INPUTS else "float"
 
 

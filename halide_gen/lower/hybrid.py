@@ -12,11 +12,12 @@ BATCH_MATMUL: each row of its left operand) or per image (the convolutions: a ba
   [-128, 127], formed in double as TFLite forms them (AsymmetricQuantizeFloats), which keeps them
   off the GPU targets.
 
-The int8 products are summed in int32 — FULLY_CONNECTED with the int8 path's dot-product loops
-(VNNI on x86, SDOT on ARM), the zero point's share (zero point x the weights' row sum) taken off
-after; BATCH_MATMUL and the convolutions centred on the zero point (a convolution's padding then
-adds nothing) — and each sum is rescaled to float as bias + sum * (row step * weight scale), then
-activated. The quantization is TFLite's to the bit; how far two implementations that round it
+The int8 products are summed in int32 — FULLY_CONNECTED and CONV_2D with the int8 path's
+dot-product loops (VNNI on x86, SDOT on ARM) and DEPTHWISE_CONV_2D with its paired int16 taps, the
+zero point's share (zero point x the weights' sum) taken off after, a convolution's padding read
+as its image's zero point; BATCH_MATMUL, and convolutions neither form fits, centred on the zero
+point in int16 (a convolution's padding then adds nothing) — and each sum is rescaled to float as
+bias + sum * (row step * weight scale), then activated. The quantization is TFLite's to the bit; how far two implementations that round it
 differently may drift is the dynamic-range rule of `run --compare` (tflite_tools/model/hybrid.py).
 """
 
@@ -30,8 +31,9 @@ import numpy as np
 from ..pack import DOT_DEPTH
 from ..values import Value, flat_index, unflatten
 from .elementwise import activation, round_half_away
-from .nn import Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected
+from .nn import Arithmetic, batch_matmul, channel_bias, conv2d, conv2d_sums_in_dots, depthwise, fully_connected
 from .fixed_point import INT8_MAX, INT8_MIN, int8_weight_scales
+from .quantized import paired_taps_hold
 from .reduce import row_reduce
 from .registry import LoweringError, OpContext, register
 
@@ -177,22 +179,62 @@ def lower_fully_connected_hybrid(ctx: OpContext) -> list[Value]:
     return fully_connected(ctx, arith)
 
 
-def _image_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
-    """A hybrid convolution's arithmetic: the input quantized per image (a batch element), as TFLite's
-    EvalHybridPerChannel (asymmetric) or EvalHybrid (per-tensor weights: symmetric) quantizes it,
-    summed centred on its zero point (padding adds nothing), rescaled per image and channel."""
-    w_scale = _weights_scale(ctx, 1)
+def _image_quantization(ctx: OpContext, per_channel_form: bool) -> tuple[Value, RowQuantization]:
+    """A hybrid convolution's input quantized per image (a batch element), as TFLite's
+    EvalHybridPerChannel (asymmetric) or EvalHybrid (per-tensor weights: symmetric) quantizes it."""
     x = ctx.value(0)
     image = tuple(x.shape[1:])
-    depth = int(np.prod(image))
     form = asymmetric if per_channel_form else symmetric
-    q = form(ctx, x.shape[:1], depth, lambda row, k: x.at(row + unflatten(image, k)))
+    return x, form(ctx, x.shape[:1], int(np.prod(image)), lambda row, k: x.at(row + unflatten(image, k)))
+
+
+def _image_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
+    """A hybrid convolution's arithmetic without dot products: each quantized value centred on its
+    image's zero point in int16 (padding adds nothing), rescaled per image and channel."""
+    w_scale = _weights_scale(ctx, 1)
+    x, q = _image_quantization(ctx, per_channel_form)
     centred = ctx.define(ctx.func_name("centred"), x.shape,
                          lambda *i: hl.cast(hl.Int(16), quantized(q, x(*i), [i[0]]) - q.zero_point([i[0]])))
     return Arithmetic(source=lambda _: centred,
                       term=lambda v, w: hl.widening_mul(v, hl.cast(hl.Int(16), w)),
                       init=lambda oc: hl.i32(0), finish=_rescaled(ctx, q.step, w_scale, lambda i: [i[0]]),
                       copy_source=True)
+
+
+def _image_dot_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
+    """A hybrid CONV_2D's arithmetic in the int8 path's dot products (VNNI, SDOT): the quantized
+    values as stored (x86: plus 128, as uint8), each image's zero point outside the map, so that
+    sum((q - zero point) * w) = sum(q * w) - zero point x the channel's weight sum, taken off in
+    the rescale."""
+    w_scale = _weights_scale(ctx, 1)
+    x, q = _image_quantization(ctx, per_channel_form)
+    unsigned = ctx.options.x86_integer
+    shift = 128 if unsigned else 0  # VNNI multiplies unsigned activations: q + 128 as uint8
+    read_as = hl.UInt(8) if unsigned else hl.Int(8)
+    source = ctx.define(ctx.func_name("quantized"), x.shape,
+                        lambda *i: hl.cast(read_as, quantized(q, x(*i), [i[0]]) + shift))
+    sums = ctx.packed(1, "channel_sums")
+    return Arithmetic(source=lambda _: source, term=lambda v, w: hl.cast(hl.Int(32), hl.widening_mul(v, w)),
+                      init=lambda oc: -hl.i32(shift) * sums(oc),
+                      finish=_rescaled(ctx, q.step, w_scale, lambda i: [i[0]],
+                                       lambda row, oc: q.zero_point(row) * sums(oc)),
+                      dot=DOT_DEPTH, fill=lambda n: q.zero_point([n]) + shift, copy_source=True)
+
+
+def _image_paired_arithmetic(ctx: OpContext) -> Arithmetic:
+    """A hybrid DEPTHWISE_CONV_2D's arithmetic as the int8 path's: the quantized values as stored,
+    two taps' int8 products added in int16 before widening (exact: no weight is -128), each image's
+    zero point outside the map and its share (zero point x the channel's tap sum) taken off in the
+    rescale."""
+    w_scale = _weights_scale(ctx, 1)
+    x, q = _image_quantization(ctx, True)
+    source = ctx.define(ctx.func_name("quantized"), x.shape,
+                        lambda *i: hl.cast(hl.Int(8), quantized(q, x(*i), [i[0]])))
+    sums = ctx.packed(1, "tap_sums")
+    return Arithmetic(source=lambda _: source, term=hl.widening_mul, init=lambda oc: hl.i32(0),
+                      finish=_rescaled(ctx, q.step, w_scale, lambda i: [i[0]],
+                                       lambda row, oc: q.zero_point(row) * sums(oc)),
+                      fill=lambda n: q.zero_point([n]), paired_taps=True)
 
 
 def _per_channel(ctx: OpContext) -> bool:
@@ -203,14 +245,18 @@ def _per_channel(ctx: OpContext) -> bool:
 @register("CONV_2D", hybrid=True)
 def lower_conv2d_hybrid(ctx: OpContext) -> list[Value]:
     """CONV_2D of a float input and int8 constant weights: the module docstring."""
+    if conv2d_sums_in_dots(ctx):
+        return conv2d(ctx, _image_dot_arithmetic(ctx, _per_channel(ctx)))
     return conv2d(ctx, _image_arithmetic(ctx, _per_channel(ctx)))
 
 
-@register("DEPTHWISE_CONV_2D", hybrid=True)
+@register("DEPTHWISE_CONV_2D", hybrid=True, compile_time=(1,))
 def lower_depthwise_hybrid(ctx: OpContext) -> list[Value]:
     """DEPTHWISE_CONV_2D of a float input and int8 constant weights: the module docstring."""
     if not _per_channel(ctx):
         raise LoweringError("dynamic-range DEPTHWISE_CONV_2D with one weight scale (TFLite takes one per channel)")
+    if ctx.options.wide_integers and paired_taps_hold(ctx, 1):
+        return depthwise(ctx, _image_paired_arithmetic(ctx))
     return depthwise(ctx, _image_arithmetic(ctx, True))
 
 

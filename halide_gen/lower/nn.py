@@ -47,9 +47,10 @@ class Arithmetic:
     finish: Callable[[hl.Expr, tuple], hl.Expr]
     # Nonzero: the sum is taken over groups of this many consecutive input channels, one
     # dot-product lane each (int8 on ARM's sdot: quantized.py); the weights come packed for it
-    # ("dot4") and the source, read as stored, is `fill` outside the map.
+    # ("dot4") and the source, read as stored, is `fill` outside the map: a constant, or a function of
+    # the batch index where the source is quantized per image at run time (lower/hybrid.py).
     dot: int = 0
-    fill: int = 0
+    fill: int | Callable[[hl.Expr], hl.Expr] = 0
     # True: `term` gives a narrow product (int8 x int8 -> int16) and a depthwise sum adds two taps'
     # products in that type before widening them into the accumulator (quantized.py).
     paired_taps: bool = False
@@ -64,7 +65,7 @@ def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
     return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, i: activation(acc, act, native))
 
 
-def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
+def _zero_outside(x: Value, name: str, fill: int | Callable[[hl.Expr], hl.Expr] = 0) -> Value:
     """`x` read with zeros (or `fill`) outside its spatial extent (the conv's implicit padding):
     every axis between the batch and the channels (H and W; D, H and W for a 3-D conv).
 
@@ -73,12 +74,12 @@ def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
     keep the test and interior ones that read `x` directly: no zero-padded copy, no test inside.
     """
     spatial = x.shape[1:-1]
-    zero = hl.cast(x.read_type, fill)
     # The channel clamp lets a schedule round channel loops up past the last channel; where `x`
     # can be read past it (Value.readable_channels), only as far as that, which no tile reaches:
     # Halide then drops the clamp, which would otherwise make every tap's vector load a gather.
     channels = max(x.shape[-1], x.readable_channels)
     b, ch = hl.Var("n"), hl.Var("c")
+    zero = _fill_value(x, fill, b)
     at = [hl.Var(v) for v in ("z", "y", "x")[-len(spatial):]]
     inside = (at[0] >= 0) & (at[0] < spatial[0])
     for v, extent in zip(at[1:], spatial[1:]):
@@ -87,6 +88,11 @@ def _zero_outside(x: Value, name: str, fill: int = 0) -> Value:
     f = hl.Func(name)
     f[[ch, *reversed(at), b]] = hl.select(hl.likely(inside), value, zero)
     return Value(f, tuple(x.shape), f.type(), x.readable_channels, x.joins)
+
+
+def _fill_value(x: Value, fill, batch: hl.Expr) -> hl.Expr:
+    """What a padded read of `x` gives outside the map in batch element `batch` (Arithmetic.fill)."""
+    return hl.cast(x.read_type, fill(batch) if callable(fill) else fill)
 
 
 def _conv_geometry(ctx: OpContext, x: Value, kh: int, kw: int):
@@ -195,10 +201,12 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     return [ctx.define(ctx.func_name(), out, lambda *i: arith.finish(read(acc, i), i))]
 
 
-def narrow_input_dot(cin: int, groups: int, dilation_w: int) -> bool:
-    """Whether a CONV_2D whose input channels do not come in groups of DOT_DEPTH can sum in
-    dot-product groups along its filter rows instead (_conv2d_rows)."""
-    return groups == 1 and dilation_w == 1
+def conv2d_sums_in_dots(ctx: OpContext) -> bool:
+    """Whether an integer CONV_2D sums in dot-product groups: of DOT_DEPTH input channels, or, where
+    its input channels do not come in such groups, along its filter rows (_conv2d_rows)."""
+    cin = ctx.op.inputs[1].shape[3]
+    groups = ctx.op.inputs[0].shape[3] // cin
+    return cin % DOT_DEPTH == 0 or (groups == 1 and int(ctx.option("dilationWFactor", 1)) == 1)
 
 
 def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: int, pads) -> list[Value]:
@@ -214,9 +222,9 @@ def _conv2d_rows(ctx: OpContext, arith: Arithmetic, x: Value, out, strides, dh: 
     (sh, sw), (ph, pw) = strides, pads
     weight = ctx.packed(1, "dot4_rows")
     groups = -(-kw * cin // arith.dot)
-    fill = hl.cast(x.read_type, arith.fill)
     rows = hl.Func(ctx.func_name("rows"))
     b, y, k = hl.Var("n"), hl.Var("y"), hl.Var("k")
+    fill = _fill_value(x, arith.fill, b)
     inside = (y >= 0) & (y < h) & (k >= 0) & (k < w * cin)
     column = hl.clamp(k, 0, w * cin - 1)
     rows[k, y, b] = hl.select(inside, x(b, hl.clamp(y, 0, h - 1), column / cin, column % cin), fill)

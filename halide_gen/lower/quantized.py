@@ -58,7 +58,7 @@ from .fixed_point import (INT8_MAX, INT8_MIN, activation_range, float_requantize
                           quantize_multiplier, requantization_multipliers, requantize, rounded_twice_in_64_bits,
                           rounding_divide_by_pot, scale_zp, to_int8, wide_terms, xnnpack_float_scales)
 from .movement import resize_inputs
-from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, depthwise, fully_connected, narrow_input_dot,
+from .nn import (Arithmetic, batch_matmul, channel_bias, conv2d, conv2d_sums_in_dots, depthwise, fully_connected,
                  pool_window, transpose_conv, transpose_conv_geometry)
 from .reduce import reduction_axes, reduction_domain, row_reduce
 from .registry import LoweringError, OpContext, register
@@ -172,10 +172,7 @@ def _int8_arithmetic(ctx: OpContext, per_tensor_float_product: bool, dot: bool =
 @register("CONV_2D", quantized=True)
 def lower_conv2d_int8(ctx: OpContext) -> list[Value]:
     """CONV_2D on int8 (per-channel weights), as TFLite's ConvPerChannel."""
-    cin = ctx.op.inputs[1].shape[3]
-    dot = cin % DOT_DEPTH == 0 or narrow_input_dot(cin, ctx.op.inputs[0].shape[3] // cin,
-                                                    int(ctx.option("dilationWFactor", 1)))
-    return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, dot=dot))
+    return conv2d(ctx, _int8_arithmetic(ctx, per_tensor_float_product=False, dot=conv2d_sums_in_dots(ctx)))
 
 
 def paired_taps_hold(ctx: OpContext, i: int) -> bool:
