@@ -537,26 +537,29 @@ def test_a_concatenation_a_pointwise_conv_reads_is_computed_per_pixel_tile(kerne
     assert check_model_blocks(model)
 
 
-def test_a_projection_to_few_channels_is_shared_among_threads_by_rows():
+@pytest.mark.parametrize("rows, depth, channels, expected", [(4096, 64, 32, 342), (128, 64, 312, 20)])
+def test_a_projection_to_few_channels_is_shared_among_threads_by_rows(rows, depth, channels, expected):
     # A FULLY_CONNECTED to 32 channels over 4096 tokens has one channel tile: shared by channel tiles
-    # only, it ran on one thread (SegFormer's projections, as slow at two threads as at one). Its
-    # row tiles go in groups, each a task: about ROW_TASKS tasks in all.
+    # only, it ran on one thread (SegFormer's projections, as slow at two threads as at one); to 312
+    # channels over 128 tokens it has 10, and two threads taking 5 each waited on the last whole one
+    # (TinyBERT's FCs). Its row tiles go in groups, each a task: MATMUL_TASKS tasks at least (20
+    # here: 10 channel tiles, 2 groups of row tiles), each group two row tiles at least. Weights
+    # that fit L1 run every row tile as a task of its own.
     from blockcheck import check_model_blocks
     from halide_gen.schedule.cpu import schedule_cpu
-    from halide_gen.schedule.params import ROW_TASKS
 
     rng = np.random.default_rng(0)
     b = tflite_tools.ModelBuilder()
-    x = b.input("x", [1, 4096, 64])
-    w = b.const("w", rng.standard_normal((32, 64)).astype(np.float32))
-    b.output(b.op("FULLY_CONNECTED", [x, w, b.const("bias", np.zeros(32, np.float32))], [1, 4096, 32],
+    x = b.input("x", [1, rows, depth])
+    w = b.const("w", rng.standard_normal((channels, depth)).astype(np.float32))
+    b.output(b.op("FULLY_CONNECTED", [x, w, b.const("bias", np.zeros(channels, np.float32))], [1, rows, channels],
                   keep_num_dims=True))
     model = b.build()
     ops = model.main.operators
     kernel = build_block("projection", ops, [ops[0].outputs[0]])
     schedule_cpu(kernel)
     tasks = [int(n) for n in re.findall(r"halide_do_par_for\(\(halide_task_t\)::\w+, 0, (\d+),", _lowered_stmt(kernel))]
-    assert tasks and min(tasks) >= ROW_TASKS, tasks
+    assert tasks == [expected], tasks
     assert check_model_blocks(model)
 
 

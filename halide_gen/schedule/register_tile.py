@@ -12,7 +12,7 @@ from fusion.mapping import ELEMENTWISE, MtM, op_mapping
 from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..values import Value
-from .params import INTERLEAVED_CHANNELS, ROW_TASKS, CpuParams
+from .params import INTERLEAVED_CHANNELS, MATMUL_TASKS, ROW_TASKS, CpuParams
 from .tiles import (depthwise_tile, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape, weights_outgrow_cache,
                     whole_map_channels, whole_map_rows)
 from .vectors import fuse_outward, lanes_of, loop_vars, tile_transpose, vectorize_inner
@@ -327,13 +327,12 @@ def _parallel_with_channel_groups(home: hl.Func, co: hl.Var, outer: hl.Var, tile
 
 def _row_groups(rows: int, pixels: int, tasks: int) -> int:
     """Groups of row tiles a matrix product's threads need beside its `tasks` (channel tiles times
-    batches): 1 where those are about ROW_TASKS already or the rows are few (a group of one tile
-    costs a task for little work), else as many as make up the difference (a projection to 32
-    channels over 16384 tokens is one channel tile: one task, one thread)."""
+    batches): as many as make MATMUL_TASKS tasks in all, each group two row tiles at least (a group
+    of one tile costs a task for little work). A projection to 32 channels over 16384 tokens is one
+    channel tile: one task, one thread; TinyBERT's 312 output channels over 128 tokens are 10 tasks,
+    and two threads taking 5 each waited on the last whole one (1.1x XNNPACK's time at two threads)."""
     row_tiles = -(-rows // pixels)
-    if tasks >= ROW_TASKS or row_tiles < 2 * ROW_TASKS:
-        return 1
-    return -(-ROW_TASKS // tasks)
+    return max(1, min(-(-MATMUL_TASKS // tasks), row_tiles // 2))
 
 
 def _parallel_with_row_groups(home: hl.Func, xo: hl.Var, co: hl.Var, outer: list[hl.Var], row_tiles: int,
