@@ -105,8 +105,10 @@ NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pix
 ROW_TASKS = 8
 # Fewest tasks a matrix product's loop is cut into where its rows allow (channel tiles times groups
 # of row tiles): a thread that starts late, or is slower, then leaves the others a small task to
-# wait on, not one of a few large ones. Its weights are read once per group of rows.
+# wait on, not one of a few large ones. Its weights are read once per group of rows. Not below
+# MATMUL_TASK_WORK multiply-adds a task, whose hand-over would cost more than it shares.
 MATMUL_TASKS = 16
+MATMUL_TASK_WORK = 1 << 18
 
 # Innermost axes this short (an RGB image's 3 channels) are unrolled inside vectors of pixels.
 INTERLEAVED_CHANNELS = 4

@@ -12,7 +12,7 @@ from fusion.mapping import ELEMENTWISE, MtM, op_mapping
 from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..values import Value
-from .params import INTERLEAVED_CHANNELS, MATMUL_TASKS, ROW_TASKS, CpuParams
+from .params import INTERLEAVED_CHANNELS, MATMUL_TASK_WORK, MATMUL_TASKS, ROW_TASKS, CpuParams
 from .tiles import (depthwise_tile, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape, weights_outgrow_cache,
                     whole_map_channels, whole_map_rows)
 from .vectors import fuse_outward, lanes_of, loop_vars, tile_transpose, vectorize_inner
@@ -188,7 +188,8 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         inner_tile = xo
         tiles = -(-acc.value.shape[-1] // channels)
         outer = acc.value.shape[-3] if len(v) > 2 else 1
-        groups = _row_groups(acc.value.shape[-2], pixels, tiles * outer) if acc.kind == AccumulatorKind.MATMUL else 1
+        work = int(np.prod(acc.value.shape)) * int(np.prod(acc.extents))
+        groups = _row_groups(acc.value.shape[-2], pixels, tiles * outer, work) if acc.kind == AccumulatorKind.MATMUL else 1
         if parallel and groups > 1:
             inner_tile = _parallel_with_row_groups(home, xo, co, v[2:], -(-acc.value.shape[-2] // pixels), groups)
         elif parallel and len(v) > 2:
@@ -325,14 +326,15 @@ def _parallel_with_channel_groups(home: hl.Func, co: hl.Var, outer: hl.Var, tile
         home.parallel(outer)
 
 
-def _row_groups(rows: int, pixels: int, tasks: int) -> int:
+def _row_groups(rows: int, pixels: int, tasks: int, work: int) -> int:
     """Groups of row tiles a matrix product's threads need beside its `tasks` (channel tiles times
-    batches): as many as make MATMUL_TASKS tasks in all, each group two row tiles at least (a group
-    of one tile costs a task for little work). A projection to 32 channels over 16384 tokens is one
-    channel tile: one task, one thread; TinyBERT's 312 output channels over 128 tokens are 10 tasks,
-    and two threads taking 5 each waited on the last whole one (1.1x XNNPACK's time at two threads)."""
+    batches): as many as make MATMUL_TASKS tasks in all, each group two row tiles at least and each
+    task MATMUL_TASK_WORK of the product's `work` (multiply-adds) at least: a smaller task costs its
+    hand-over for little. A projection to 32 channels over 16384 tokens is one channel tile: one
+    task, one thread; TinyBERT's 312 output channels over 128 tokens are 10 tasks, and two threads
+    taking 5 each waited on the last whole one (1.1x XNNPACK's time at two threads)."""
     row_tiles = -(-rows // pixels)
-    return max(1, min(-(-MATMUL_TASKS // tasks), row_tiles // 2))
+    return max(1, min(-(-MATMUL_TASKS // tasks), row_tiles // 2, work // (tasks * MATMUL_TASK_WORK)))
 
 
 def _parallel_with_row_groups(home: hl.Func, xo: hl.Var, co: hl.Var, outer: list[hl.Var], row_tiles: int,
