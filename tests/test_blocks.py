@@ -45,24 +45,43 @@ def random_weights(seed: int, scale: float):
 
 
 def test_streamed_inverted_residual_matches_litert():
-    # Large enough (48x48x144 intermediates, > CpuParams.stream_bytes) that the CPU schedule streams the
+    # Large enough (two 64x64x144 intermediates, > X86.stream_bytes) that the CPU schedule streams the
     # expand conv and the depthwise input through sliding row buffers.
     from halide_gen.schedule.conv_chain import conv_chain
 
     w = random_weights(seed=3, scale=0.2)
     b = ModelBuilder()
-    x = b.input("x", [1, 48, 48, 24])
-    e = b.op("CONV_2D", [x, b.const("we", w(144, 1, 1, 24)), b.const("be", w(144))], [1, 48, 48, 144],
+    x = b.input("x", [1, 64, 64, 24])
+    e = b.op("CONV_2D", [x, b.const("we", w(144, 1, 1, 24)), b.const("be", w(144))], [1, 64, 64, 144],
              padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
-    d = b.op("DEPTHWISE_CONV_2D", [e, b.const("wd", w(1, 3, 3, 144)), b.const("bd", w(144))], [1, 48, 48, 144],
+    d = b.op("DEPTHWISE_CONV_2D", [e, b.const("wd", w(1, 3, 3, 144)), b.const("bd", w(144))], [1, 64, 64, 144],
              padding="SAME", stride_h=1, stride_w=1, depth_multiplier=1, fused_activation_function="RELU6")
-    p = b.op("CONV_2D", [d, b.const("wp", w(24, 1, 1, 144)), b.const("bp", w(24))], [1, 48, 48, 24],
+    p = b.op("CONV_2D", [d, b.const("wp", w(24, 1, 1, 144)), b.const("bp", w(24))], [1, 64, 64, 24],
              padding="SAME", stride_h=1, stride_w=1)
-    b.output(b.op("ADD", [p, x], [1, 48, 48, 24]))
+    b.output(b.op("ADD", [p, x], [1, 64, 64, 24]))
     model = b.build()
     kernel = build_block("ir", model.main.operators, model.main.outputs)
     assert conv_chain(kernel) is not None
     compare(model)
+
+
+def test_a_conv_chain_whose_intermediates_stay_in_cache_is_not_streamed_on_x86():
+    # EfficientNet-B0's 56x56 expand conv (24 -> 144) and 5x5 stride-2 depthwise conv: 1.8 MB between
+    # them. Streamed, each strip recomputed 3 expand-conv rows in 16 (1.1x XNNPACK's time); whole,
+    # they run at its time. NEON keeps streaming from 1 MB.
+    from halide_gen.schedule.conv_chain import conv_chain
+    from halide_gen.schedule.params import NEON, X86
+
+    w = random_weights(seed=4, scale=0.2)
+    b = ModelBuilder()
+    x = b.input("x", [1, 56, 56, 24])
+    e = b.op("CONV_2D", [x, b.const("we", w(144, 1, 1, 24)), b.const("be", w(144))], [1, 56, 56, 144],
+             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
+    b.output(b.op("DEPTHWISE_CONV_2D", [e, b.const("wd", w(1, 5, 5, 144)), b.const("bd", w(144))], [1, 28, 28, 144],
+                  padding="SAME", stride_h=2, stride_w=2, depth_multiplier=1))
+    kernel = build_block("chain", b.graph.operators, b.graph.outputs)
+    assert conv_chain(kernel, X86.stream_bytes) is None
+    assert conv_chain(kernel, NEON.stream_bytes) is not None
 
 
 def test_squeeze_excite_gate_is_computed_once():

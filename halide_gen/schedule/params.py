@@ -84,10 +84,12 @@ class CpuParams:
 # AVX2 and baseline builds split each 16-lane vector into the registers they have. L1: 8 ways of 4 KB.
 # Attention in tiles of up to 12 query rows, as many as divide the queries (attention.query_tile_rows:
 # 8 for 128 or 512, 12 for 300), at every size: a small core a stage at a time, each stage its own
-# parallel loop, was slower at two threads than at one.
+# parallel loop, was slower at two threads than at one. Conv chains stream from 4 MB of
+# intermediates: below that they stay in the last-level cache, and a strip's halo rows (a 5x5
+# stride-2 depthwise conv recomputes 3 expand-conv rows in 16) cost more than the traffic saved.
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
                 dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, small_weight_bytes=64 << 10,
-                l1_ways=8, attention_rows=12, min_chains=8)
+                l1_ways=8, attention_rows=12, min_chains=8, stream_bytes=4 << 20)
 
 # NEON (4 lanes, 32 registers): tiles modelled per op (registers=32), 4 reduction steps per input
 # vector load (`fmla` by element) two groups to a loop iteration, 4 SDOT groups per input load.
