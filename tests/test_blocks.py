@@ -44,6 +44,16 @@ def random_weights(seed: int, scale: float):
     return lambda *shape: (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
+def _expand_then_depthwise(b: ModelBuilder, x, w, size: int, kernel: int, stride: int):
+    """A 1x1 expand conv (24 -> 144, RELU6) on a size x size map, then a depthwise conv (SAME)."""
+    e = b.op("CONV_2D", [x, b.const("we", w(144, 1, 1, 24)), b.const("be", w(144))], [1, size, size, 144],
+             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
+    out = -(-size // stride)
+    return b.op("DEPTHWISE_CONV_2D", [e, b.const("wd", w(1, kernel, kernel, 144)), b.const("bd", w(144))],
+                [1, out, out, 144], padding="SAME", stride_h=stride, stride_w=stride, depth_multiplier=1,
+                fused_activation_function="RELU6")
+
+
 def test_streamed_inverted_residual_matches_litert():
     # Large enough (two 64x64x144 intermediates, > X86.stream_bytes) that the CPU schedule streams the
     # expand conv and the depthwise input through sliding row buffers.
@@ -52,10 +62,7 @@ def test_streamed_inverted_residual_matches_litert():
     w = random_weights(seed=3, scale=0.2)
     b = ModelBuilder()
     x = b.input("x", [1, 64, 64, 24])
-    e = b.op("CONV_2D", [x, b.const("we", w(144, 1, 1, 24)), b.const("be", w(144))], [1, 64, 64, 144],
-             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
-    d = b.op("DEPTHWISE_CONV_2D", [e, b.const("wd", w(1, 3, 3, 144)), b.const("bd", w(144))], [1, 64, 64, 144],
-             padding="SAME", stride_h=1, stride_w=1, depth_multiplier=1, fused_activation_function="RELU6")
+    d = _expand_then_depthwise(b, x, w, 64, 3, 1)
     p = b.op("CONV_2D", [d, b.const("wp", w(24, 1, 1, 144)), b.const("bp", w(24))], [1, 64, 64, 24],
              padding="SAME", stride_h=1, stride_w=1)
     b.output(b.op("ADD", [p, x], [1, 64, 64, 24]))
@@ -72,13 +79,8 @@ def test_a_conv_chain_whose_intermediates_stay_in_cache_is_not_streamed_on_x86()
     from halide_gen.schedule.conv_chain import conv_chain
     from halide_gen.schedule.params import NEON, X86
 
-    w = random_weights(seed=4, scale=0.2)
     b = ModelBuilder()
-    x = b.input("x", [1, 56, 56, 24])
-    e = b.op("CONV_2D", [x, b.const("we", w(144, 1, 1, 24)), b.const("be", w(144))], [1, 56, 56, 144],
-             padding="SAME", stride_h=1, stride_w=1, fused_activation_function="RELU6")
-    b.output(b.op("DEPTHWISE_CONV_2D", [e, b.const("wd", w(1, 5, 5, 144)), b.const("bd", w(144))], [1, 28, 28, 144],
-                  padding="SAME", stride_h=2, stride_w=2, depth_multiplier=1))
+    b.output(_expand_then_depthwise(b, b.input("x", [1, 56, 56, 24]), random_weights(seed=4, scale=0.2), 56, 5, 2))
     kernel = build_block("chain", b.graph.operators, b.graph.outputs)
     assert conv_chain(kernel, X86.stream_bytes) is None
     assert conv_chain(kernel, NEON.stream_bytes) is not None
