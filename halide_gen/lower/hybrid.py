@@ -17,8 +17,9 @@ dot-product loops (VNNI on x86, SDOT on ARM) and DEPTHWISE_CONV_2D with its pair
 zero point's share (zero point x the weights' sum) taken off after, a convolution's padding read
 as its image's zero point; BATCH_MATMUL, and convolutions neither form fits, centred on the zero
 point in int16 (a convolution's padding then adds nothing) — and each sum is rescaled to float as
-bias + sum * (row step * weight scale), then activated. The quantization is TFLite's to the bit; how far two implementations that round it
-differently may drift is the dynamic-range rule of `run --compare` (tflite_tools/model/hybrid.py).
+bias + sum * (row step * weight scale), then activated. The quantization is TFLite's to the bit; how
+far two implementations that round it differently may drift is the dynamic-range rule of `run
+--compare` (tflite_tools/model/hybrid.py).
 """
 
 from __future__ import annotations
@@ -201,6 +202,12 @@ def _image_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
                       copy_source=True)
 
 
+def _image_rescaled(ctx: OpContext, w_scale, q: RowQuantization, sums):
+    """`finish` of a hybrid convolution that sums its quantized values as stored (its padding their
+    image's zero point): the zero point's share, zero point x the channel's weight sum, taken off."""
+    return _rescaled(ctx, q.step, w_scale, lambda i: [i[0]], lambda row, oc: q.zero_point(row) * sums(oc))
+
+
 def _image_dot_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
     """A hybrid CONV_2D's arithmetic in the int8 path's dot products (VNNI, SDOT): the quantized
     values as stored (x86: plus 128, as uint8), each image's zero point outside the map, so that
@@ -215,9 +222,7 @@ def _image_dot_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
                         lambda *i: hl.cast(read_as, quantized(q, x(*i), [i[0]]) + shift))
     sums = ctx.packed(1, "channel_sums")
     return Arithmetic(source=lambda _: source, term=lambda v, w: hl.cast(hl.Int(32), hl.widening_mul(v, w)),
-                      init=lambda oc: -hl.i32(shift) * sums(oc),
-                      finish=_rescaled(ctx, q.step, w_scale, lambda i: [i[0]],
-                                       lambda row, oc: q.zero_point(row) * sums(oc)),
+                      init=lambda oc: -hl.i32(shift) * sums(oc), finish=_image_rescaled(ctx, w_scale, q, sums),
                       dot=DOT_DEPTH, fill=lambda n: q.zero_point([n]) + shift, copy_source=True)
 
 
@@ -232,9 +237,8 @@ def _image_paired_arithmetic(ctx: OpContext) -> Arithmetic:
                         lambda *i: hl.cast(hl.Int(8), quantized(q, x(*i), [i[0]])))
     sums = ctx.packed(1, "tap_sums")
     return Arithmetic(source=lambda _: source, term=hl.widening_mul, init=lambda oc: hl.i32(0),
-                      finish=_rescaled(ctx, q.step, w_scale, lambda i: [i[0]],
-                                       lambda row, oc: q.zero_point(row) * sums(oc)),
-                      fill=lambda n: q.zero_point([n]), paired_taps=True)
+                      finish=_image_rescaled(ctx, w_scale, q, sums), fill=lambda n: q.zero_point([n]),
+                      paired_taps=True)
 
 
 def _per_channel(ctx: OpContext) -> bool:

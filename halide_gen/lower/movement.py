@@ -1,8 +1,8 @@
 """Data movement as index arithmetic: nothing here copies when inlined into a consumer.
 
-RESHAPE is div/mod on the row-major offset of each run of axes, TRANSPOSE a permutation of indices, SLICE an offset,
-CONCATENATION a select over ranges (DNNFusion §4.4's "loop joint"), PAD a bounds test, GATHER an
-indirect index (checked: an index out of range fails the invoke, as it does in TFLite, and never
+RESHAPE is div/mod on the row-major offset of each run of axes, TRANSPOSE a permutation of indices,
+SLICE an offset, CONCATENATION a select over ranges (DNNFusion §4.4's "loop joint"), PAD a bounds
+test, GATHER an indirect index (checked: an index out of range fails the invoke, as it does in TFLite, and never
 reads out of bounds — in the kernel on a CPU, on the host before the kernel runs on a GPU:
 LoweringOptions.device_code).
 """

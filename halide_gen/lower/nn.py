@@ -34,6 +34,10 @@ def _padding(ctx: OpContext, in_hw, out_hw, strides, dilations, kernel) -> tuple
     return tuple(same_padding(i, o, s, d, k) for i, o, s, d, k in zip(in_hw, out_hw, strides, dilations, kernel))
 
 
+# What a padded read gives outside the map: a constant, or a function of the batch index.
+Fill = int | Callable[[hl.Expr], hl.Expr]
+
+
 @dataclass
 class Arithmetic:
     """How a convolution or matrix product turns its operands into a sum and the sum into its
@@ -50,7 +54,7 @@ class Arithmetic:
     # ("dot4") and the source, read as stored, is `fill` outside the map: a constant, or a function of
     # the batch index where the source is quantized per image at run time (lower/hybrid.py).
     dot: int = 0
-    fill: int | Callable[[hl.Expr], hl.Expr] = 0
+    fill: Fill = 0
     # True: `term` gives a narrow product (int8 x int8 -> int16) and a depthwise sum adds two taps'
     # products in that type before widening them into the accumulator (quantized.py).
     paired_taps: bool = False
@@ -65,7 +69,7 @@ def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
     return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, i: activation(acc, act, native))
 
 
-def _zero_outside(x: Value, name: str, fill: int | Callable[[hl.Expr], hl.Expr] = 0) -> Value:
+def _zero_outside(x: Value, name: str, fill: Fill = 0) -> Value:
     """`x` read with zeros (or `fill`) outside its spatial extent (the conv's implicit padding):
     every axis between the batch and the channels (H and W; D, H and W for a 3-D conv).
 
@@ -90,7 +94,7 @@ def _zero_outside(x: Value, name: str, fill: int | Callable[[hl.Expr], hl.Expr] 
     return Value(f, tuple(x.shape), f.type(), x.readable_channels, x.joins)
 
 
-def _fill_value(x: Value, fill, batch: hl.Expr) -> hl.Expr:
+def _fill_value(x: Value, fill: Fill, batch: hl.Expr) -> hl.Expr:
     """What a padded read of `x` gives outside the map in batch element `batch` (Arithmetic.fill)."""
     return hl.cast(x.read_type, fill(batch) if callable(fill) else fill)
 

@@ -188,8 +188,7 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         inner_tile = xo
         tiles = -(-acc.value.shape[-1] // channels)
         outer = acc.value.shape[-3] if len(v) > 2 else 1
-        work = int(np.prod(acc.value.shape)) * int(np.prod(acc.extents))
-        groups = _row_groups(acc.value.shape[-2], pixels, tiles * outer, work) if acc.kind == AccumulatorKind.MATMUL else 1
+        groups = _row_groups(acc, pixels, tiles * outer) if acc.kind == AccumulatorKind.MATMUL else 1
         if parallel and groups > 1:
             inner_tile = _parallel_with_row_groups(home, xo, co, v[2:], -(-acc.value.shape[-2] // pixels), groups)
         elif parallel and len(v) > 2:
@@ -326,14 +325,15 @@ def _parallel_with_channel_groups(home: hl.Func, co: hl.Var, outer: hl.Var, tile
         home.parallel(outer)
 
 
-def _row_groups(rows: int, pixels: int, tasks: int, work: int) -> int:
-    """Groups of row tiles a matrix product's threads need beside its `tasks` (channel tiles times
-    batches): as many as make MATMUL_TASKS tasks in all, each group two row tiles at least and each
-    task MATMUL_TASK_WORK of the product's `work` (multiply-adds) at least: a smaller task costs its
-    hand-over for little. A projection to 32 channels over 16384 tokens is one channel tile: one
+def _row_groups(acc: Accumulator, pixels: int, tasks: int) -> int:
+    """Groups of row tiles (of `pixels` rows) a matrix product's threads need beside its `tasks`
+    (channel tiles times batches): as many as make MATMUL_TASKS tasks in all, each group two row
+    tiles at least and each task MATMUL_TASK_WORK of the product's multiply-adds at least: a smaller
+    task costs its hand-over for little. A projection to 32 channels over 16384 tokens is one channel tile: one
     task, one thread; TinyBERT's 312 output channels over 128 tokens are 10 tasks, and two threads
     taking 5 each waited on the last whole one (1.1x XNNPACK's time at two threads)."""
-    row_tiles = -(-rows // pixels)
+    row_tiles = -(-acc.value.shape[-2] // pixels)
+    work = int(np.prod(acc.value.shape)) * int(np.prod(acc.extents))
     return max(1, min(-(-MATMUL_TASKS // tasks), row_tiles // 2, work // (tasks * MATMUL_TASK_WORK)))
 
 
