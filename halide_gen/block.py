@@ -18,7 +18,7 @@ from fusion.mapping import ELEMENTWISE
 from tflite_tools.model.fingerprint import block_identity
 from tflite_tools.model.ir import Operator, Tensor
 
-from .lower import AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, lower
+from .lower import AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, RowStatistics, lower
 from .lowering_options import LoweringOptions
 from .pack import PACKERS, pack
 from .values import DIM_NAMES, Value, halide_type
@@ -124,6 +124,7 @@ class BlockKernel:
     - accumulators: explicit reductions, each tagged with its AccumulatorKind; a template per kind
       tiles it (schedule/cpu.py TEMPLATES).
     - row_reductions: innermost-axis reductions in two stages (lower.registry.RowReduction).
+    - row_statistics: per-row results and the reductions behind them (lower.registry.RowStatistics).
     - constants: lookup tables compiled into the kernel (int8 per-channel parameters).
     - read_in_block: id() of the op-result Funcs a later op of the block reads (they cannot be
       computed inside an output's copy).
@@ -143,6 +144,7 @@ class BlockKernel:
     padded: list[tuple[Value, Value | None]] = field(default_factory=list)  # of those, (padded input, its source)
     accumulators: list[Accumulator] = field(default_factory=list)
     row_reductions: list[RowReduction] = field(default_factory=list)  # see OpContext
+    row_statistics: list[RowStatistics] = field(default_factory=list)  # see OpContext
     constants: list[hl.Buffer] = field(default_factory=list)  # tables compiled into the kernel
     op_helpers: list[list[Value]] = field(default_factory=list)  # per op, the helpers it materialises
     read_in_block: set[int] = field(default_factory=set)  # id() of op results later ops read
@@ -309,6 +311,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
         kernel.padded.extend(ctx.padded)
         kernel.op_helpers.append(list(ctx.materialize))
         kernel.row_reductions.extend(ctx.row_reductions)
+        kernel.row_statistics.extend(ctx.row_statistics)
         kernel.constants.extend(ctx.constants)
         kernel.bound.update({(k, i): text for i, text in ctx.bound.items()})
         for t, bounds, name in ctx.index_checks:

@@ -85,6 +85,31 @@ def test_int4_values_unpack_as_tflite_packs_them():
 
 
 @pytest.mark.parametrize("asymmetric", [False, True])
+def test_a_hybrid_fully_connected_finds_each_rows_statistics_in_one_loop(asymmetric, tmp_path):
+    # Each row's extremes, their folds, its step and zero point were stages of their own: a pass
+    # over the input each, and loops on one thread between the parallel ones. Now one parallel
+    # loop over the rows computes them all, a row's partial results one row's worth.
+    import re
+
+    from halide_gen.targets import target_spec
+    from test_schedules import scheduled_stmt
+
+    shape = (1, 128, 192)  # work enough for threads in each
+    model = _fc_model(shape, 64, per_channel=True, asymmetric=asymmetric)
+    stmt = scheduled_stmt(tmp_path, model, options=target_spec("host").lowering_options())
+    loops = re.findall(r"halide_do_par_for\(\(halide_task_t\)::(\w+),", stmt)
+    statistics = [name for name in loops if "_step_" in name]
+    assert len(statistics) == 1 and len(loops) == 3, loops  # the statistics, the quantized rows, the product
+    body = stmt[stmt.index(f"internal func {statistics[0]}"):]
+    body = body[:body.index("internal func", 1)]
+    results = ["step", "inverse"] + (["zero_point"] if asymmetric else [])
+    assert all(re.search(rf"fully_connected_{name}(\$\d+)?\[", body) for name in results), body
+    partials = re.findall(r"allocate [\w$]+_partial(?:\$\d+)?\[float32 \* (\d+)((?: \* \d+)*)\]", body)
+    assert partials and all(set(rest.split(" * ")) <= {"", "1"} for _, rest in partials), partials
+    opcheck.compare(model, _inputs(shape), seeds=(0, 1), options=LoweringOptions(x86_integer=True))
+
+
+@pytest.mark.parametrize("asymmetric", [False, True])
 def test_hybrid_fully_connected_flattens_rows_and_fuses_its_activation(asymmetric):
     model = _fc_model((2, 3, 16), 10, per_channel=True, asymmetric=asymmetric, bias=False, activation="RELU6")
     opcheck.compare(model, _inputs((2, 3, 16)), seeds=(0, 1, 2))

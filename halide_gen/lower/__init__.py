@@ -2,6 +2,8 @@
 
 # Importing registers the lowerings.
 from . import elementwise, hybrid, mediapipe, movement, nn, quantized, quantized16, reduce, tables  # noqa: F401
-from .registry import LOWERINGS, AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, lower
+from .registry import (LOWERINGS, AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction,
+                       RowStatistics, lower)
 
-__all__ = ["LOWERINGS", "AccumulatorKind", "LoweringError", "OpContext", "ReductionDomain", "RowReduction", "lower"]
+__all__ = ["LOWERINGS", "AccumulatorKind", "LoweringError", "OpContext", "ReductionDomain", "RowReduction",
+           "RowStatistics", "lower"]

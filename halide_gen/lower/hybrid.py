@@ -36,7 +36,7 @@ from .nn import Arithmetic, batch_matmul, channel_bias, conv2d, conv2d_sums_in_d
 from .fixed_point import INT8_MAX, INT8_MIN, int8_weight_scales
 from .quantized import paired_taps_hold
 from .reduce import row_reduce
-from .registry import LoweringError, OpContext, register
+from .registry import LoweringError, OpContext, RowStatistics, register
 
 Row = Callable[[list[hl.Expr]], hl.Expr]  # a per-row quantity as a function of the row's index
 Element = Callable[[list[hl.Expr], hl.Expr], hl.Expr]  # (row, k) -> the row's k-th value
@@ -51,26 +51,41 @@ class RowQuantization(NamedTuple):
     lowest: int  # the smallest quantized value: -127 symmetric, -128 asymmetric
 
 
-def _per_row(ctx: OpContext, name: str, rows: tuple[int, ...], body: Row) -> Row:
+def _per_row(ctx: OpContext, name: str, rows: tuple[int, ...], body: Row) -> Value:
     """A per-row quantity computed once per row into a buffer (not once per element reading it)."""
     value = ctx.define(ctx.func_name(name), tuple(rows) + (1,), lambda *i: body(list(i[:-1])))
     ctx.materialize.append(value)
+    return value
+
+
+def _at_row(value: Value) -> Row:
     return lambda row: value.at(list(row) + [hl.Expr(0)])
 
 
 def _reduced(ctx: OpContext, name: str, rows: tuple[int, ...], depth: int, element: Element, reducer) -> Row:
     total = row_reduce(ctx, name, rows, depth, element, reducer)
     ctx.materialize.append(total)
-    return lambda row: total.at(list(row) + [hl.Expr(0)])
+    return _at_row(total)
+
+
+def _statistics(ctx: OpContext, first: int, results: list[Value], depth: int) -> list[Row]:
+    """Records the per-row `results` and the helpers materialised for them since `first` (the row
+    reductions' stages) as one RowStatistics; returns a reader of each result."""
+    ids = {id(v.func) for v in results}
+    inner = [v for v in ctx.materialize[first:] if id(v.func) not in ids]
+    ctx.row_statistics.append(RowStatistics(results, inner, depth))
+    return [_at_row(v) for v in results]
 
 
 def symmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Element) -> RowQuantization:
     """Steps of max|row| / 127 and no zero point, as SymmetricQuantizeFloats (a row of zeros: step 1)."""
+    first = len(ctx.materialize)
     peak = _reduced(ctx, "absmax", rows, depth, lambda row, k: hl.abs(element(row, k)), hl.maximum)
     step = _per_row(ctx, "step", rows, lambda row: hl.select(peak(row) == 0, hl.f32(1), peak(row) / hl.f32(INT8_MAX)))
     inverse = _per_row(ctx, "inverse", rows,
                        lambda row: hl.select(peak(row) == 0, hl.f32(0), hl.f32(INT8_MAX) / peak(row)))
-    return RowQuantization(step, inverse, lambda row: hl.i32(0), -INT8_MAX)
+    step_at, inverse_at = _statistics(ctx, first, [step, inverse], depth)
+    return RowQuantization(step_at, inverse_at, lambda row: hl.i32(0), -INT8_MAX)
 
 
 def asymmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Element) -> RowQuantization:
@@ -79,6 +94,7 @@ def asymmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Eleme
     if ctx.options.device_code:
         raise LoweringError(f"dynamic-range {ctx.op.name} with asymmetric input quantization: its steps are formed "
                             "in double, which GPU targets lack")
+    first = len(ctx.materialize)
     low = _reduced(ctx, "min", rows, depth, element, hl.minimum)
     high = _reduced(ctx, "max", rows, depth, element, hl.maximum)
     qmin, qmax = hl.f64(INT8_MIN), hl.f64(INT8_MAX)
@@ -92,6 +108,9 @@ def asymmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Eleme
     def scale(row):
         return (rmax(row) - rmin(row)) / (qmax - qmin)
 
+    def step(row):
+        return hl.select(rmin(row) == rmax(row), hl.f32(1), hl.cast(hl.Float(32), scale(row)))
+
     def zero_point(row):
         below, above = rmin(row) / scale(row), rmax(row) / scale(row)
         # The zero point from whichever end loses less to rounding, nudged onto the int8 range.
@@ -99,18 +118,24 @@ def asymmetric(ctx: OpContext, rows: tuple[int, ...], depth: int, element: Eleme
         nudged = hl.select(chosen <= qmin, qmin, chosen >= qmax, qmax, round_half_away(chosen))
         return hl.select(rmin(row) == rmax(row), hl.i32(0), hl.cast(hl.Int(32), nudged))
 
-    step = _per_row(ctx, "step", rows,
-                    lambda row: hl.select(rmin(row) == rmax(row), hl.f32(1), hl.cast(hl.Float(32), scale(row))))
-    inverse = _per_row(ctx, "inverse", rows, lambda row: hl.f32(1) / step(row))
-    return RowQuantization(step, inverse, _per_row(ctx, "zero_point", rows, zero_point), INT8_MIN)
+    # Each result from the row's extremes, none from another: one loop computes them side by side.
+    results = [_per_row(ctx, "step", rows, step), _per_row(ctx, "inverse", rows, lambda row: hl.f32(1) / step(row)),
+               _per_row(ctx, "zero_point", rows, zero_point)]
+    return RowQuantization(*_statistics(ctx, first, results, depth), INT8_MIN)
 
 
 def quantized(quantization: RowQuantization, value: hl.Expr, row: list[hl.Expr]) -> hl.Expr:
     """One element as TFLite quantizes it in its row: round(zero point + value / step), rounded half
-    away from zero (TfLiteRound), clamped to the int8 range; int32."""
+    away from zero (TfLiteRound), clamped to the int8 range; int32. The scaled value lies within
+    the int8 range but for rounding (NaN aside), so its whole part is truncated through int32 and
+    the rounding decided by the exact fraction left: round_half_away's float truncation split
+    each vector in two on x86, and this is most of a quantizing pass."""
     q = quantization
     scaled = hl.cast(hl.Float(32), q.zero_point(row)) + value * q.inverse(row)
-    return hl.clamp(hl.cast(hl.Int(32), round_half_away(scaled)), q.lowest, INT8_MAX)
+    whole = hl.cast(hl.Int(32), scaled)
+    fraction = scaled - hl.cast(hl.Float(32), whole)
+    away = hl.select(hl.abs(fraction) >= hl.f32(0.5), hl.select(scaled < 0, hl.i32(-1), hl.i32(1)), hl.i32(0))
+    return hl.clamp(whole + away, q.lowest, INT8_MAX)
 
 
 def _weights_scale(ctx: OpContext, i: int) -> Callable[[hl.Expr], hl.Expr]:

@@ -36,6 +36,17 @@ class RowReduction(NamedTuple):
     terms: int
 
 
+class RowStatistics(NamedTuple):
+    """Quantities of each row that other stages read (a dynamic-range op's row steps, their inverses,
+    its zero points: `results`, each of shape rows + (1,), none reading another) and the stages of
+    the row reductions behind them (`inner`, read by `results` only): what a CPU schedule computes
+    in one loop over the rows. `depth`: elements per row."""
+
+    results: list[Value]
+    inner: list[Value]
+    depth: int
+
+
 class ReductionDomain(hl.RDom):
     """An RDom over [0, extent) in each dimension that keeps its extents as integers (Halide's
     Python bindings expose no accessor for a constant Expr): what schedules size tiles from."""
@@ -85,6 +96,8 @@ class OpContext:
     constants: list[hl.Buffer] = field(default_factory=list)  # tables the op's Funcs read (kept alive)
     # Two-stage innermost-axis reductions (reduce.row_reduce).
     row_reductions: list[RowReduction] = field(default_factory=list)
+    # Per-row results and the reductions behind them, all among `materialize` (RowStatistics).
+    row_statistics: list[RowStatistics] = field(default_factory=list)
     # id() of the tensors the block's own ops write (the others are kernel arguments).
     computed_in_block: frozenset[int] = frozenset()
     # Block inputs of indices the host checks before a device kernel runs (movement.index_operand):

@@ -37,7 +37,7 @@ from .attention import attention_core, schedule_attention
 from .conv_chain import conv_chain, schedule_conv_chain
 from .params import ROW_TASKS, X86, CpuParams
 from .register_tile import exponential_epilogue, home_of, materialize_prologue, register_tile, tile_for
-from .row_tiles import row_tiled_stages, schedule_row_tiles
+from .row_tiles import row_tiled_stages, schedule_row_statistics, schedule_row_tiles
 from .tiles import depthwise_tile, reads_in_groups
 from .vectors import loop_vars, split_rows, tile_transpose, vectorize_helper, vectorize_inner
 
@@ -214,8 +214,9 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         streamed = schedule_row_tiles(kernel, rows, params, vectorized, set(terms))
     # Zero-padded copies move data only: several vectors a step, as block outputs take.
     copies = {id(p.func) for p, _ in kernel.padded}
+    statistics = schedule_row_statistics(kernel, params, vectorized, set(terms), streamed | in_place)
     for v in kernel.materialize:
-        if id(v.func) in streamed or id(v.func) in in_place:
+        if id(v.func) in streamed or id(v.func) in in_place or id(v.func) in statistics:
             continue
         f = v.func
         f.compute_root()
