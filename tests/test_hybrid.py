@@ -173,6 +173,26 @@ def test_hybrid_conv2d_sums_in_the_int8_paths_dot_products(target, instruction, 
         assert instruction in asm.read_text(), (target, channels)
 
 
+@pytest.mark.parametrize("op, channels, per_channel", [("CONV_2D", 40, True), ("CONV_2D", 5, False),
+                                                     ("DEPTHWISE_CONV_2D", 24, True)])
+def test_a_hybrid_convolutions_image_statistics_read_its_rows_in_dense_vectors(op, channels, per_channel, tmp_path):
+    # Each image's extremes were read at a flat index into it: every vector a gather whose lanes
+    # each took a division (EfficientNet's 1x1 projections: 2.5-3x XNNPACK's time). Now its rows'
+    # partial results come first, in dense vectors, the rows split among threads.
+    import re
+
+    from halide_gen.targets import target_spec
+    from test_schedules import scheduled_stmt
+
+    shape = (2, 48, 40, channels)  # work enough for threads in the rows stage
+    model = _conv_model(op, shape, channels if op == "DEPTHWISE_CONV_2D" else 16, 1, per_channel=per_channel)
+    stmt = scheduled_stmt(tmp_path, model, options=target_spec("host").lowering_options())
+    assert not re.search(r"[/%] *x\d+\(", stmt), "a vector index divides"
+    loops = re.findall(r"halide_do_par_for\(\(halide_task_t\)::(\w+),", stmt)
+    assert any("_rows_" in name for name in loops), loops
+    opcheck.compare(model, _images(shape), seeds=(0, 1), options=target_spec("host").lowering_options())
+
+
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_a_hybrid_conv2d_no_dot_product_takes_sums_in_int16(per_channel):
     # Dilated along its rows over 5 input channels: neither dot-product form fits.

@@ -39,11 +39,14 @@ class RowReduction(NamedTuple):
 class RowStatistics(NamedTuple):
     """Quantities of each row that other stages read (a dynamic-range op's row steps, their inverses,
     its zero points: `results`, each of shape rows + (1,), none reading another) and the stages of
-    the row reductions behind them (`inner`, read by `results` only): what a CPU schedule computes
-    in one loop over the rows. `depth`: elements per row."""
+    the reductions behind them: `inner`, one row's worth each (rows + (k,)), read by `results`
+    only, and `roots`, larger partial results (an image's, per row of its pixels) that `inner`
+    reads. A CPU schedule computes the roots first, then the rest in one loop over the rows.
+    `depth`: elements per row."""
 
     results: list[Value]
     inner: list[Value]
+    roots: list[Value]
     depth: int
 
 

@@ -10,12 +10,16 @@ over [12, 512, 512] 2.4x XNNPACK's time (bench/RESULTS.md, "Real-size corpus: sp
 from __future__ import annotations
 
 import halide as hl
+import numpy as np
 
 from ..block import BlockKernel
 from ..values import Value
 from .params import CpuParams
 from .tiles import dividing_size, parallel_worthwhile
-from .vectors import fuse_outward, loop_vars, row_axis, vectorize_helper, vectorize_inner
+from .vectors import fuse_outward, loop_vars, row_axis, split_rows, vectorize_helper, vectorize_inner
+
+# Vectors a step of a row statistic's root (its per-row partial results) reduces side by side.
+ROOT_VECTORS = 4
 
 # Bytes of the widest stage one tile of rows holds: with the row statistics, well inside L1.
 ROW_TILE_BYTES = 16 << 10
@@ -122,16 +126,32 @@ def schedule_row_tiles(kernel: BlockKernel, tiled: dict[int, list[Value]], param
 
 def schedule_row_statistics(kernel: BlockKernel, params: CpuParams, vectorized: set[str], partials: set[int],
                             skip: set[int]) -> set[int]:
-    """Each of the kernel's RowStatistics (but those whose Funcs are in `skip`) in one loop over its
-    rows, parallel where worthwhile: the results side by side in it (compute_with), the reductions
-    behind them computed per row inside it (`partials`: as in schedule_row_tiles). Stage by stage,
-    each reduction was a pass of its own and each fold a loop on one thread between the parallel
-    ones: a dynamic-range FC's row extremes took 7 % of its time. Returns id() of every Func
-    scheduled."""
+    """Each of the kernel's RowStatistics (but those whose Funcs are in `skip`): its roots at the
+    root, split among threads over their rows, then the rest in one loop over its rows, parallel
+    where worthwhile: the results side by side in it (compute_with), the reductions behind them
+    computed per row inside it (`partials`: as in schedule_row_tiles). Stage by stage, each
+    reduction was a pass of its own and each fold a loop on one thread between the parallel ones:
+    a dynamic-range FC's row extremes took 7 % of its time. Returns id() of every Func scheduled."""
     done: set[int] = set()
     for stats in kernel.row_statistics:
-        if any(id(v.func) in skip for v in (*stats.results, *stats.inner)):
+        if any(id(v.func) in skip for v in (*stats.results, *stats.inner, *stats.roots)):
             continue
+        rows = int(np.prod(stats.results[0].shape))
+        root = None
+        for v in stats.roots:
+            f = v.func
+            f.compute_root()
+            # Four vectors a step: each lane a chain of its own along the pixels it reduces.
+            f.vectorize(loop_vars(f)[0], min(v.shape[-1], ROOT_VECTORS * params.lanes))
+            # Each value reduces this many of the row's elements.
+            split_rows(f, v.shape, params, stats.depth * rows // int(np.prod(v.shape)))
+            axis = row_axis(f, v.shape)
+            if root is None:
+                root = (f, tuple(v.shape), axis)
+            elif root[1] == tuple(v.shape) and axis is not None:
+                f.compute_with(root[0], axis)  # an image's minima beside its maxima: one pass
+            vectorized.add(f.name())
+            done.add(id(f))
         parallel = parallel_worthwhile(params, stats.results[0].shape[:-1], stats.depth)
         first = level = None
         for v in stats.results:
