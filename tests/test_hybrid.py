@@ -77,6 +77,27 @@ def test_hybrid_fully_connected_with_int4_weights(x86, per_channel, asymmetric, 
     opcheck.compare(model, _inputs((1, 5, depth)), seeds=(0, 1), options=LoweringOptions(x86_integer=x86))
 
 
+def test_quantized_values_round_half_away_from_zero_as_tflite_rounds_them():
+    # One add and a truncation (hybrid.BELOW_HALF) for TfLiteRound: the float just below a half,
+    # halves, their neighbours, and random values over the int8 range, in both signs.
+    import halide as hl
+
+    from halide_gen.lower.hybrid import RowQuantization, quantized
+
+    below = np.nextafter(np.float32(0.5), np.float32(0))
+    halves = np.arange(-129, 129, dtype=np.float32) + np.float32(0.5)
+    values = np.concatenate([[0, -0.0, below, -below, 1.5, 2.5, 127.49999, -128.49998], halves,
+                             np.nextafter(halves, np.float32(0)), np.nextafter(halves, np.float32(200)),
+                             np.random.default_rng(0).uniform(-129, 129, 4096)]).astype(np.float32)
+    x, i = hl.Buffer(values), hl.Var("i")
+    one = RowQuantization(lambda row: hl.f32(1), lambda row: hl.f32(1), lambda row: hl.i32(0), -128)
+    f = hl.Func("rounded")
+    f[i] = quantized(one, x[i], [i])
+    got = np.asarray(f.realize([len(values)]))
+    want = np.clip(np.copysign(np.floor(np.abs(values.astype(np.float64)) + 0.5), values), -128, 127)
+    assert (got == want).all(), values[got != want]
+
+
 def test_int4_values_unpack_as_tflite_packs_them():
     from tflite_tools.model.schema import pack_int4, unpack_int4
     values = np.array([-8, 7, -1, 0, 3], np.int8)
