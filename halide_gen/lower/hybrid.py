@@ -167,7 +167,7 @@ def quantized(quantization: RowQuantization, value: hl.Expr, row: list[hl.Expr])
     """One element as TFLite quantizes it in its row: round(zero point + value / step), rounded half
     away from zero (TfLiteRound), clamped to the int8 range; int32. The scaled value lies within
     the int8 range but for rounding, so it rounds as one add and a truncation (BELOW_HALF): this
-    is most of a quantizing pass, which round_half_away's selects made 2x longer."""
+    is most of a quantizing pass, which round_half_away's selects made half again as long."""
     q = quantization
     scaled = hl.cast(hl.Float(32), q.zero_point(row)) + value * q.inverse(row)
     sign = hl.reinterpret(hl.UInt(32), scaled) & hl.u32(0x80000000)
