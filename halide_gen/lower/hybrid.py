@@ -92,9 +92,7 @@ def _images_of(ctx: OpContext, x: Value) -> RowReducer:
         image = ctx.define(ctx.func_name(name + "_channels"), (n, channels),
                            lambda b, c: reducer(rows.at([b, along_h[0], c])), exact=True)
         ctx.materialize += [rows, image]
-        total = row_reduce(ctx, name, (n,), channels, lambda b, c: image.at(b + [c]), reducer)
-        ctx.materialize.append(total)
-        return _at_row(total)
+        return _rows_of(ctx, (n,), channels, lambda b, c: image.at(b + [c]))(name, lambda v: v, reducer)
     return reduce
 
 

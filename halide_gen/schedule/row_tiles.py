@@ -137,7 +137,6 @@ def schedule_row_statistics(kernel: BlockKernel, params: CpuParams, vectorized: 
         if any(id(v.func) in skip for v in (*stats.results, *stats.inner, *stats.roots)):
             continue
         rows = int(np.prod(stats.results[0].shape))
-        root = None
         for v in stats.roots:
             f = v.func
             f.compute_root()
@@ -145,11 +144,9 @@ def schedule_row_statistics(kernel: BlockKernel, params: CpuParams, vectorized: 
             f.vectorize(loop_vars(f)[0], min(v.shape[-1], ROOT_VECTORS * params.lanes))
             # Each value reduces this many of the row's elements.
             split_rows(f, v.shape, params, stats.depth * rows // int(np.prod(v.shape)))
-            axis = row_axis(f, v.shape)
-            if root is None:
-                root = (f, tuple(v.shape), axis)
-            elif root[1] == tuple(v.shape) and axis is not None:
-                f.compute_with(root[0], axis)  # an image's minima beside its maxima: one pass
+            axis, first_root = row_axis(f, v.shape), stats.roots[0]
+            if v is not first_root and v.shape == first_root.shape and axis is not None:
+                f.compute_with(first_root.func, axis)  # an image's minima beside its maxima: one pass
             vectorized.add(f.name())
             done.add(id(f))
         parallel = parallel_worthwhile(params, stats.results[0].shape[:-1], stats.depth)
