@@ -100,6 +100,17 @@ def rootfs(cache_dir: Path, cpu: str) -> Path:
     return core_view(prepare(cache_dir), cpu)
 
 
+def write_inputs(model: Path, path: Path, seed: int) -> Path:
+    """The case's inputs as the host's tools make them (tflite_tools.runtime.random_inputs: integer
+    inputs under the tables they index), saved for the guest, which has numpy and LiteRT only."""
+    import numpy as np
+
+    from tflite_tools.runtime import make_interpreter, random_inputs
+
+    np.savez(path, *random_inputs(make_interpreter(model), seed))
+    return path
+
+
 def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: int = 2,
           cache_dir: Path | None = None, cycles: bool = False, hot: int = 0) -> dict[str, Count]:
     """Per-invoke counts of each case, all in one emulated process on `cpu`, one thread; with
@@ -113,7 +124,8 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
         job, marks, blocks = Path(tmp) / "job.json", Path(tmp) / "marks.txt", Path(tmp) / "blocks.txt"
         job.write_text(json.dumps({"warmup": warmup, "invokes": invokes, "threads": 1, "cases": [
             {"model": str(c.model.resolve()), "delegate": str(c.delegate.resolve()) if c.delegate else None,
-             "options": c.options} for c in cases]}))
+             "options": c.options, "inputs": str(write_inputs(c.model, Path(tmp) / f"inputs-{i}.npz", seed=i))}
+            for i, c in enumerate(cases)]}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         env.update(ARM_COUNT_OUT=str(marks), PYTHONHASHSEED="0")
         if cycles:

@@ -5,7 +5,8 @@ K invokes. Needs only numpy and LiteRT.
 
     python guest.py JOB.json
     JOB.json: {"warmup": 2, "invokes": 5, "threads": 1,
-               "cases": [{"model": "m.tflite", "delegate": "lib.so" | null, "options": {...}}, ...]}
+               "cases": [{"model": "m.tflite", "delegate": "lib.so" | null, "options": {...},
+                          "inputs": "inputs.npz"}, ...]}
 
 Case i is bracketed by marks 2i and 2i + 1.
 """
@@ -33,17 +34,11 @@ def mark(tag: int) -> None:
         pass
 
 
-def fill_inputs(interpreter, seed: int) -> None:
-    """Random inputs: uniform floats in [0, 1), small non-negative integers (token ids, indices)."""
-    rng = np.random.default_rng(seed)
-    for d in interpreter.get_input_details():
-        if np.issubdtype(d["dtype"], np.floating):
-            data = rng.random(d["shape"]).astype(d["dtype"])
-        elif d["dtype"] == np.bool_:
-            data = rng.integers(0, 2, d["shape"]).astype(np.bool_)
-        else:
-            data = rng.integers(0, 8, d["shape"]).astype(d["dtype"])
-        interpreter.set_tensor(d["index"], data)
+def fill_inputs(interpreter, path: str) -> None:
+    """The case's inputs, as the host made them (bench/arm_count.write_inputs), in input order."""
+    with np.load(path) as arrays:
+        for d, name in zip(interpreter.get_input_details(), arrays.files):
+            interpreter.set_tensor(d["index"], arrays[name])
 
 
 def main() -> None:
@@ -54,7 +49,7 @@ def main() -> None:
         delegates = [load_delegate(case["delegate"], case.get("options", {}))] if case.get("delegate") else []
         interpreter = Interpreter(case["model"], experimental_delegates=delegates, num_threads=job["threads"])
         interpreter.allocate_tensors()
-        fill_inputs(interpreter, seed=i)
+        fill_inputs(interpreter, case["inputs"])
         for _ in range(job["warmup"]):
             interpreter.invoke()
         mark(2 * i)
