@@ -563,6 +563,39 @@ def test_a_projection_to_few_channels_is_shared_among_threads_by_rows(rows, dept
     assert check_model_blocks(model)
 
 
+@pytest.mark.parametrize("kind", ["dynamic_range", "int8"])
+@pytest.mark.parametrize("family", ["arm", "x86"])
+def test_a_dot_product_fully_connected_loads_its_weights_in_dense_vectors(kind, family, tmp_path):
+    # A fully connected layer's dot-product weights are blocked by 32 channels (pack "dot4_blocked").
+    # NEON's tile model chose 8-channel tiles for TinyBERT's dynamic-range FCs, and a tile starting at
+    # 8 x t had each of its weight vectors' bytes addressed apart: a gather per load, 0.12 of the
+    # A76's multiply-adds a cycle. Every vector read of every input must be one dense load, and on
+    # NEON each row's 16 input bytes serve 4 dot-product groups (`sdot` by element): the reduction
+    # loop steps 16 at a time.
+    from halide_gen.schedule.params import NEON, X86
+    from halide_gen.targets import target_spec
+    from test_hybrid import _fc_model
+    from test_lowering_int8 import fully_connected_model
+
+    if kind == "dynamic_range":
+        model = _fc_model((1, 18, 64), 40, per_channel=True, asymmetric=True, keep_num_dims=True)
+    else:
+        model = fully_connected_model(18, 64, 40)  # 40 channels over 18 rows: 8 x 9 tiles, as TinyBERT's
+    target = "arm64-linux" if family == "arm" else "host"
+    stmt = scheduled_stmt(tmp_path, model, NEON if family == "arm" else X86, target_spec(target).lowering_options())
+    reads = re.findall(r"blk_in\d+\[([^\]]*)\]", stmt)
+    vectors = [index for index in reads if re.search(r"ramp\(|x\d+\(|shuffle\(|concat_vectors\(", index)]
+    assert vectors, "no vector reads"
+    def dense(index: str) -> bool:  # one ramp of stride 1 over scalar terms
+        return (index.startswith("ramp(") and index.count("ramp(") == 1
+                and not re.search(r"shuffle\(|concat_vectors\(|x\d+\(", index)
+                and re.search(r", 1, \d+\)( aligned\(\d+, \d+\))?$", index) is not None)
+
+    assert all(dense(index) for index in vectors), [i for i in vectors if not dense(i)][:3]
+    steps = {int(n) for n in re.findall(r"r\$x_o, 0, (\d+)\)", stmt)}
+    assert steps == ({64 // 16} if family == "arm" else {64 // 4}), steps
+
+
 def test_conv_tiles_cover_rows_without_a_one_pixel_tail():
     # x86 conv tiles: 7 pixels where 7 divides the row (MobileNets), 8 where 8 does (U-Nets), never
     # fewer than half the requested count.

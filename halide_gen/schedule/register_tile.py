@@ -188,9 +188,9 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         inner_tile = xo
         tiles = -(-acc.value.shape[-1] // channels)
         outer = acc.value.shape[-3] if len(v) > 2 else 1
-        groups = _row_groups(acc, pixels, tiles * outer) if acc.kind == AccumulatorKind.MATMUL else 1
-        if parallel and groups > 1:
-            inner_tile = _parallel_with_row_groups(home, xo, co, v[2:], -(-acc.value.shape[-2] // pixels), groups)
+        row_groups = _row_groups(acc, pixels, tiles * outer) if acc.kind == AccumulatorKind.MATMUL else 1
+        if parallel and row_groups > 1:
+            inner_tile = _parallel_with_row_groups(home, xo, co, v[2:], -(-acc.value.shape[-2] // pixels), row_groups)
         elif parallel and len(v) > 2:
             _parallel_with_channel_groups(home, co, v[2], -(-acc.value.shape[-1] // channels), acc.value.shape[-3])
         elif parallel:

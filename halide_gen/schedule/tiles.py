@@ -99,6 +99,14 @@ def pixels_in_l1_sets(params: CpuParams, stride: int, pixels: int) -> bool:
     return max(sets.values()) <= params.l1_ways
 
 
+# Fewest channels of a matrix product's dot-product tile. Its weights are blocked by pack.CHANNEL_TILE
+# channels, each channel's 4 bytes beside the next's (pack "dot4_blocked"); a vector of 4 channels
+# x 4 bytes from a tile that starts at 8 x t (t unknown mod 2) had each byte's address computed
+# apart, a gather a load (bench/RESULTS.md, "ARM64: dynamic-range models"). From 16 x t, Halide
+# folds the index into one dense load.
+SMALLEST_BLOCKED_DOT_TILE = 16
+
+
 def tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int, round_up: bool,
                 steps: int, modelled: bool) -> tuple[int, int]:
     """The register tile (channels, pixels) of one accumulator: modelled where the CPU's
@@ -107,7 +115,8 @@ def tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels: int, 
     pixels in one L1 set than the cache holds (pixels_in_l1_sets)."""
     width = acc.value.shape[-2] if len(acc.value.shape) >= 2 else 1
     if params.registers and modelled:
-        return modelled_tile(acc.value.shape[-1], width, params.lanes, params.registers, round_up, steps)
+        least = SMALLEST_BLOCKED_DOT_TILE if acc.dot and acc.kind == AccumulatorKind.MATMUL else 0
+        return modelled_tile(acc.value.shape[-1], width, params.lanes, params.registers, round_up, steps, least)
     channels, pixels = _fixed_tile_shape(acc, params, channels, pixels, round_up, width)
     # Fewer pixels, not more channels: a 32 x 8 FC tile ran as fast as 64 x 6 on Zen 4, and
     # keeps twice the channel tiles to share among threads.
@@ -160,19 +169,20 @@ def whole_rows(width: int, pixels: int) -> int:
 
 
 def modelled_tile(channels: int, width: int, lanes: int, registers: int, round_up: bool,
-                  steps: int) -> tuple[int, int]:
+                  steps: int, least: int = 0) -> tuple[int, int]:
     """The register tile with the fewest instructions for an op with `channels` outputs per pixel
     and rows `width` pixels long, counting per group of `steps` reduction steps: one fused
     multiply-add per accumulator vector and step, one input load per pixel (a vector of `steps`
     values, or a broadcast when `steps` is 1), weight vectors loaded in pairs, and 3 for the loop.
     Accumulators, one input per pixel and one step's weights must fit in `registers` (one spare):
     past that the tile spills (4 x 6 on NEON with 4-step loads did). Tiles that run past the last
-    channel or pixel count in full: their lanes are wasted work."""
+    channel or pixel count in full: their lanes are wasted work. No tile has fewer than `least`
+    channels."""
     best: tuple[float, int, int] | None = None
     limit = padded(channels) if round_up else channels
     for vectors in (2, 4, 8):
         size = vectors * lanes
-        if size > max(limit, 2 * lanes) or (round_up and limit % size):
+        if size > max(limit, 2 * lanes, least) or (round_up and limit % size) or size < least:
             continue
         for px in range(1, min(width, 12) + 1):
             if vectors * px + px + vectors > registers - 1:
