@@ -214,6 +214,44 @@ def test_a_hybrid_convolutions_image_statistics_read_its_rows_in_dense_vectors(o
     opcheck.compare(model, _images(shape), seeds=(0, 1), options=target_spec("host").lowering_options())
 
 
+def _expand_depthwise_model(hybrid: bool):
+    """An inverted residual's expand conv (1x1, 8 -> 32 channels) and stride-2 depthwise conv, their
+    weights int8 (dynamic range) or float."""
+    rng = np.random.default_rng(5)
+    b = ModelBuilder()
+    x = b.input("x", [1, 24, 24, 8])
+
+    def weights(name, shape, axis):
+        values = rng.integers(-127, 128, shape).astype(np.int8)
+        if hybrid:
+            return b.const(name, values, "int8", quant=quantization(rng.uniform(0.002, 0.02, 32), 0, axis=axis))
+        return b.const(name, values.astype(np.float32) * 0.01)
+
+    bias = b.const("bias", rng.standard_normal(32).astype(np.float32))
+    expanded = b.op("CONV_2D", [x, weights("w1", (32, 1, 1, 8), 0), bias], [1, 24, 24, 32], dtype="float32",
+                    padding="SAME", strideH=1, strideW=1, fusedActivationFunction="RELU6")
+    b.output(b.op("DEPTHWISE_CONV_2D", [expanded, weights("w2", (1, 3, 3, 32), 3), bias], [1, 12, 12, 32],
+                  dtype="float32", padding="SAME", strideH=2, strideW=2, depthMultiplier=1))
+    return b.build()
+
+
+def test_a_chain_with_a_hybrid_convolution_past_its_first_is_not_streamed():
+    # A dynamic-range depthwise conv quantizes its input by the whole image's extremes. Streamed
+    # behind the expand conv (NEON streams chains whose intermediates pass 1 MB), every strip computed
+    # the expanded map again for them: EfficientNet's 112 x 112 block took 10.7x XNNPACK's ARM64
+    # instructions. Such a chain is scheduled op by op; its float twin still streams.
+    from halide_gen.block import build_block
+    from halide_gen.schedule.conv_chain import conv_chain
+    from halide_gen.targets import target_spec
+
+    options = target_spec("arm64-linux").lowering_options()
+    for hybrid in (True, False):
+        ops = _expand_depthwise_model(hybrid).main.operators
+        kernel = build_block("chain", ops, [ops[-1].outputs[0]], options)
+        assert (conv_chain(kernel, stream_bytes=0) is None) == hybrid
+    opcheck.compare(_expand_depthwise_model(True), _images((1, 24, 24, 8)), seeds=(0, 1), options=options)
+
+
 @pytest.mark.parametrize("per_channel", [True, False])
 def test_a_hybrid_conv2d_no_dot_product_takes_sums_in_int16(per_channel):
     # Dilated along its rows over 5 input channels: neither dot-product form fits.

@@ -7,6 +7,7 @@ import halide as hl
 import numpy as np
 
 from fusion.mapping import ELEMENTWISE
+from tflite_tools.model.hybrid import is_hybrid
 
 from ..block import Accumulator, BlockKernel
 from .params import X86, CpuParams
@@ -27,6 +28,11 @@ def conv_chain(kernel: BlockKernel, stream_bytes: int = X86.stream_bytes) -> lis
     last = accs[-1].value.shape
     after = kernel.ops[accs[-1].op_index + 1:]
     if len(kernel.outputs) != 1 or any(op.name not in ELEMENTWISE or tuple(op.outputs[0].shape) != last for op in after):
+        return None
+    # A dynamic-range convolution quantizes its input by the whole image's extremes: past the
+    # first, it needs the intermediate before it whole before any of its rows, and streamed, each
+    # strip computed that intermediate again (bench/RESULTS.md, "ARM64: dynamic-range models").
+    if any(is_hybrid(kernel.ops[a.op_index]) for a in accs[1:]):
         return None
     # Streaming pays when the intermediates would not stay in cache (CpuParams.stream_bytes).
     intermediate = sum(4 * int(np.prod(a.value.shape)) for a in accs[:-1])
