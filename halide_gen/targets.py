@@ -178,17 +178,27 @@ class TargetSpec:
             return self.int8_rounding == "xnnpack"
         return self.family == "arm" and self.dot_product
 
+    @property
+    def hybrid_claimed_unmeasured(self) -> bool:
+        """Whether blocks holding a dynamic-range op (float inputs quantized as the kernel runs) are
+        claimed by default without `fuse --measure`: where their kernels are known to beat XNNPACK's
+        own dynamic quantization on whole models (bench/RESULTS.md, "Real-size corpus: speed" for
+        x86 time, "ARM64: dynamic-range models" for ARMv8.2 instructions); not on ARMv8.0 cores
+        (no dot product: int16 sums), which were not measured."""
+        return self.family == "x86" or (self.family == "arm" and self.dot_product)
+
     def claims_unmeasured(self, ops) -> bool:
         """Whether a block of `ops` that has a kernel is claimed by default when nothing was timed
         (no `fuse --measure`): where kernels of its kind are known to hold their own. Float blocks on
         CPUs; int8 ones where int8_claimed_unmeasured says (16x8 blocks always: XNNPACK has no int16
-        kernels); never a dynamic-range block (its float inputs quantized as it runs: on whole
-        models XNNPACK's own dynamic quantization still wins, bench/RESULTS.md "Real-size corpus:
-        speed"), nor a GPU block (correct, not yet tuned: claim:all asks for them)."""
+        kernels); dynamic-range ones where hybrid_claimed_unmeasured says; never a GPU block
+        (correct, not yet tuned: claim:all asks for them)."""
         from tflite_tools.model.hybrid import is_hybrid
 
-        if self.family == "gpu" or any(is_hybrid(op) for op in ops):
+        if self.family == "gpu":
             return False
+        if any(is_hybrid(op) for op in ops):
+            return self.hybrid_claimed_unmeasured
         return self.int8_claimed_unmeasured or not computes_on_int8(ops)
 
     def plan_config(self):

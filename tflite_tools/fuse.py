@@ -162,10 +162,9 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
          trace: Callable[[str], None] | None = None) -> FuseResult:
     """Fuses a model into OUT (see the module docstring). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by kernel identity) and marks only faster ones
-    profitable; otherwise every compiled float block of a CPU target counts as profitable, and
-    int8 blocks only on ARM with dot product; GPU targets' blocks do not (see _quantized), nor do
-    blocks holding a dynamic-range op: XNNPACK's own dynamic quantization is faster on x86
-    (bench/RESULTS.md, "Real-size corpus: speed").
+    profitable; otherwise every compiled float block of a CPU target counts as profitable, int8
+    blocks where TargetSpec.int8_claimed_unmeasured says, blocks holding a dynamic-range op on x86
+    and ARMv8.2 (TargetSpec.hybrid_claimed_unmeasured); GPU targets' blocks do not.
     `debug_runtime` links Halide's debug runtime, which traces device copies and kernel launches
     (delegate log_level:verbose).
     `autoschedulers` times Halide's autoschedulers against the templates per block where the
