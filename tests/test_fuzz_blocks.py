@@ -131,7 +131,7 @@ def test_delegate_float_twins(model, tmp_path_factory):
 
 
 @pytest.mark.parametrize("path", sorted(REGRESSIONS.glob("*.tflite")), ids=lambda p: p.stem)
-def test_regression_models(path, tmp_path):
+def test_regression_models(path, tmp_path, private_cache):
     """Graphs the fuzzer once failed on, shrunk: per block (streamed) and through the delegate."""
     check_model_blocks(path, params=STREAM_ALWAYS, allow_unlowered=True, scale_floor=1.0)
-    check_fused_model(path, tmp_path / "out", tmp_path / "cache")
+    check_fused_model(path, tmp_path / "out", private_cache)
