@@ -21,7 +21,7 @@ under claim:all and the default policy on seeded inputs, and compares with the k
 bench/RESULTS.md. `speed` times each model fused for the host against LiteRT + XNNPACK
 (tflite_tools.bench: interleaved in one process at one thread, a process per contender at more),
 our delegate claiming every block and the default policy, and prints a table of ratios with the
-geometric mean over the float models. `memory` measures each model's peak resident memory (a
+geometric mean over the models with float activations. `memory` measures each model's peak resident memory (a
 fresh process per contender, through one invoke) with LiteRT + XNNPACK alone and with our delegate
 under both policies. Models are cached in the output folder (not committed: bench/corpus/ is ignored).
 """
@@ -477,7 +477,8 @@ def speed_line(row: dict, threads: Sequence[int]) -> str:
 
 
 def speed_table(rows: list[dict], threads: Sequence[int]) -> str:
-    """The Markdown table of speed rows, with the float models' geometric means."""
+    """The Markdown table of speed rows, with the geometric means of the models whose activations are
+    float (dynamic-range ones among them; int8 models are not averaged in)."""
     head = " | ".join(f"{t} thread{'s' if t > 1 else ''}: XNNPACK ms, ours all, ours default" for t in threads)
     lines = [f"| model | {head} |", "|---|" + "---|" * len(threads)] + [speed_line(r, threads) for r in rows]
     floats = [r for r in rows if not r["int8"] and len(r["times"]) == len(threads)]
@@ -486,7 +487,7 @@ def speed_table(rows: list[dict], threads: Sequence[int]) -> str:
         for t in threads:
             all_, default = (math.exp(statistics.fmean(math.log(r["times"][t][k]) for r in floats)) for k in (1, 2))
             means.append(f"-, {all_:.2f}x, {default:.2f}x")
-        lines.append(f"| geo-mean of {len(floats)} float models | {' | '.join(means)} |")
+        lines.append(f"| geo-mean of {len(floats)} models with float activations | {' | '.join(means)} |")
     return "\n".join(lines)
 
 
