@@ -251,7 +251,30 @@ def test_a_transposed_block_output_is_written_in_square_tiles_and_exact(params_n
     _, kernel = only_block_kernel(model)
     schedule_cpu(kernel, params)
     transposed = kernel.outputs[-1][1].func.name().split("$")[0]
-    assert re.search(rf"for \({re.escape(transposed)}(\$\d+)?\.s0\.\w+\.co_t,", _lowered_stmt(kernel)), "not tiled"
+    assert re.search(rf"for \({re.escape(transposed)}(\$\d+)?\.s0\.c\.c,", _lowered_stmt(kernel)), "not tiled"
+    check_model_blocks(model, params=params)
+
+
+@pytest.mark.parametrize("params_name", ["X86", "NEON"])
+def test_a_transposed_output_split_among_threads_by_its_tiled_axis_builds(params_name):
+    # A Gemma-style decoder's prefill writes its one key head's cache transposed, [1, 1, 256, 512]:
+    # the axis the tiles of the transpose split is also the one its rows are shared among threads
+    # by, and asking for the old axis after the split was a Halide error that left the block to
+    # TFLite. The tile loops keep the axes' names.
+    from blockcheck import check_model_blocks
+    from halide_gen.schedule import params as cpu_params
+    from halide_gen.schedule import schedule_cpu
+
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 1, 512, 256])
+    doubled = b.op("ADD", [x, x], [1, 1, 512, 256])
+    b.output(b.op("TRANSPOSE", [doubled, b.const("perm", np.array([0, 1, 3, 2], np.int32))], [1, 1, 256, 512]))
+    model = b.build()
+    params = getattr(cpu_params, params_name)
+    _, kernel = only_block_kernel(model)
+    schedule_cpu(kernel, params)
+    stmt = _lowered_stmt(kernel)
+    assert "halide_do_par_for" in stmt and re.search(r"\.s0\.c\.c,", stmt), "not tiled, or not parallel"
     check_model_blocks(model, params=params)
 
 

@@ -137,8 +137,10 @@ def tile_transpose(value: Value, lanes: int, done: set[str]) -> bool:
     done.add(f.name())
     v = loop_vars(f)
     c, x = v[0], v[rank - 1 - source_axis]
-    co, xo, ci, xi = (hl.Var(f"{name}_t") for name in ("co", "xo", "ci", "xi"))
-    f.tile(c, x, co, xo, ci, xi, lanes, lanes, hl.TailStrategy.GuardWithIf).vectorize(ci).unroll(xi)
+    ci, xi = hl.Var(f"{c.name()}_t"), hl.Var(f"{x.name()}_t")
+    # The tile loops keep the axes' names, so a later parallel() over the row axis (split_rows)
+    # finds it: a decoder's [1, 1, 256, 512] key cache is split among threads by its tiles of rows.
+    f.tile(c, x, c, x, ci, xi, lanes, lanes, hl.TailStrategy.GuardWithIf).vectorize(ci).unroll(xi)
     return True
 
 
