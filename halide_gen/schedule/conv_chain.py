@@ -7,11 +7,10 @@ import halide as hl
 import numpy as np
 
 from fusion.mapping import ELEMENTWISE
-from tflite_tools.model.hybrid import is_hybrid
 
 from ..block import Accumulator, BlockKernel
 from .params import X86, CpuParams
-from .register_tile import CONV_TILES, tile_for
+from .register_tile import CONV_TILES, quantizes_as_it_runs, tile_for
 from .vectors import loop_vars, vectorize_inner
 
 
@@ -32,7 +31,7 @@ def conv_chain(kernel: BlockKernel, stream_bytes: int = X86.stream_bytes) -> lis
     # A dynamic-range convolution quantizes its input by the whole image's extremes: past the
     # first, it needs the intermediate before it whole before any of its rows, and streamed, each
     # strip computed that intermediate again (bench/RESULTS.md, "ARM64: dynamic-range models").
-    if any(is_hybrid(kernel.ops[a.op_index]) for a in accs[1:]):
+    if any(quantizes_as_it_runs(kernel, a) for a in accs[1:]):
         return None
     # Streaming pays when the intermediates would not stay in cache (CpuParams.stream_bytes).
     intermediate = sum(4 * int(np.prod(a.value.shape)) for a in accs[:-1])

@@ -374,7 +374,7 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
     strided ones.
     """
     op = kernel.ops[acc.op_index]
-    if kernel.op_helpers[acc.op_index] and not _quantizes_as_it_runs(kernel, acc):
+    if kernel.op_helpers[acc.op_index] and not quantizes_as_it_runs(kernel, acc):
         return []  # the op reads its input once, through a helper it materialises (a zero-padded copy)
     transposed_block_input(kernel, acc, params)
     per_tile = []
@@ -395,10 +395,10 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
     return per_tile
 
 
-def _quantizes_as_it_runs(kernel: BlockKernel, acc: Accumulator) -> bool:
-    """Whether the op's helpers hold row statistics (a dynamic-range op's): they read its input
-    beside its quantized copy, so an in-block producer inlined into them ran once for each (a
-    swish before a depthwise conv: its sigmoid three times)."""
+def quantizes_as_it_runs(kernel: BlockKernel, acc: Accumulator) -> bool:
+    """Whether the op's helpers hold row statistics (a dynamic-range op's): its input is read whole
+    for them before any of it is quantized, and beside its quantized copy, so an in-block producer
+    inlined into them ran once for each (a swish before a depthwise conv: its sigmoid three times)."""
     statistics = {id(v.func) for s in kernel.row_statistics for v in (*s.results, *s.inner, *s.roots)}
     return any(id(h.func) in statistics for h in kernel.op_helpers[acc.op_index])
 
