@@ -102,6 +102,24 @@ def test_isolated_contender_that_cannot_run_the_model_is_a_model_error(tmp_path)
         time_contenders([Contender("xnnpack", str(garbage))], threads=2, runs=1, warmup=0)
 
 
+def test_an_interrupt_before_a_contender_answers_ends_its_process_quietly(capfd, model_path, monkeypatch):
+    # Ctrl-C while a contender's process still builds its interpreter: the call unwinds only once
+    # that process has ended, and the process prints nothing (no "Process SpawnProcess-n:").
+    import multiprocessing
+
+    from tflite_tools import bench
+
+    def interrupted(process, conn, name):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "_answer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        bench.time_contenders([bench.Contender("xnnpack", str(model_path("add_relu")))], threads=2, runs=1, warmup=0)
+    assert multiprocessing.active_children() == []
+    err = capfd.readouterr().err
+    assert "Process" not in err and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("cold", [False, True])
 def test_turns_time_batches_after_an_untimed_invoke_or_single_cold_invokes(cold):
     # Warm: each turn a contender runs one untimed invoke (its caches settle after the other

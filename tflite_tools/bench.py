@@ -254,18 +254,22 @@ def _serve(conn: Any, case: Contender, threads: int, inputs: Inputs) -> None:
     """A contender's own process: reports its Timings (or a ModelError's message), then answers
     each invoke count it is sent with that many invoke times in microseconds (0 ends it)."""
     try:
-        interp, timings = _prepared(case, threads, inputs)
-    except ModelError as exc:
-        conn.send(str(exc))
-        return
-    conn.send(timings)
-    while (count := conn.recv()) > 0:
-        conn.send([_timed(interp.invoke)[1] for _ in range(count)])
+        try:
+            interp, timings = _prepared(case, threads, inputs)
+        except ModelError as exc:
+            conn.send(str(exc))
+            return
+        conn.send(timings)
+        while (count := conn.recv()) > 0:
+            conn.send([_timed(interp.invoke)[1] for _ in range(count)])
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent is gone (a Ctrl-C as this process started): nothing is left to answer
 
 
 def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: int,
                    progress: Callable[[int, int, str], None] | None, inputs: Inputs, cold: bool) -> list[Timings]:
     context = multiprocessing.get_context("spawn")
+    started: list[tuple[Any, Any]] = []
     workers: list[tuple[Any, Any, Timings]] = []
 
     def batch(k: int, count: int) -> list[float]:
@@ -281,6 +285,7 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
             ours, theirs = context.Pipe()
             process = context.Process(target=_serve, args=(theirs, case, threads, inputs), daemon=True)
             _start_deaf_to_ctrl_c(process.start)
+            started.append((process, ours))
             theirs.close()  # the child's end: once the child is gone, recv() raises instead of waiting
             reply = _answer(process, ours, case.name)
             if isinstance(reply, str):
@@ -289,12 +294,24 @@ def _time_isolated(cases: Sequence[Contender], threads: int, runs: int, warmup: 
             workers.append((process, ours, reply))
         _take_turns([t for _, _, t in workers], batch, runs, warmup, cold, progress)
     finally:
-        for process, conn, _ in workers:
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGCONT)
-                conn.send(0)
-                process.join(timeout=10)
+        for process, conn in started:  # every one, answered or not: none may outlive this call
+            _end(process, conn)
     return [t for _, _, t in workers]
+
+
+def _end(process: Any, conn: Any) -> None:
+    """Ends a contender's process: asked to stop, then killed if it has not within 10 s (one still
+    building its interpreter reads the request once it has answered)."""
+    if process.is_alive():
+        os.kill(process.pid, signal.SIGCONT)
+        try:
+            conn.send(0)
+        except OSError:
+            pass  # it closed its end as it ended
+        process.join(timeout=10)
+    if process.is_alive():
+        process.kill()
+        process.join()
 
 
 def _start_deaf_to_ctrl_c(start: Callable[[], Any]) -> Any:
