@@ -41,6 +41,9 @@ class Argument:
     tensor: Tensor
     param: hl.ImageParam
     pack: str | None = None
+    # A float32 constant passed in half precision, converted once after packing (weights of
+    # kernels that compute in it: LoweringOptions.half_arithmetic).
+    half: bool = False
     # Indices a device kernel reads unchecked: the bound of each innermost position (cyclically)
     # and the op's name, for the host check before the kernel runs (lower.movement.index_operand).
     index_bounds: tuple[int, ...] = ()
@@ -54,15 +57,21 @@ class Argument:
     @property
     def type_name(self) -> str:
         """The element type the kernel sees (TFLite's name), after packing."""
-        return _packed_type(self.tensor, self.pack)
+        return _packed_type(self.tensor, self.pack, self.half)
 
     def data_from(self, value: np.ndarray) -> np.ndarray:
         """The array to pass for this argument, given the tensor's TFLite data."""
-        return pack(self.pack, value)
+        packed = pack(self.pack, value)
+        return packed.astype(np.float16) if self.half else packed
 
 
-def _packed_type(t: Tensor, packing: str | None) -> str:
-    """The element type of `t` as a kernel argument packed by `packing` (TFLite's name)."""
+def _packed_type(t: Tensor, packing: str | None, half: bool = False) -> str:
+    """The element type of `t` as a kernel argument packed by `packing` (TFLite's name), in half
+    precision where `half`."""
+    if half:
+        if t.type_name != "FLOAT32":
+            raise LoweringError(f"{t.name!r}: only float32 constants are passed in half precision")
+        return "FLOAT16"
     # INT4 weights reach kernels unpacked into int8 (Tensor.values; the delegate unpacks them too).
     return (PACKERS[packing].dtype if packing else None) or ("INT8" if t.type_name == "INT4" else t.type_name)
 
@@ -257,24 +266,24 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
     produced = {id(t) for op in ops for t in op.outputs}
     params: dict[tuple[int, str | None], Value] = {}
 
-    def value_of(t: Tensor, packing: str | None = None) -> Value:
-        if packing is None and id(t) in kernel.values:
+    def value_of(t: Tensor, packing: str | None = None, half: bool = False) -> Value:
+        if packing is None and not half and id(t) in kernel.values:
             if id(t) in produced:
                 kernel.read_in_block.add(id(kernel.values[id(t)].func))
             return kernel.values[id(t)]
         if id(t) in produced:
             raise LoweringError(f"{t.name!r} is read before the op that writes it")
-        key = (id(t), packing)
+        key = (id(t), packing, half)
         if key not in params:
             rank = len(PACKERS[packing].shape(tuple(t.shape))) if packing else len(t.shape)
-            param = hl.ImageParam(halide_type(_packed_type(t, packing)), rank, f"{kernel.name}_in{len(params)}")
-            arg = Argument(t, param, packing)
+            param = hl.ImageParam(halide_type(_packed_type(t, packing, half)), rank, f"{kernel.name}_in{len(params)}")
+            arg = Argument(t, param, packing, half)
             _declare_dense(arg.param, arg.shape)
             kernel.arguments.append(arg)
             # Packed constants are weights, read only at indices a reduction walks.
-            func = hl.Func(arg.param) if packing or len(arg.shape) < 2 else _edge_clamped(arg)
+            func = hl.Func(arg.param) if packing or half or len(arg.shape) < 2 else _edge_clamped(arg)
             params[key] = Value(func, arg.shape, arg.param.type())
-            if packing is None:
+            if packing is None and not half:
                 kernel.values[id(t)] = params[key]
         return params[key]
 

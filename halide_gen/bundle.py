@@ -232,7 +232,7 @@ def _graph_tables(graph: BundleGraph, suffix: str) -> tuple[list[str], str]:
             touched[idx(a.tensor)] = a.tensor
             source, stored = _source(a.tensor)
             args.append(initializer(ARG_SPEC, tensor=idx(a.tensor), source=ARG_SOURCE.code(source),
-                                    stored=idx(stored), pack=PACK.code(a.pack), rank=len(a.shape),
+                                    stored=idx(stored), pack=PACK.code(a.pack), half=int(a.half), rank=len(a.shape),
                                     dims=_dims(a.shape), first_index_bound=len(index_bounds),
                                     n_index_bounds=len(a.index_bounds),
                                     index_op=_c_string(a.index_op) if a.index_op else "nullptr"))
@@ -301,7 +301,7 @@ def bundle_source(info: BundleInfo) -> str:
             default_claim_threaded=CLAIM_POLICY.value(info.default_claim_threaded),
             allow_dynamic_tensors=int(info.dynamic), gpu_api=GPU_API.code(spec.gpu_api),
             half_precision=int(spec.precision == "fp16"), vulkan_alloc_config=_c_string(VULKAN_ALLOC_CONFIG),
-            needs_dot_product=int(spec.dot_product)) + ";",
+            needs_dot_product=int(spec.dot_product), needs_half_arithmetic=int(spec.half_arithmetic)) + ";",
         "  return b;",
         "}",
         "",

@@ -144,6 +144,7 @@ ARG_SPEC = Struct("ArgSpec", "One kernel argument: the tensor it reads and the s
     Field("source", "ArgSource"),
     Field("stored", "int32_t", "kDecoded: the stored constant it is decoded from (else -1)"),
     Field("pack", "Pack"),
+    Field("half", "int32_t", "1: a float32 constant the kernel reads in half precision, converted once after packing"),
     Field("rank", "int32_t"),
     Field("dims", "int32_t[kMaxRank]", "after packing, TFLite order"),
     Field("first_index_bound", "int32_t", "slice of Bundle::index_bounds: indices a GPU kernel reads unchecked, each "
@@ -206,9 +207,11 @@ BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
     Field("default_claim_threaded", "int32_t", "the same where the interpreter runs more than one thread"),
     Field("allow_dynamic_tensors", "int32_t", "1: the model has custom ops or tensors sized only as it runs (plugin.cc)"),
     Field("gpu_api", "int32_t", "GpuApi"),
-    Field("half_precision", "int32_t", "1: float tensors stored as fp16 (--gpu-precision fp16)"),
+    Field("half_precision", "int32_t", "1: float tensors stored as fp16 (--gpu-precision or --cpu-precision fp16)"),
     Field("vulkan_alloc_config", "const char*", "HL_VK_ALLOC_CONFIG unless the environment sets one"),
     Field("needs_dot_product", "int32_t", "1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)"),
+    Field("needs_half_arithmetic", "int32_t", "1: CPU kernels compute in fp16 (declined where HWCAP_FPHP / "
+                                              "HWCAP_ASIMDHP are unset)"),
 ))
 
 ENUMS = (PACK, ARG_SOURCE, GPU_API, CLAIM_POLICY)

@@ -29,6 +29,10 @@ class LoweringOptions:
     forms with IEEE-exact min / max tests, reference rounding, host code)."""
 
     precision: str = "fp32"  # one of PRECISIONS
+    # Convolutions and matrix products multiply and sum in half precision (fp16 storage only:
+    # ARMv8.2's FP16, 8 lanes an FMA, as XNNPACK's fp16 kernels), from weights passed in it
+    # (OpContext.packed); the ops between them still compute on widened values, rounded when stored.
+    half_arithmetic: bool = False
     # The CPU's float min / max give TFLite's NaN and inf answers themselves (ARM): lower.ieee
     # then emits plain min / max.
     native_minmax: bool = False
@@ -49,8 +53,15 @@ class LoweringOptions:
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision {self.precision!r} is none of {tuple(PRECISIONS)}")
+        if self.half_arithmetic and self.precision != "fp16":
+            raise ValueError("half-precision arithmetic needs fp16 storage")
         if self.int8_rounding not in INT8_ROUNDINGS:
             raise ValueError(f"int8 rounding {self.int8_rounding!r} is none of {INT8_ROUNDINGS}")
+
+    @property
+    def float_arithmetic(self) -> hl.Type:
+        """The type convolutions and matrix products multiply and sum in."""
+        return hl.Float(16) if self.half_arithmetic else hl.Float(32)
 
     @property
     def float_storage(self) -> hl.Type:

@@ -15,7 +15,9 @@
 Each GPU target also comes as `<name>-fp16` (the CLI's `--gpu-precision fp16`, `with_precision`):
 every tensor a block computes is stored in half precision (halide_gen.lowering_options), with
 the device's fp16 feature enabled (`cl_half`: cl_khr_fp16; `vk_float16`: shaderFloat16 + 16-bit
-storage).
+storage). So does each ARMv8.2 CPU target (`arm64-linux-fp16`, `arm64-android-fp16`: the CLI's
+`--cpu-precision fp16`), which also computes its convolutions and matrix products in half
+precision (`arm_fp16`: 8 lanes an FMA) from weights stored in it.
 
 Each CPU target also comes with its other int8 rounding (the CLI's `--int8-rounding`,
 `with_int8_rounding`): `<name>-int8-reference` or `<name>-int8-xnnpack`. x86 targets requantize int8
@@ -144,7 +146,9 @@ class TargetSpec:
         app can ship both: "" for CPUs, "_nodot" for ARMv8.0 builds, "_opencl", "_vulkan",
         "_opencl_fp16", ..."""
         if self.gpu_api is None:
-            return "_nodot" if self.family == "arm" and not self.dot_product else ""
+            if self.family == "arm" and not self.dot_product:
+                return "_nodot"
+            return "_fp16" if self.half_arithmetic else ""
         return f"_{self.gpu_api}" + ("_fp16" if self.precision == "fp16" else "")
 
     def lowering_options(self):
@@ -156,7 +160,8 @@ class TargetSpec:
         cannot fail an invoke."""
         from .lowering_options import LoweringOptions
 
-        return LoweringOptions(precision=self.precision, native_minmax=self.family == "arm",
+        return LoweringOptions(precision=self.precision, half_arithmetic=self.half_arithmetic,
+                               native_minmax=self.family == "arm",
                                x86_integer=self.family == "x86", int8_rounding=self.int8_rounding,
                                wide_integers=self.gpu_api != "vulkan", device_code=self.family == "gpu",
                                row_partials=4 if self.family == "x86" else 1)
@@ -166,6 +171,12 @@ class TargetSpec:
         """Whether the CPU kernels may use ARMv8.2's dot-product instructions (SDOT): int8
         convolutions and matrix products sum 4 products per lane with them."""
         return any("arm_dot_prod" in t for t in self.halide)
+
+    @property
+    def half_arithmetic(self) -> bool:
+        """Whether the CPU kernels compute in half precision (ARMv8.2's FP16 arithmetic: the
+        `-fp16` ARM targets); GPU targets in fp16 only store it."""
+        return self.family == "arm" and self.precision == "fp16"
 
     @property
     def int8_claimed_unmeasured(self) -> bool:
@@ -237,6 +248,12 @@ def _with_fp16(spec: TargetSpec) -> TargetSpec:
                       spec.packaging)
 
 
+def _with_half_arithmetic(spec: TargetSpec) -> TargetSpec:
+    """The half-precision variant of an ARMv8.2 CPU target."""
+    return replace(spec, name=f"{spec.name}-fp16", halide=tuple(f"{t}-arm_fp16" for t in spec.halide),
+                   precision="fp16")
+
+
 def _with_other_rounding(spec: TargetSpec) -> TargetSpec:
     """A CPU target with the int8 rounding it does not take by default."""
     rounding = next(r for r in INT8_ROUNDINGS if r != spec.int8_rounding)
@@ -259,8 +276,11 @@ _BASE_TARGETS = [
 ]
 TARGETS: dict[str, TargetSpec] = {s.name: s for s in _BASE_TARGETS}
 TARGETS.update({f.name: f for f in (_with_fp16(s) for s in _BASE_TARGETS if s.family == "gpu")})
-TARGETS.update({r.name: r for r in (_with_other_rounding(s) for s in _BASE_TARGETS if s.family != "gpu")})
-# The names the CLI's --target takes; the variants come from --gpu-precision and --int8-rounding.
+_HALF_TARGETS = [_with_half_arithmetic(s) for s in _BASE_TARGETS if s.family == "arm" and s.dot_product]
+TARGETS.update({f.name: f for f in _HALF_TARGETS})
+TARGETS.update({r.name: r for r in (_with_other_rounding(s) for s in _BASE_TARGETS + _HALF_TARGETS if s.family != "gpu")})
+# The names the CLI's --target takes; the variants come from --gpu-precision, --cpu-precision and
+# --int8-rounding.
 BASE_TARGETS = tuple(s.name for s in _BASE_TARGETS)
 
 
@@ -273,17 +293,33 @@ def target_spec(name: str) -> TargetSpec:
 
 
 GPU_TARGETS = tuple(name for name, spec in TARGETS.items() if spec.family == "gpu" and spec.precision == "fp32")
+# The CPU targets that compute in half precision, by their fp32 names.
+HALF_CPU_TARGETS = tuple(s.name for s in _BASE_TARGETS if s.family == "arm" and s.dot_product)
 
 
 def with_precision(name: str, precision: str) -> str:
-    """The target that stores a block's float tensors in `precision` ("fp32" or "fp16"); raises
-    ValueError where there is none (fp16 exists for GPU targets only)."""
+    """The GPU target that stores a block's float tensors in `precision` ("fp32" or "fp16"); raises
+    ValueError where there is none (the CLI's --gpu-precision: GPU targets only)."""
     if precision == "fp32":
         return target_spec(name).name
-    variant = f"{name}-{precision}"
-    if variant not in TARGETS:
+    if target_spec(name).family != "gpu":
         raise ValueError(f"--gpu-precision {precision} needs a GPU target ({', '.join(GPU_TARGETS)}), not {name}")
-    return variant
+    return f"{name}-{precision}"
+
+
+def with_cpu_precision(name: str, precision: str) -> str:
+    """The CPU target that computes in `precision` ("fp32" or "fp16"); raises ValueError where there
+    is none (the CLI's --cpu-precision: fp16 arithmetic needs an ARMv8.2 core; x86 CPUs only convert
+    fp16 to float32, so a kernel would compute as it does in fp32 with extra conversions)."""
+    if precision == "fp32":
+        return target_spec(name).name
+    if name not in HALF_CPU_TARGETS:
+        family = target_spec(name).family
+        why = {"x86": "x86 has no fp16 arithmetic Halide uses", "arm": "ARMv8.0 cores have no fp16 arithmetic"}.get(
+            family, "it is no CPU target (GPU targets take --gpu-precision)")
+        raise ValueError(f"--cpu-precision {precision} needs an ARMv8.2 target ({', '.join(HALF_CPU_TARGETS)}), "
+                         f"not {name}: {why}")
+    return f"{name}-{precision}"
 
 
 def with_int8_rounding(name: str, rounding: str | None) -> str:

@@ -15,7 +15,7 @@ from tflite_tools import runtime
 from tflite_tools.fuse import FuseResult
 from tflite_tools.model.reader import load
 from tflite_tools.model.hybrid import hybrid_depths
-from tflite_tools.run import OutputError, compare, hybrid_rtol, quantized_outputs, reference_resolver
+from tflite_tools.run import RTOL, OutputError, compare, hybrid_rtol, quantized_outputs, reference_resolver
 
 INVOKE = Path(__file__).parent / "invoke_with_delegate.py"
 
@@ -35,10 +35,11 @@ def planned_nodes(result: FuseResult, subgraph: int = 0) -> list[int]:
 
 
 def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess], result: FuseResult, folder: Path,
-                     seed: int) -> tuple[list[OutputError], dict]:
+                     seed: int, rtol: float = RTOL) -> tuple[list[OutputError], dict]:
     """Runs `result` with its delegate through invoke_with_delegate.py in the Python `launch`
     starts (it gets the script's arguments), on seeded random inputs passed as .npy files; returns
-    the outputs' errors against LiteRT's reference here and the delegate's last claims report."""
+    the outputs' errors against LiteRT's reference here (float outputs held to `rtol` of their
+    range) and the delegate's last claims report."""
     host = runtime.make_interpreter(result.model, reference_resolver(result.model))
     inputs = runtime.random_inputs(host, seed=seed)
     paths = []
@@ -51,7 +52,7 @@ def invoke_elsewhere(launch: Callable[[list[str]], subprocess.CompletedProcess],
                    *map(str, outs)])
     assert proc.returncode == 0, proc.stderr[-3000:]
     # Outputs that dynamic quantization reaches are held to its rule, as `run --compare` holds them.
-    rtols = [hybrid_rtol(d) for d in hybrid_depths(load(result.model).main)]
+    rtols = [hybrid_rtol(d, rtol) for d in hybrid_depths(load(result.model).main)]
     errors = compare([np.load(p) for p in outs], runtime.run(host, inputs), [str(p) for p in outs], rtols,
                      quantized=quantized_outputs(host))
     return errors, [json.loads(line) for line in report.read_text().splitlines()][-1]

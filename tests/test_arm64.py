@@ -11,6 +11,7 @@ from arm64_rootfs import run_python
 from conftest import MODELS
 from delegate_checks import invoke_elsewhere, planned_nodes
 from tflite_tools.fuse import fuse
+from tflite_tools.run import RTOL_FP16
 
 # One model per kind of block: convolutions with pools and transposed convs, an inverted residual
 # chain with depthwise convs, a transformer layer (matmuls, softmax, layer norm, GELU), and the int8
@@ -60,3 +61,31 @@ def test_int8_without_dot_product_matches_host_litert(arm64_root, tmp_path):
     errors, claims = invoke_elsewhere(lambda args: run_python(arm64_root, *args), result, tmp_path, seed=4)
     assert all(e.ok for e in errors), errors
     assert claims["claimed_nodes"] == planned_nodes(result) and claims["claimed_nodes"]
+
+
+# Float models computed in half precision (`--cpu-precision fp16`): a convolution chain with
+# depthwise convs and a residual add, a transformer layer (matmuls of two activations, softmax, layer
+# norm) and a U-Net (pools, transposed convs), held to run.RTOL_FP16 of each output's range.
+HALF_MODELS = ["depthwise_residual", "transformer_encoder", "unet_tiny"]
+
+
+@pytest.mark.parametrize("stem", HALF_MODELS)
+def test_half_precision_kernels_match_host_litert_within_the_fp16_tolerance(stem, arm64_root, tmp_path):
+    result = fuse(MODELS / f"{stem}.tflite", tmp_path / "out", target="arm64-linux-fp16",
+                  cache_dir=tmp_path.parent / "k64")
+    assert result.library.name.endswith("_fp16.so")
+    errors, claims = invoke_elsewhere(lambda args: run_python(arm64_root, *args), result, tmp_path, seed=4,
+                                      rtol=RTOL_FP16)
+    assert all(e.ok for e in errors), errors
+    assert claims["claimed_nodes"] == planned_nodes(result) and claims["claimed_nodes"]
+
+
+def test_half_precision_kernels_decline_on_a_core_without_fp16_arithmetic(arm64_root, tmp_path):
+    # ARMv8.0 cores (qemu's cortex-a53) have no fp16 arithmetic: the delegate declines every node.
+    result = fuse(MODELS / "depthwise_residual.tflite", tmp_path / "out", target="arm64-linux-fp16",
+                  cache_dir=tmp_path.parent / "k64")
+    on_a53 = lambda args: run_python(arm64_root, *args, cpu="cortex-a53")  # noqa: E731
+    errors, claims = invoke_elsewhere(on_a53, result, tmp_path, seed=4)
+    assert all(e.ok for e in errors), errors
+    assert claims["claimed_nodes"] == []
+    assert any("half precision, which this CPU lacks" in d["reason"] for d in claims["declined"]), claims

@@ -95,10 +95,31 @@ def test_fp16_on_a_cpu_target_is_exit_2(capsys, model_path, tmp_path):
 def test_every_gpu_target_has_an_fp16_variant_and_no_cpu_target_does():
     from halide_gen.targets import GPU_TARGETS, TARGETS, with_precision
 
-    assert {with_precision(t, "fp16") for t in GPU_TARGETS} == {n for n, s in TARGETS.items() if s.precision == "fp16"}
+    assert {with_precision(t, "fp16") for t in GPU_TARGETS} == {n for n, s in TARGETS.items()
+                                                                if s.precision == "fp16" and s.family == "gpu"}
     assert with_precision("host", "fp32") == "host"
     with pytest.raises(ValueError, match="needs a GPU target"):
         with_precision("arm64-linux", "fp16")
+
+
+def test_armv8_2_targets_compute_in_fp16_on_request_and_the_others_refuse_it():
+    from halide_gen.targets import target_spec, with_cpu_precision
+
+    for name in ("arm64-linux", "arm64-android"):
+        spec = target_spec(with_cpu_precision(name, "fp16"))
+        assert spec.half_arithmetic and spec.lowering_options().half_arithmetic and spec.dot_product
+        assert all(t.endswith("-arm_fp16") for t in spec.halide) and spec.library_suffix == "_fp16"
+    assert not target_spec("arm64-linux").half_arithmetic and not target_spec("host-opencl-fp16").half_arithmetic
+    for name, why in [("host", "x86 has no fp16 arithmetic"), ("arm64-linux-nodot", "ARMv8.0 cores have no fp16"),
+                      ("host-vulkan", "GPU targets take --gpu-precision")]:
+        with pytest.raises(ValueError, match=why):
+            with_cpu_precision(name, "fp16")
+
+
+def test_fp16_arithmetic_on_a_target_without_it_is_exit_2(capsys, model_path, tmp_path):
+    assert cli.main(["fuse", str(model_path("add_relu")), "-o", str(tmp_path / "out"), "--cpu-precision", "fp16"]) == 2
+    assert "--cpu-precision fp16 needs an ARMv8.2 target (arm64-linux, arm64-android), not host" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_int8_rounding_defaults_to_xnnpacks_on_x86_and_the_references_on_arm():

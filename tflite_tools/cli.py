@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 from fusion.pipeline import plan_model
 from fusion.report import format_summary, to_dot
 from halide_gen.profile import HostProfiler
-from halide_gen.targets import BASE_TARGETS, INT8_ROUNDINGS, with_int8_rounding, with_precision
+from halide_gen.targets import BASE_TARGETS, INT8_ROUNDINGS, with_cpu_precision, with_int8_rounding, with_precision
 
 from . import __version__
 from .aar import package_aar
@@ -62,7 +62,8 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         cost = HostProfiler()
     if not args.plan_only:
         try:
-            target = with_int8_rounding(with_precision(args.target, args.gpu_precision), args.int8_rounding)
+            target = with_precision(with_cpu_precision(args.target, args.cpu_precision), args.gpu_precision)
+            target = with_int8_rounding(target, args.int8_rounding)
         except ValueError as exc:
             raise ModelError(str(exc)) from None
         result = fuse(args.model, args.out, target=target, fast_math=args.fast_math, measure=args.measure,
@@ -248,6 +249,10 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--gpu-precision", choices=["fp32", "fp16"], default="fp32",
                       help="GPU targets: store the tensors a block computes in half precision (math and sums "
                            "stay fp32; outputs within 1e-2 of LiteRT's range instead of 1e-4)")
+    fuse.add_argument("--cpu-precision", choices=["fp32", "fp16"], default="fp32",
+                      help="ARMv8.2 CPU targets: compute in half precision as XNNPACK's fp16 kernels do (tensors, "
+                           "weights, products and sums in fp16: 8 lanes an FMA; outputs within the fp16 tolerance "
+                           "the README states)")
     fuse.add_argument("--int8-rounding", choices=INT8_ROUNDINGS,
                       help="how int8 convolutions and matrix products requantize: as LiteRT's reference kernels, bit "
                            "for bit (default on ARM), or in float32 as XNNPACK does, within 1 LSB of them (default on "

@@ -23,8 +23,9 @@ Other integer and bool outputs must match exactly. NaN and +-inf must be exactly
 has them (a NaN there is a match: the kernels follow TFLite's float semantics, halide_gen/lower/ieee.py); the
 tolerance applies to the finite rest.
 
-A bundle built with `--gpu-precision fp16` stores every tensor a block computes in half precision
-(relative rounding 2^-11 per op, compounded through the model), so its outputs are held to
+A bundle built with `--gpu-precision fp16` (or `--cpu-precision fp16`, which also sums in it) stores
+every tensor a block computes in half precision (relative rounding 2^-11 per op, compounded through
+the model), so its outputs are held to
 RTOL_FP16 instead: measured at most 4.1e-4 on the test models (unet_tiny on lavapipe) and 1.5e-3
 on the benchmark set (bench/zoo.py: bert_small), so 1e-2 leaves a margin and still catches a wrong kernel, whose
 error is O(1). The delegate's report names its bundle's target, which says the precision.

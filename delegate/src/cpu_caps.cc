@@ -25,6 +25,17 @@ bool HasDotProduct() {
 #endif
 }
 
+// Whether the CPU computes in half precision (ARMv8.2's FP16: HWCAP_FPHP, bit 9, for scalars and
+// HWCAP_ASIMDHP, bit 10, for vectors).
+bool HasHalfArithmetic() {
+#if defined(__aarch64__) && (defined(__linux__) || defined(__ANDROID__))
+  constexpr unsigned long kFpHp = 1UL << 9, kAsimdHp = 1UL << 10;
+  return (getauxval(AT_HWCAP) & (kFpHp | kAsimdHp)) == (kFpHp | kAsimdHp);
+#else
+  return false;  // fp16 bundles are built for aarch64 only
+#endif
+}
+
 bool HasFeature(int count, const uint64_t* features, int feature) {
   return feature / 64 < count && (features[feature / 64] >> (feature % 64)) & 1;
 }
@@ -61,6 +72,10 @@ void InstallCpuFeatureCheck() {
 }
 
 std::string CpuProblem(const Bundle& bundle) {
+  if (bundle.needs_half_arithmetic && !HasHalfArithmetic()) {
+    return std::string("the kernels of target ") + bundle.target +
+           " compute in ARMv8.2 half precision, which this CPU lacks (build without --cpu-precision fp16)";
+  }
   if (bundle.needs_dot_product && !HasDotProduct()) {
     return std::string("the kernels of target ") + bundle.target +
            " use ARMv8.2 dot-product instructions this CPU lacks (build the -nodot target for it)";

@@ -60,6 +60,37 @@ void UnpackInt4(const uint8_t* packed, size_t count, int8_t* out) {
   }
 }
 
+namespace {
+
+uint16_t HalfOf(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t magnitude = bits & 0x7FFFFFFFu;
+  if (magnitude >= 0x7F800000u) {  // inf, or NaN kept quiet with its top payload bits
+    return sign | 0x7C00u | (magnitude > 0x7F800000u ? 0x200u | ((magnitude >> 13) & 0x3FFu) : 0u);
+  }
+  if (magnitude >= 0x477FF000u) return sign | 0x7C00u;  // rounds past 65504
+  if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal half (or zero), rounded to nearest even
+    const uint32_t shift = 126u - (magnitude >> 23);  // significand >> shift counts units of 2^-24
+    if (shift > 24u) return sign;
+    const uint32_t significand = (magnitude & 0x7FFFFFu) | 0x800000u;
+    const uint32_t kept = significand >> shift, rest = significand & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    return sign | static_cast<uint16_t>(kept + (rest > half || (rest == half && (kept & 1u))));
+  }
+  // Normal: rebias the exponent (127 -> 15) and round the 13 dropped bits to nearest even; a carry
+  // into the exponent is the correct rounding up.
+  const uint32_t rebased = magnitude - (112u << 23);
+  const uint32_t kept = rebased >> 13, rest = rebased & 0x1FFFu;
+  return sign | static_cast<uint16_t>(kept + (rest > 0x1000u || (rest == 0x1000u && (kept & 1u))));
+}
+
+}  // namespace
+
+void FloatsToHalves(const float* src, size_t count, uint16_t* dst) {
+  for (size_t i = 0; i < count; ++i) dst[i] = HalfOf(src[i]);
+}
+
 bool PacksToInt32(Pack pack) { return pack == Pack::kChannelSums || pack == Pack::kTapSums; }
 
 std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t element_bytes) {

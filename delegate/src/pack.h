@@ -22,6 +22,10 @@ std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t el
 // `count` INT4 elements as TFLite stores them (two a byte, the first in the low nibble) into int8.
 void UnpackInt4(const uint8_t* packed, size_t count, int8_t* out);
 
+// `count` floats into IEEE half precision, rounded to nearest even as a float -> _Float16 cast
+// rounds (and NumPy's astype(float16)): past 65504 to infinity, NaN stays NaN.
+void FloatsToHalves(const float* src, size_t count, uint16_t* dst);
+
 // Writes `src` (TFLite layout, `src_dims`) packed as `pack` into `dst` (`dst_dims`, zero-filled
 // padding); `element_bytes` is the size of one element of `src`. Returns false for an unknown
 // packing or shapes that do not fit together.

@@ -162,9 +162,10 @@ TfLiteStatus Partition::Fail(TfLiteContext* context, const std::string& message)
   return kTfLiteError;
 }
 
-Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims,
-                                        Role role, const ReadOnlyFileMappings& mappings, std::string* error) {
-  const auto key = std::make_pair(tensor, pack);
+Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int pack, bool half, int rank,
+                                        const int32_t* dims, Role role, const ReadOnlyFileMappings& mappings,
+                                        std::string* error) {
+  const auto key = std::make_tuple(tensor, pack, half);
   auto found = by_key_.find(key);
   if (found != by_key_.end()) return found->second;
   const TfLiteTensor& t = context->tensors[tensor];
@@ -181,9 +182,18 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   }
   const size_t stored_bytes = b.raw.type.bytes();
   if (PacksToInt32(static_cast<Pack>(pack))) b.raw.type = halide_type_t(halide_type_int, 32);
+  if (half) {
+    if (t.type != kTfLiteFloat32 || (role != Role::kConstant && role != Role::kDecoded)) {
+      *error = std::string("tensor '") + (t.name ? t.name : "?") + "' is no float32 constant to pass in fp16";
+      return nullptr;
+    }
+    b.raw.type = halide_type_t(halide_type_float, 16);
+  }
   b.pack = pack;
+  b.half = half;
   if (role == Role::kInternal) b.arena_offset = arena_offset_.at(tensor);
-  if (pack != static_cast<int>(Pack::kNone) || t.type == kTfLiteInt4) {  // int4 weights: an unpacked copy
+  // int4 weights: an unpacked copy; fp16 ones: a converted copy.
+  if (pack != static_cast<int>(Pack::kNone) || t.type == kTfLiteInt4 || half) {
     b.packed_dims = dims;
     b.raw.host = b.packed.Allocate(b.raw.size_in_bytes());
   }
@@ -241,8 +251,23 @@ bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes
     UnpackInt4(packed, count, unpacked.data());
     values = unpacked.data();
   }
-  return PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, b.raw.host, b.packed_dims,
-                      b.raw.dimensions, stored_bytes);
+  if (!b.half) {
+    return PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, b.raw.host, b.packed_dims,
+                        b.raw.dimensions, stored_bytes);
+  }
+  // Packed as float32, then converted: the packings move elements, whatever their size.
+  size_t count = 1;
+  for (int d = 0; d < b.raw.dimensions; ++d) count *= static_cast<size_t>(b.packed_dims[d]);
+  std::vector<float> wide(count);
+  if (b.pack == static_cast<int>(Pack::kNone)) {
+    if (t.bytes != count * sizeof(float)) return false;
+    std::memcpy(wide.data(), values, t.bytes);
+  } else if (!PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, wide.data(), b.packed_dims,
+                           b.raw.dimensions, stored_bytes)) {
+    return false;
+  }
+  FloatsToHalves(wide.data(), count, reinterpret_cast<uint16_t*>(b.raw.host));
+  return true;
 }
 
 TfLiteStatus Partition::TakeDecoded(TfLiteContext* context, Buffer& b) {
@@ -308,8 +333,8 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
                         : internal.count(arg.tensor)         ? Role::kInternal
                         : produced.count(arg.tensor)         ? Role::kOutput
                                                              : Role::kInput;
-      Buffer* b = BufferFor(context, arg.tensor, static_cast<int>(arg.pack), arg.rank, arg.dims, role, mappings,
-                            &error);
+      Buffer* b = BufferFor(context, arg.tensor, static_cast<int>(arg.pack), arg.half != 0, arg.rank, arg.dims, role,
+                            mappings, &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
       if (arg.n_index_bounds > 0) {
@@ -320,7 +345,8 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       const int t = graph.outputs[block.first_output + k];
       const TensorSpec* spec = FindTensorSpec(graph, t);
       const Role role = internal.count(t) ? Role::kInternal : Role::kOutput;
-      Buffer* b = BufferFor(context, t, static_cast<int>(Pack::kNone), spec->rank, spec->dims, role, mappings, &error);
+      Buffer* b = BufferFor(context, t, static_cast<int>(Pack::kNone), false, spec->rank, spec->dims, role, mappings,
+                            &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
       if (role == Role::kOutput) step.to_host.push_back(b);

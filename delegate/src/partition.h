@@ -19,6 +19,7 @@
 #include <deque>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "HalideRuntime.h"
@@ -62,6 +63,7 @@ class Partition {
     Role role = Role::kInput;
     size_t arena_offset = 0;
     int pack = 0;                  // Pack: the layout the kernel reads
+    bool half = false;             // a float32 constant the kernel reads in fp16 (ArgSpec::half)
     AlignedBytes packed;           // the packed copy, when `pack` is not kNone
     const int32_t* packed_dims = nullptr;  // its shape, TFLite order (the bundle's ArgSpec::dims)
     const void* taken = nullptr;   // kDecoded: the TFLite data last bound (packed: the data packed)
@@ -105,10 +107,11 @@ class Partition {
   bool PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const;
   TfLiteStatus TakeDecoded(TfLiteContext* context, Buffer& b);
   Buffer* ScratchBuffer(const ScratchSpec& spec, std::string* error);
-  // The buffer of `tensor` as the kernels read it (`pack`); a constant is bound or packed, and the
-  // model's pages of a packed one handed back where they lie in `mappings` (page_scan.h).
-  Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, int rank, const int32_t* dims, Role role,
-                    const ReadOnlyFileMappings& mappings, std::string* error);
+  // The buffer of `tensor` as the kernels read it (`pack`, in fp16 where `half`); a constant is bound
+  // or packed, and the model's pages of a packed one handed back where they lie in `mappings`
+  // (page_scan.h).
+  Buffer* BufferFor(TfLiteContext* context, int tensor, int pack, bool half, int rank, const int32_t* dims,
+                    Role role, const ReadOnlyFileMappings& mappings, std::string* error);
 
   DelegateState& state_;
   const GraphSpec* graph_;    // the bundle's table for this partition's subgraph
@@ -117,7 +120,7 @@ class Partition {
   std::vector<int> outputs_;  // tensors TFLite reads after the partition
   std::vector<Step> steps_;
   std::deque<Buffer> buffers_;                  // stable addresses: steps point into it
-  std::map<std::pair<int, int>, Buffer*> by_key_;  // (tensor, packing) -> its buffer
+  std::map<std::tuple<int, int, bool>, Buffer*> by_key_;  // (tensor, packing, half) -> its buffer
   std::map<int, size_t> arena_offset_;          // internal tensor -> offset
   size_t arena_bytes_ = 0;                      // the arena the internal tensors need (state_.arena)
   AlignedBytes own_arena_;                      // used when another invoke holds the shared arena

@@ -62,9 +62,9 @@ const TensorSpec kTensorSpecs[] = {
     {2, kTfLiteFloat32, 2, {1, 4}}, {3, kTfLiteFloat32, 2, {1, 4}}};
 const NodeSpec kNodes[] = {{0, 0, 0, 1, 1}, {1, 0, 2, 1, 1}, {2, 0, 4, 1, 1}};
 const int32_t kNodeTensors[] = {0, 1, 1, 2, 2, 3};
-const ArgSpec kArgs[] = {{0, ArgSource::kComputed, -1, Pack::kNone, 2, {1, 4}},
-                         {1, ArgSource::kComputed, -1, Pack::kNone, 2, {1, 4}},
-                         {2, ArgSource::kComputed, -1, Pack::kNone, 2, {1, 4}}};
+const ArgSpec kArgs[] = {{0, ArgSource::kComputed, -1, Pack::kNone, 0, 2, {1, 4}},
+                         {1, ArgSource::kComputed, -1, Pack::kNone, 0, 2, {1, 4}},
+                         {2, ArgSource::kComputed, -1, Pack::kNone, 0, 2, {1, 4}}};
 const int32_t kOutputs[] = {1, 2, 3};
 const BlockSpec kBlocks[] = {{"first", "s0", Add1, 1, 0, 1, 0, 1, 0, 1},
                              {"second", "s1", Add10, 1, 1, 1, 1, 1, 1, 1},

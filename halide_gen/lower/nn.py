@@ -64,9 +64,28 @@ class Arithmetic:
 
 
 def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
-    """Float32: operands as they are, the bias first, the fused activation last."""
+    """In the target's float arithmetic (LoweringOptions.float_arithmetic): the bias first, the
+    fused activation last. Float32: operands as they are. Half precision: products and sums in it,
+    as XNNPACK's fp16 kernels take them; a block input is converted once (in_half)."""
     bias, act, native = channel_bias(ctx, bias_index), ctx.op.fused_activation, ctx.options.native_minmax
-    return Arithmetic(lambda x: x, lambda v, w: v * w, bias, lambda acc, i: activation(acc, act, native))
+    # The activation on the sum widened: a clamp, exact in either precision, rounded once when stored.
+    finish = lambda acc, i: activation(hl.cast(hl.Float(32), acc), act, native)  # noqa: E731
+    kind = ctx.options.float_arithmetic
+    if kind == hl.Float(32):
+        return Arithmetic(lambda x: x, lambda v, w: v * w, bias, finish)
+    return Arithmetic(lambda x: in_half(ctx, x), lambda v, w: hl.cast(kind, v) * hl.cast(kind, w),
+                      lambda oc: hl.cast(kind, bias(oc)), finish)
+
+
+def in_half(ctx: OpContext, x: Value) -> Value:
+    """`x` stored in half precision: itself where it is (a tensor the block computes), else a copy
+    converted once (a block input), which the schedule realises before the op that reads it."""
+    if x.type == hl.Float(16):
+        return x
+    half = ctx.define(ctx.func_name("half"), x.shape, lambda *i: x.at(i))
+    half.readable_channels, half.joins = x.readable_channels, x.joins
+    ctx.materialize.append(half)
+    return half
 
 
 def _zero_outside(x: Value, name: str, fill: Fill = 0) -> Value:
@@ -84,13 +103,14 @@ def _zero_outside(x: Value, name: str, fill: Fill = 0) -> Value:
     channels = max(x.shape[-1], x.readable_channels)
     b, ch = hl.Var("n"), hl.Var("c")
     zero = _fill_value(x, fill, b)
+    stored = x.type if x.type.is_float() else zero.type()  # half precision stays half
     at = [hl.Var(v) for v in ("z", "y", "x")[-len(spatial):]]
     inside = (at[0] >= 0) & (at[0] < spatial[0])
     for v, extent in zip(at[1:], spatial[1:]):
         inside = inside & (v >= 0) & (v < extent)
     value = x(b, *(hl.clamp(hl.likely(v), 0, extent - 1) for v, extent in zip(at, spatial)), hl.clamp(ch, 0, channels - 1))
     f = hl.Func(name)
-    f[[ch, *reversed(at), b]] = hl.select(hl.likely(inside), value, zero)
+    f[[ch, *reversed(at), b]] = hl.cast(stored, hl.select(hl.likely(inside), value, zero))
     return Value(f, tuple(x.shape), f.type(), x.readable_channels, x.joins)
 
 
@@ -453,7 +473,9 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
 @register("BATCH_MATMUL")
 def lower_batch_matmul(ctx: OpContext) -> list[Value]:
     """out[..., m, n] = sum_k A[..., m, k] * B[..., k, n], with adj_x / adj_y and batch broadcasting."""
-    return batch_matmul(ctx, ctx.value(0), ctx.value(1), lambda lhs, rhs: lhs * rhs, hl.f32(0), lambda acc, i: acc)
+    kind = ctx.options.float_arithmetic  # float32, or half precision (LoweringOptions.half_arithmetic)
+    return batch_matmul(ctx, ctx.value(0), ctx.value(1), lambda lhs, rhs: hl.cast(kind, lhs) * hl.cast(kind, rhs),
+                        hl.cast(kind, 0), lambda acc, i: acc)
 
 
 def batch_matmul(ctx: OpContext, a: Value, b: Value, term: Callable[[hl.Expr, hl.Expr], hl.Expr], init: hl.Expr,

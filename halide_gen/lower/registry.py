@@ -121,11 +121,12 @@ class OpContext:
 
     def packed(self, i: int, packer: str) -> Value | None:
         """Constant input `i` as a kernel argument packed by `packer` (halide_gen.pack), or None
-        when the input is not a constant (the lowering then reads it as TFLite lays it out)."""
+        when the input is not a constant (the lowering then reads it as TFLite lays it out). A
+        float32 one comes in half precision where the target computes in it (its weights and bias)."""
         t = self.op.inputs[i] if i < len(self.op.inputs) else None
         if t is None or not t.is_constant:
             return None
-        return self.value_of(t, packer)
+        return self.value_of(t, packer, half=self.options.half_arithmetic and t.type_name == "FLOAT32")
 
     def is_computed_in_block(self, t: Tensor) -> bool:
         """True when one of the block's ops writes `t` (it is no kernel argument)."""

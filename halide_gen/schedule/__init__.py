@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .auto import schedule_auto
 from .cpu import schedule_cpu
 from .gpu import schedule_gpu
-from .params import CPU_PARAMS, NEON, TEMPLATE_VARIANTS, X86, CpuParams
+from .params import CPU_PARAMS, NEON, NEON_FP16, TEMPLATE_VARIANTS, X86, CpuParams
 
 if TYPE_CHECKING:  # pragma: no cover
     import halide as hl
@@ -42,7 +42,7 @@ def schedule_for(kernel: "BlockKernel", spec: "TargetSpec", source: str = "templ
     if spec.family == "gpu":
         schedule_gpu(kernel)
     elif spec.family in CPU_PARAMS:
-        params = CPU_PARAMS[spec.family]
+        params = NEON_FP16 if spec.half_arithmetic else CPU_PARAMS[spec.family]
         schedule_cpu(kernel, dataclasses.replace(params, **variants[source]) if source != "template" else params)
     else:
         raise ValueError(f"{spec.name}: no schedule templates for the {spec.family!r} family")

@@ -5,12 +5,13 @@ bench/RESULTS-history.md, "Schedule parameters and code choices: the measurement
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
 class CpuParams:
-    """One CPU family's template parameters (float32 lanes; register tiles as channels x pixels)."""
+    """One CPU family's template parameters (lanes of the float type its register tiles sum in;
+    register tiles as channels x pixels)."""
 
     lanes: int
     conv_channels: int
@@ -98,6 +99,10 @@ X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pi
 NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pixels=4, mm_channels=16, mm_rows=6,
                  registers=32, reduce_unroll=4, reduce_groups_unrolled=2, elementwise_vectors=4, dot_groups=4,
                  narrow_dw_tile=(16, 4), attention_whole_bytes=1 << 20)
+
+# NEON computing in half precision (`-fp16` targets): 8 lanes a register, so each tile's channels
+# double and its accumulators stay as many registers.
+NEON_FP16 = replace(NEON, lanes=8, conv_channels=32, dw_channels=16, mm_channels=32, narrow_dw_tile=(16, 4))
 
 
 # Fewest output rows a convolution shares among threads one row per task: below that (a 7x7 or

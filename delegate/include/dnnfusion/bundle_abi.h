@@ -88,6 +88,7 @@ struct ArgSpec {
   ArgSource source;
   int32_t stored;  // kDecoded: the stored constant it is decoded from (else -1)
   Pack pack;
+  int32_t half;  // 1: a float32 constant the kernel reads in half precision, converted once after packing
   int32_t rank;
   int32_t dims[kMaxRank];  // after packing, TFLite order
   int32_t first_index_bound;  // slice of Bundle::index_bounds: indices a GPU kernel reads unchecked, each innermost position k < bound[k % n]; the partition checks them first
@@ -150,9 +151,10 @@ struct Bundle {
   int32_t default_claim_threaded;  // the same where the interpreter runs more than one thread
   int32_t allow_dynamic_tensors;  // 1: the model has custom ops or tensors sized only as it runs (plugin.cc)
   int32_t gpu_api;  // GpuApi
-  int32_t half_precision;  // 1: float tensors stored as fp16 (--gpu-precision fp16)
+  int32_t half_precision;  // 1: float tensors stored as fp16 (--gpu-precision or --cpu-precision fp16)
   const char* vulkan_alloc_config;  // HL_VK_ALLOC_CONFIG unless the environment sets one
   int32_t needs_dot_product;  // 1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)
+  int32_t needs_half_arithmetic;  // 1: CPU kernels compute in fp16 (declined where HWCAP_FPHP / HWCAP_ASIMDHP are unset)
 };
 
 }  // namespace dnnfusion
