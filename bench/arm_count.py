@@ -2,7 +2,7 @@
 counted under qemu.
 
     python bench/arm_count.py MODEL [MODEL ...] [--cpu cortex-a76 [cortex-a53]] [--delegate LIB --fused MODEL]
-                              [--blocks] [--hot N] [--invokes 5] [--no-cycles] [--json]
+                              [--precision fp16] [--blocks] [--hot N] [--invokes 5] [--no-cycles] [--json]
 
 There is no ARM hardware here, and timings on this shared x86 machine move with its load. What does
 not move: the instructions an aarch64 CPU executes for one invoke. QEMU's user-mode emulator runs an
@@ -18,6 +18,9 @@ NEON, dot product, fp16; cortex-a53 is a little ARMv8.0 core without dot product
 - LiteRT + XNNPACK alone (XNNPACK's NEON micro-kernels, picked for that core: on the A53 its in-order ones);
 - the model fused for arm64-linux (arm64-linux-nodot on the A53) with our delegate claiming every
   block (`claim=all`) and with its default policy (`claim=profitable`); XNNPACK runs what the delegate leaves.
+With --precision fp16 (the big core only), both compute in half precision: XNNPACK with its FORCE_FP16
+flag (LiteRT's CompiledModel API takes XNNPACK's flags: `CpuOptions(xnnpack_flags=...)`; the Interpreter
+API cannot), ours fused for arm64-linux-fp16 (`fuse --cpu-precision fp16`).
 With --blocks, each planned block is also cut out into a model of its own (as bench/block_table.py
 does for x86 time) and counted both ways, so that the losses have names.
 
@@ -56,6 +59,14 @@ CPUS = {
 }
 # The build each CPU runs: arm64-linux kernels use SDOT, which an ARMv8.0 core lacks.
 TARGETS = {"cortex-a76": "arm64-linux", "cortex-a53": "arm64-linux-nodot"}
+# The same in half precision, on the cores that compute in it (ARMv8.2's FP16).
+HALF_TARGETS = {"cortex-a76": "arm64-linux-fp16"}
+PRECISIONS = ("fp32", "fp16")
+
+# XNNPACK's delegate flags (xnnpack_delegate.h) as LiteRT's CpuOptions pass them: the value replaces
+# the defaults, so the int8 and dynamic fully connected paths it enables by default are kept.
+XNNPACK_QS8, XNNPACK_QU8, XNNPACK_FORCE_FP16, XNNPACK_DYNAMIC_FULLY_CONNECTED = 0x1, 0x2, 0x4, 0x8
+XNNPACK_FP16_FLAGS = XNNPACK_QS8 | XNNPACK_QU8 | XNNPACK_FORCE_FP16 | XNNPACK_DYNAMIC_FULLY_CONNECTED
 
 
 @dataclass(frozen=True)
@@ -77,6 +88,9 @@ class Case:
     model: Path
     delegate: Path | None = None
     options: dict[str, str] = field(default_factory=dict)
+    # XNNPACK's flags, where the case runs through LiteRT's CompiledModel with them (None: the
+    # Interpreter with XNNPACK's defaults).
+    xnnpack_flags: int | None = None
 
 
 def build_counter(cache_dir: Path) -> Path:
@@ -124,7 +138,8 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
         job, marks, blocks = Path(tmp) / "job.json", Path(tmp) / "marks.txt", Path(tmp) / "blocks.txt"
         job.write_text(json.dumps({"warmup": warmup, "invokes": invokes, "threads": 1, "cases": [
             {"model": str(c.model.resolve()), "delegate": str(c.delegate.resolve()) if c.delegate else None,
-             "options": c.options, "inputs": str(write_inputs(c.model, Path(tmp) / f"inputs-{i}.npz", seed=i))}
+             "options": c.options, "xnnpack_flags": c.xnnpack_flags,
+             "inputs": str(write_inputs(c.model, Path(tmp) / f"inputs-{i}.npz", seed=i))}
             for i, c in enumerate(cases)]}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         env.update(ARM_COUNT_OUT=str(marks), PYTHONHASHSEED="0")
@@ -155,12 +170,25 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
     return result
 
 
-def fuse_for_arm(model: Path, out: Path, cpu: str = "cortex-a76"):
-    """`fuse --target arm64-linux` (or -nodot, for a core without dot product) of `model` into
-    `out` (kernels from the shared cache)."""
+def fuse_for_arm(model: Path, out: Path, cpu: str = "cortex-a76", precision: str = "fp32"):
+    """`fuse --target arm64-linux` (or -nodot, for a core without dot product; -fp16 in half
+    precision) of `model` into `out` (kernels from the shared cache)."""
     from tflite_tools.fuse import fuse
 
-    return fuse(model, out, target=TARGETS[cpu])
+    return fuse(model, out, target=target_for(cpu, precision))
+
+
+def target_for(cpu: str, precision: str) -> str:
+    """The build `cpu` runs in `precision`; ValueError for a core without it."""
+    targets = HALF_TARGETS if precision == "fp16" else TARGETS
+    if cpu not in targets:
+        raise ValueError(f"{cpu} has no {precision} arithmetic to count")
+    return targets[cpu]
+
+
+def xnnpack_case(name: str, model: Path, precision: str) -> Case:
+    """LiteRT + XNNPACK alone on `model`, in `precision` (fp16: its FORCE_FP16 flag)."""
+    return Case(name, model, xnnpack_flags=XNNPACK_FP16_FLAGS if precision == "fp16" else None)
 
 
 def claimed_nodes(report: Path) -> int:
@@ -172,24 +200,26 @@ def claimed_nodes(report: Path) -> int:
 
 
 def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None, cycles: bool = True,
-                 hot: int = 0) -> dict:
-    """XNNPACK alone against our delegate (claim all, and the default policy) on one model."""
+                 hot: int = 0, precision: str = "fp32") -> dict:
+    """XNNPACK alone against our delegate (claim all, and the default policy) on one model, both in
+    `precision`."""
     work.mkdir(parents=True, exist_ok=True)
-    fused = fused or fuse_for_arm(model, work / "out", cpu)
+    fused = fused or fuse_for_arm(model, work / "out", cpu, precision)
     reports = {policy: work / f"claims-{policy}.json" for policy in ("all", "profitable")}
-    cases = [Case("xnnpack", model)]
+    cases = [xnnpack_case("xnnpack", model, precision)]
     cases += [Case(f"dnnfusion-{policy}", fused.model, fused.library,
                    {"claim": policy, "num_threads": "1", "report": str(reports[policy])}) for policy in reports]
     counts = count(cases, cpu, invokes, cycles=cycles, hot=hot)
-    row = {"model": model.stem, "cpu": cpu, **{name: asdict(c) for name, c in counts.items()}}
+    row = {"model": model.stem, "cpu": cpu, "precision": precision, **{name: asdict(c) for name, c in counts.items()}}
     for policy, report in reports.items():
         row[f"dnnfusion-{policy}"]["claimed_nodes"] = claimed_nodes(report)
     return row
 
 
-def block_counts(model: Path, cpu: str, work: Path, invokes: int, cycles: bool = True) -> list[dict]:
+def block_counts(model: Path, cpu: str, work: Path, invokes: int, cycles: bool = True,
+                 precision: str = "fp32") -> list[dict]:
     """Each planned block cut out into a model of its own, fused, and counted against XNNPACK on the
-    same nodes."""
+    same nodes, both in `precision`."""
     import tflite_tools
     from fusion.pipeline import plan_model
     from halide_gen.lower import LoweringError
@@ -207,12 +237,12 @@ def block_counts(model: Path, cpu: str, work: Path, invokes: int, cycles: bool =
         piece = work / f"{block.name}.tflite"
         tflite_tools.save(cut_out(ops, block.inputs, block.outputs), piece)
         try:
-            fused = fuse_for_arm(piece, work / block.name, cpu)
+            fused = fuse_for_arm(piece, work / block.name, cpu, precision)
         except (LoweringError, ModelError, RuntimeError) as exc:
             rows.append({"block": block.name, "ops": names, "error": str(exc).splitlines()[0][:80]})
             continue
         report = work / f"{block.name}.claims.json"
-        cases += [Case(f"{block.name}/xnnpack", piece),
+        cases += [xnnpack_case(f"{block.name}/xnnpack", piece, precision),
                   Case(f"{block.name}/ours", fused.model, fused.library,
                        {"claim": "all", "num_threads": "1", "report": str(report)})]
         rows.append({"block": block.name, "ops": names, "report": report})
@@ -237,13 +267,13 @@ def ratio(ours: dict, xnn: dict, key: str) -> str:
 def format_models(rows: list[dict]) -> str:
     """The per-model table (M = millions per invoke; ratios are ours / XNNPACK; cycles on the core's
     pipeline model, IPC = instructions / cycles)."""
-    lines = ["| model | cpu | XNNPACK M insns | M cycles (IPC) | all: insns ratio | cycles ratio | mem ratio | "
+    lines = ["| model | cpu | precision | XNNPACK M insns | M cycles (IPC) | all: insns ratio | cycles ratio | mem ratio | "
              "profitable: insns ratio | cycles ratio | mem ratio | nodes claimed (all / profitable) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         x, a, p = r["xnnpack"], r["dnnfusion-all"], r["dnnfusion-profitable"]
         cycles = f"{_m(x['cycles'])} ({x['insns'] / x['cycles']:.2f})" if x.get("cycles") else "-"
-        lines.append(f"| {r['model']} | {r['cpu']} | {_m(x['insns'])} | {cycles} | {ratio(a, x, 'insns')} | "
+        lines.append(f"| {r['model']} | {r['cpu']} | {r.get('precision', 'fp32')} | {_m(x['insns'])} | {cycles} | {ratio(a, x, 'insns')} | "
                      f"{ratio(a, x, 'cycles')} | {ratio(a, x, 'mems')} | {ratio(p, x, 'insns')} | "
                      f"{ratio(p, x, 'cycles')} | {ratio(p, x, 'mems')} | "
                      f"{a['claimed_nodes']} / {p['claimed_nodes']} |")
@@ -305,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="qemu -cpu names: each is counted in its own emulated runs (default cortex-a76)")
     parser.add_argument("--delegate", type=Path, help="an arm64-linux delegate library already built (with --fused)")
     parser.add_argument("--fused", type=Path, help="the fused model that goes with --delegate")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                        help="fp16: XNNPACK with FORCE_FP16 against the arm64-linux-fp16 build (big core only)")
     parser.add_argument("--blocks", action="store_true", help="also count every block cut out on its own")
     parser.add_argument("--invokes", type=int, default=5, help="invokes counted per case, after 2 to warm up")
     parser.add_argument("--no-cycles", action="store_true", help="instructions and memory accesses only")
@@ -314,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.delegate) != bool(args.fused) or (args.delegate and (len(args.models) != 1 or len(args.cpu) != 1)):
         parser.error("--delegate and --fused go together, with one model and one --cpu")
+    for cpu in args.cpu:
+        try:
+            target_for(cpu, args.precision)
+        except ValueError as exc:
+            parser.error(str(exc))
 
     rows, blocks = [], {}
     for model in args.models:
@@ -323,10 +360,10 @@ def main(argv: list[str] | None = None) -> int:
                 if args.delegate:
                     fused = argparse.Namespace(model=args.fused, library=args.delegate)
                 rows.append(model_counts(model, cpu, Path(tmp), args.invokes, fused, not args.no_cycles,
-                                         0 if args.no_cycles else args.hot))
+                                         0 if args.no_cycles else args.hot, args.precision))
                 if args.blocks:
                     blocks[f"{model.stem} on {cpu}"] = block_counts(model, cpu, Path(tmp), args.invokes,
-                                                                    not args.no_cycles)
+                                                                    not args.no_cycles, args.precision)
     if args.json:
         print(json.dumps({"models": rows, "blocks": blocks}, indent=1))
         return 0

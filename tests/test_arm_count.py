@@ -39,3 +39,15 @@ def test_one_case_counted_alone_matches_the_same_case_among_others(arm64_root, t
     among = arm_count.count([arm_count.Case("y", MODELS / "fc_softmax.tflite"), arm_count.Case("x", model)],
                             invokes=2)["x"]
     assert abs(alone.insns - among.insns) <= 0.005 * alone.insns, (alone, among)
+
+
+def test_half_precision_counts_xnnpack_with_fp16_forced_against_the_fp16_build(arm64_root, tmp_path):
+    # --precision fp16: XNNPACK runs through LiteRT's CompiledModel with FORCE_FP16 (its fp16 kernels,
+    # fewer instructions than its fp32 ones on a CNN: the flag reached it), ours is built for
+    # arm64-linux-fp16 and claims every planned node.
+    model = MODELS / "unet_tiny.tflite"
+    fp32 = arm_count.count([arm_count.xnnpack_case("x", model, "fp32")], invokes=1)["x"]
+    row = arm_count.model_counts(model, "cortex-a76", tmp_path, invokes=1, cycles=False, precision="fp16")
+    assert row["xnnpack"]["insns"] < 0.9 * fp32.insns, (row["xnnpack"], fp32)
+    assert row["dnnfusion-all"]["claimed_nodes"] == 18
+    assert "| unet_tiny | cortex-a76 | fp16 |" in arm_count.format_models([row])

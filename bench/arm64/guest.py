@@ -6,7 +6,10 @@ K invokes. Needs only numpy and LiteRT.
     python guest.py JOB.json
     JOB.json: {"warmup": 2, "invokes": 5, "threads": 1,
                "cases": [{"model": "m.tflite", "delegate": "lib.so" | null, "options": {...},
-                          "inputs": "inputs.npz"}, ...]}
+                          "xnnpack_flags": null | int, "inputs": "inputs.npz"}, ...]}
+
+A case with XNNPACK flags runs through LiteRT's CompiledModel (its CPU options carry them), the
+others through the Interpreter.
 
 Case i is bracketed by marks 2i and 2i + 1.
 """
@@ -41,22 +44,51 @@ def fill_inputs(interpreter, path: str) -> None:
             interpreter.set_tensor(d["index"], arrays[name])
 
 
+def interpreter_invoke(case: dict, threads: int):
+    """The case's model in the Interpreter (with its delegate), inputs set: its invoke."""
+    delegates = [load_delegate(case["delegate"], case.get("options", {}))] if case.get("delegate") else []
+    interpreter = Interpreter(case["model"], experimental_delegates=delegates, num_threads=threads)
+    interpreter.allocate_tensors()
+    fill_inputs(interpreter, case["inputs"])
+    return interpreter.invoke
+
+
+def compiled_model_invoke(case: dict, threads: int):
+    """The case's model in LiteRT's CompiledModel on the CPU with XNNPACK's flags, its first
+    signature's inputs set (matched to the input order by tensor name): its run."""
+    from ai_edge_litert.compiled_model import CompiledModel
+    from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+    from ai_edge_litert.options import CpuOptions, Options
+
+    options = Options(hardware_accelerators=HardwareAccelerator.CPU,
+                      cpu_options=CpuOptions(num_threads=threads, xnnpack_flags=case["xnnpack_flags"]))
+    model = CompiledModel.from_file(case["model"], options=options)
+    signature, names = next(iter(model.get_signature_list().items()))
+    order = [d["name"] for d in Interpreter(case["model"]).get_input_details()]
+    with np.load(case["inputs"]) as arrays:
+        by_tensor = {name: arrays[key] for name, key in zip(order, arrays.files)}
+    inputs = {}
+    for key, detail in model.get_input_tensor_details(signature).items():
+        inputs[key] = model.create_input_buffer_by_name(signature, key)
+        inputs[key].write(by_tensor[detail["name"]])
+    outputs = {key: model.create_output_buffer_by_name(signature, key) for key in names["outputs"]}
+    return lambda: model.run_by_name(signature, inputs, outputs)
+
+
 def main() -> None:
     """Runs every case of the job, bracketing its invokes with marks."""
     with open(sys.argv[1]) as f:
         job = json.load(f)
     for i, case in enumerate(job["cases"]):
-        delegates = [load_delegate(case["delegate"], case.get("options", {}))] if case.get("delegate") else []
-        interpreter = Interpreter(case["model"], experimental_delegates=delegates, num_threads=job["threads"])
-        interpreter.allocate_tensors()
-        fill_inputs(interpreter, case["inputs"])
+        make = interpreter_invoke if case.get("xnnpack_flags") is None else compiled_model_invoke
+        invoke = make(case, job["threads"])
         for _ in range(job["warmup"]):
-            interpreter.invoke()
+            invoke()
         mark(2 * i)
         for _ in range(job["invokes"]):
-            interpreter.invoke()
+            invoke()
         mark(2 * i + 1)
-        del interpreter, delegates
+        del invoke
 
 
 if __name__ == "__main__":
