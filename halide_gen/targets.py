@@ -315,7 +315,8 @@ def with_cpu_precision(name: str, precision: str) -> str:
         return target_spec(name).name
     if name not in HALF_CPU_TARGETS:
         family = target_spec(name).family
-        why = {"x86": "x86 has no fp16 arithmetic Halide uses", "arm": "ARMv8.0 cores have no fp16 arithmetic"}.get(
+        why = {"x86": "x86 has no fp16 arithmetic Halide uses (it widens each product to fp32; AVX512-BF16 keeps "
+                      "8-bit significands, not fp16's)", "arm": "ARMv8.0 cores have no fp16 arithmetic"}.get(
             family, "it is no CPU target (GPU targets take --gpu-precision)")
         raise ValueError(f"--cpu-precision {precision} needs an ARMv8.2 target ({', '.join(HALF_CPU_TARGETS)}), "
                          f"not {name}: {why}")

@@ -34,46 +34,51 @@ def _half_options():
     return target_spec("arm64-linux-fp16").lowering_options()
 
 
-def _fully_connected(m, rows, depth, units):
+def _fully_connected(m, rows, depth, units, act=0):
     b = ModelBuilder()
     b.output(b.op("FULLY_CONNECTED", [b.input("x", (rows, depth)), b.const("w", m(np.float32, (units, depth))),
-                                      b.const("b", m(np.float32, (units,)))], (rows, units)))
+                                      b.const("b", m(np.float32, (units,)))], (rows, units),
+                  fused_activation_function=act))
     return b.build(), depth
 
 
-def _conv(m, hw, cin, cout, k, stride):
+def _conv(m, hw, cin, cout, k, stride, act=0):
     b = ModelBuilder()
     out_hw = -(-hw // stride)
     b.output(b.op("CONV_2D", [b.input("x", (1, hw, hw, cin)), b.const("w", m(np.float32, (cout, k, k, cin))),
                               b.const("b", m(np.float32, (cout,)))], (1, out_hw, out_hw, cout),
-                  padding=0, stride_h=stride, stride_w=stride))
+                  padding=0, stride_h=stride, stride_w=stride, fused_activation_function=act))
     return b.build(), k * k * cin
 
 
-def _depthwise(m, hw, channels, k, stride):
+def _depthwise(m, hw, channels, k, stride, act=0):
     b = ModelBuilder()
     out_hw = -(-hw // stride)
     b.output(b.op("DEPTHWISE_CONV_2D", [b.input("x", (1, hw, hw, channels)),
                                         b.const("w", m(np.float32, (1, k, k, channels))),
                                         b.const("b", m(np.float32, (channels,)))], (1, out_hw, out_hw, channels),
-                  padding=0, stride_h=stride, stride_w=stride, depth_multiplier=1))
+                  padding=0, stride_h=stride, stride_w=stride, depth_multiplier=1, fused_activation_function=act))
     return b.build(), k * k
 
 
-def _batch_matmul(m, batch, rows, depth, cols):
+def _batch_matmul(m, batch, rows, depth, cols, act=0):
     b = ModelBuilder()
     b.output(b.op("BATCH_MATMUL", [b.input("a", (batch, rows, depth)), b.input("b", (batch, depth, cols))],
                   (batch, rows, cols)))
     return b.build(), depth
 
 
+# Each with a fused activation (TFLite's codes: 1 RELU, 3 RELU6), computed on the fp16 sum: a clamp
+# moves no value further from the exact one, so the bound holds (its magnitudes model has none).
+RELU, RELU6 = 1, 3
 CASES = {
-    "fully_connected": lambda m: _fully_connected(m, 7, 300, 40),
-    "conv_3x3": lambda m: _conv(m, 9, 12, 20, 3, 1),
-    "conv_3x3_stride_2": lambda m: _conv(m, 10, 5, 16, 3, 2),
-    "depthwise_3x3": lambda m: _depthwise(m, 11, 24, 3, 1),
-    "depthwise_5x5_stride_2": lambda m: _depthwise(m, 12, 16, 5, 2),
-    "batch_matmul": lambda m: _batch_matmul(m, 2, 5, 64, 24),
+    "fully_connected": lambda m, act: _fully_connected(m, 7, 300, 40, act),
+    "fully_connected_relu": lambda m, act: _fully_connected(m, 7, 64, 40, act and RELU),
+    "conv_3x3": lambda m, act: _conv(m, 9, 12, 20, 3, 1),
+    "conv_3x3_stride_2_relu6": lambda m, act: _conv(m, 10, 5, 16, 3, 2, act and RELU6),
+    "depthwise_3x3_relu6": lambda m, act: _depthwise(m, 11, 24, 3, 1, act and RELU6),
+    "depthwise_5x5_stride_2": lambda m, act: _depthwise(m, 12, 16, 5, 2),
+    "batch_matmul": lambda m, act: _batch_matmul(m, 2, 5, 64, 24),
 }
 
 
@@ -86,9 +91,9 @@ def test_a_half_precision_op_is_within_the_bound_of_fp16_sums(case):
         arrays.append(rng.standard_normal(shape).astype(dtype))
         return arrays[-1]
 
-    model, depth = CASES[case](made)
+    model, depth = CASES[case](made, True)
     weights = iter([np.abs(a) for a in arrays])
-    magnitudes, _ = CASES[case](lambda dtype, shape: next(weights))
+    magnitudes, _ = CASES[case](lambda dtype, shape: next(weights), False)
     inputs = [rng.standard_normal(t.shape).astype(np.float32) for t in model.main.inputs]
     (expected,) = reference(model, inputs)
     (bound,) = reference(magnitudes, [np.abs(x) for x in inputs])
@@ -102,12 +107,17 @@ def test_a_half_precision_op_is_within_the_bound_of_fp16_sums(case):
 def test_a_half_precision_matrix_product_sums_eight_fp16_lanes_from_fp16_weights(tmp_path):
     # NEON's fp16 tiles: the accumulators are vectors of 8 fp16 lanes (one register each, `fmla .8h`)
     # fed by weights passed in fp16, and the float32 input is converted to fp16 once, outside the sum.
+    # With 4 steps a load (half a register) the A76's matrix products issued 1.4-1.6 of its 2 FMLAs a
+    # cycle, each load staged through the stack.
     from halide_gen.schedule.params import NEON_FP16
     from test_schedules import scheduled_stmt
 
-    model, _ = _fully_connected(lambda dtype, shape: np.ones(shape, dtype), 18, 64, 64)
+    model, _ = _fully_connected(lambda dtype, shape: np.ones(shape, dtype), 18, 64, 64, RELU6)
     stmt = scheduled_stmt(tmp_path, model, NEON_FP16, _half_options())
-    assert re.search(r"allocate \w*fully_connected_acc\[float16 \* 32 ", stmt), "no fp16 tile of 4 x 8 lanes"
+    tile = re.search(r"allocate \w*fully_connected_acc\[float16 \* (\d+) \* \d+\]", stmt)
+    assert tile and int(tile.group(1)) % 8 == 0, "no fp16 tile of whole 8-lane vectors"
+    # each row's input read 8 steps at a time: one register, each lane a step's `fmla` by element
+    assert re.search(r"allocate \w*half_in_\w*acc\$0\[float16 \* 8 \* \d+\]", stmt), "no 8-step input loads"
     sums = [line for line in stmt.splitlines() if re.search(r"acc\[ramp\(\d+, 1, 8\)\] = \w*acc\[[^\]]*\] \+", line)]
     assert sums, "no sums of 8 lanes"
     assert not [line for line in sums if "float32" in line], "a conversion inside the sum"
