@@ -15,9 +15,10 @@ from opcheck import binary_model, compare, unary_model
 rng = np.random.default_rng(7)
 
 
-@pytest.fixture(autouse=True, params=["fp32", "fp16"])
+@pytest.fixture(autouse=True, params=["fp32", "fp16", "fp16-arithmetic"])
 def precision(request, monkeypatch):
-    """Every case twice: float32, and fp16 storage (the GPU targets' --gpu-precision fp16)."""
+    """Every case three times: float32, fp16 storage (the GPU targets' --gpu-precision fp16), and fp16
+    arithmetic (the ARM targets' --cpu-precision fp16)."""
     monkeypatch.setattr(opcheck, "PRECISION", request.param)
     return request.param
 
