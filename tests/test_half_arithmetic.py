@@ -127,3 +127,17 @@ def test_a_half_precision_matrix_product_sums_eight_fp16_lanes_from_fp16_weights
 
     kernel = build_block("blk", model.main.operators, model.main.outputs, _half_options())
     assert {a.type_name for a in kernel.arguments if a.tensor.is_constant} == {"FLOAT16"}  # weights and bias
+
+
+def test_run_holds_each_precision_to_its_own_tolerance():
+    # `run --compare` reads the bundle's target from the delegate's report: fp16 sums (ARM's
+    # --cpu-precision fp16) round K times a sum, fp16 storage (the GPUs') once an op.
+    from tflite_tools.run import RTOL, RTOL_FP16, RTOL_HALF_ARITHMETIC, tolerance
+
+    claimed = {"claimed_nodes": [0, 1]}
+    assert tolerance({**claimed, "target": "arm64-linux-fp16"}) == RTOL_HALF_ARITHMETIC
+    assert tolerance({**claimed, "target": "arm64-android-fp16-int8-xnnpack"}) == RTOL_HALF_ARITHMETIC
+    assert tolerance({**claimed, "target": "host-vulkan-fp16"}) == RTOL_FP16
+    assert tolerance({**claimed, "target": "arm64-linux"}) == tolerance({"claimed_nodes": [], "target":
+                                                                        "arm64-linux-fp16"}) == RTOL
+    assert RTOL < RTOL_FP16 < RTOL_HALF_ARITHMETIC
