@@ -264,7 +264,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
     _check_addressable(ops)
     kernel = BlockKernel(_ident(name), list(ops), [], [])
     produced = {id(t) for op in ops for t in op.outputs}
-    params: dict[tuple[int, str | None], Value] = {}
+    params: dict[tuple[int, str | None, bool], Value] = {}
 
     def value_of(t: Tensor, packing: str | None = None, half: bool = False) -> Value:
         if packing is None and not half and id(t) in kernel.values:

@@ -276,7 +276,9 @@ _BASE_TARGETS = [
 ]
 TARGETS: dict[str, TargetSpec] = {s.name: s for s in _BASE_TARGETS}
 TARGETS.update({f.name: f for f in (_with_fp16(s) for s in _BASE_TARGETS if s.family == "gpu")})
-_HALF_TARGETS = [_with_half_arithmetic(s) for s in _BASE_TARGETS if s.family == "arm" and s.dot_product]
+# ARMv8.2 cores compute in fp16 (the dot-product builds' cores: Cortex-A55 / A75 and later).
+_HALF_BASES = [s for s in _BASE_TARGETS if s.family == "arm" and s.dot_product]
+_HALF_TARGETS = [_with_half_arithmetic(s) for s in _HALF_BASES]
 TARGETS.update({f.name: f for f in _HALF_TARGETS})
 TARGETS.update({r.name: r for r in (_with_other_rounding(s) for s in _BASE_TARGETS + _HALF_TARGETS if s.family != "gpu")})
 # The names the CLI's --target takes; the variants come from --gpu-precision, --cpu-precision and
@@ -294,7 +296,7 @@ def target_spec(name: str) -> TargetSpec:
 
 GPU_TARGETS = tuple(name for name, spec in TARGETS.items() if spec.family == "gpu" and spec.precision == "fp32")
 # The CPU targets that compute in half precision, by their fp32 names.
-HALF_CPU_TARGETS = tuple(s.name for s in _BASE_TARGETS if s.family == "arm" and s.dot_product)
+HALF_CPU_TARGETS = tuple(s.name for s in _HALF_BASES)
 
 
 def with_precision(name: str, precision: str) -> str:
@@ -302,9 +304,10 @@ def with_precision(name: str, precision: str) -> str:
     ValueError where there is none (the CLI's --gpu-precision: GPU targets only)."""
     if precision == "fp32":
         return target_spec(name).name
-    if target_spec(name).family != "gpu":
+    variant = f"{name}-{precision}"
+    if target_spec(name).family != "gpu" or variant not in TARGETS:
         raise ValueError(f"--gpu-precision {precision} needs a GPU target ({', '.join(GPU_TARGETS)}), not {name}")
-    return f"{name}-{precision}"
+    return variant
 
 
 def with_cpu_precision(name: str, precision: str) -> str:
