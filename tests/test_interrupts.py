@@ -89,3 +89,34 @@ def test_ctrl_c_as_a_finished_command_exits_changes_nothing():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                           preexec_fn=answers_ctrl_c)
     assert proc.returncode == 0 and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_each_progress_line_is_written_whole(tty, monkeypatch):
+    # A progress line and its end in separate writes let a Ctrl-C between them put the command's
+    # "interrupted" on the progress line ("[3850/200010] turn 193tflite_tools: interrupted").
+    from tflite_tools import cli
+
+    class Stderr:
+        writes: list[str] = []
+
+        def write(self, text: str) -> int:
+            self.writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+        def isatty(self) -> bool:
+            return tty
+
+    stderr = Stderr()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    show = cli._progress_printer()
+    show(1, 3, "turn 1")
+    show(3, 3, "turn 2")
+    assert len(stderr.writes) == 2
+    if tty:
+        assert stderr.writes == ["\r\033[K[1/3] turn 1", "\r\033[K[3/3] turn 2\n"]
+    else:
+        assert stderr.writes == ["[1/3] turn 1\n", "[3/3] turn 2\n"]

@@ -99,15 +99,15 @@ def cmd_fuse(args: argparse.Namespace) -> int:
 
 
 def _progress_printer() -> Callable[[int, int, str], None]:
-    """Progress on stderr: one rewritten line on a terminal, a line per step otherwise."""
+    """Progress on stderr: one rewritten line on a terminal, a line per step otherwise, each in one
+    write (print writes a line and its end apart: a Ctrl-C between them left the next message on the
+    progress line)."""
     tty = sys.stderr.isatty()
 
     def show(done: int, total: int, what: str) -> None:
         line = f"[{done:>{len(str(total))}}/{total}] {what}"
-        if tty:
-            print(f"\r\033[K{line}", end="" if done < total else "\n", file=sys.stderr, flush=True)
-        else:
-            print(line, file=sys.stderr, flush=True)
+        sys.stderr.write((f"\r\033[K{line}" + ("" if done < total else "\n")) if tty else line + "\n")
+        sys.stderr.flush()
 
     return show
 
@@ -339,7 +339,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"tflite_tools: error: {_os_error_line(exc)}", file=sys.stderr)
             return 2
         except KeyboardInterrupt:
-            print("tflite_tools: interrupted", file=sys.stderr)
+            # On a terminal the message replaces an unfinished progress line.
+            sys.stderr.write(("\r\033[K" if sys.stderr.isatty() else "") + "tflite_tools: interrupted\n")
             return 130
 
 
