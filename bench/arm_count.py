@@ -59,8 +59,6 @@ CPUS = {
 }
 # The build each CPU runs: arm64-linux kernels use SDOT, which an ARMv8.0 core lacks.
 TARGETS = {"cortex-a76": "arm64-linux", "cortex-a53": "arm64-linux-nodot"}
-# The same in half precision, on the cores that compute in it (ARMv8.2's FP16).
-HALF_TARGETS = {"cortex-a76": "arm64-linux-fp16"}
 PRECISIONS = ("fp32", "fp16")
 
 # XNNPACK's delegate flags (xnnpack_delegate.h) as LiteRT's CpuOptions pass them: the value replaces
@@ -179,11 +177,11 @@ def fuse_for_arm(model: Path, out: Path, cpu: str = "cortex-a76", precision: str
 
 
 def target_for(cpu: str, precision: str) -> str:
-    """The build `cpu` runs in `precision`; ValueError for a core without it."""
-    targets = HALF_TARGETS if precision == "fp16" else TARGETS
-    if cpu not in targets:
-        raise ValueError(f"{cpu} has no {precision} arithmetic to count")
-    return targets[cpu]
+    """The build `cpu` runs in `precision` (halide_gen.targets.with_cpu_precision of its own);
+    ValueError, saying why, for a core without it (the A53's build has no fp16 arithmetic)."""
+    from halide_gen.targets import with_cpu_precision
+
+    return with_cpu_precision(TARGETS[cpu], precision)
 
 
 def xnnpack_case(name: str, model: Path, precision: str) -> Case:
@@ -350,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             target_for(cpu, args.precision)
         except ValueError as exc:
-            parser.error(str(exc))
+            parser.error(f"--precision {args.precision} on {cpu}: {exc}")
 
     rows, blocks = [], {}
     for model in args.models:

@@ -256,8 +256,7 @@ bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes
                         b.raw.dimensions, stored_bytes);
   }
   // Packed as float32, then converted: the packings move elements, whatever their size.
-  size_t count = 1;
-  for (int d = 0; d < b.raw.dimensions; ++d) count *= static_cast<size_t>(b.packed_dims[d]);
+  const size_t count = b.raw.number_of_elements();
   std::vector<float> wide(count);
   if (b.pack == static_cast<int>(Pack::kNone)) {
     if (t.bytes != count * sizeof(float)) return false;
