@@ -104,25 +104,24 @@ def test_a_half_precision_op_is_within_the_bound_of_fp16_sums(case):
     assert np.max(error / bound) > 64 * np.finfo(np.float32).eps
 
 
-def test_a_half_precision_matrix_product_sums_eight_fp16_lanes_from_fp16_weights(tmp_path):
+def test_a_half_precision_matrix_product_sums_eight_fp16_lanes_from_fp16_weights():
     # NEON's fp16 tiles: the accumulators are vectors of 8 fp16 lanes (one register each, `fmla .8h`)
     # fed by weights passed in fp16, and the float32 input is converted to fp16 once, outside the sum.
     # With 4 steps a load (half a register) the A76's matrix products issued 1.4-1.6 of its 2 FMLAs a
     # cycle, each load staged through the stack.
     from halide_gen.schedule.params import NEON_FP16
-    from test_schedules import scheduled_stmt
+    from halide_text import scheduled_stmt
 
     model, _ = _fully_connected(lambda dtype, shape: np.ones(shape, dtype), 18, 64, 64, RELU6)
-    stmt = scheduled_stmt(tmp_path, model, NEON_FP16, _half_options())
+    stmt = scheduled_stmt(model, NEON_FP16, _half_options())
     allocations = "\n".join(line.strip() for line in stmt.splitlines() if "allocate" in line)
-    # (Halide suffixes a Func's name with $n where one of the same name lives in the process.)
-    tile = re.search(r"allocate \w*fully_connected_acc(\$\d+)*\[float16 \* (\d+) \* \d+\]", stmt)
-    assert tile and int(tile.group(2)) % 8 == 0, f"no fp16 tile of whole 8-lane vectors:\n{allocations}"
+    tile = re.search(r"allocate \w*fully_connected_acc\[float16 \* (\d+) \* \d+\]", stmt)
+    assert tile and int(tile.group(1)) % 8 == 0, f"no fp16 tile of whole 8-lane vectors:\n{allocations}"
     # each row's input read 8 steps at a time: one register, each lane a step's `fmla` by element
-    assert re.search(r"allocate \w*half_in_\w*acc(\$\d+)*\[float16 \* 8 \* \d+\]", stmt), \
+    assert re.search(r"allocate \w*half_in_\w*acc\[float16 \* 8 \* \d+\]", stmt), \
         f"no 8-step input loads:\n{allocations}"
     sums = [line for line in stmt.splitlines()
-            if re.search(r"acc(\$\d+)*\[ramp\(\d+, 1, 8\)\] = \w*acc(\$\d+)*\[[^\]]*\] \+", line)]
+            if re.search(r"acc\[ramp\(\d+, 1, 8\)\] = \w*acc\[[^\]]*\] \+", line)]
     assert sums, "no sums of 8 lanes"
     assert not [line for line in sums if "float32" in line], "a conversion inside the sum"
     weights = [re.search(r"\+ \((\w+)\[ramp\([^\]]*, 1, 8\)", line) for line in sums]

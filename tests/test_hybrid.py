@@ -106,26 +106,26 @@ def test_int4_values_unpack_as_tflite_packs_them():
 
 
 @pytest.mark.parametrize("asymmetric", [False, True])
-def test_a_hybrid_fully_connected_finds_each_rows_statistics_in_one_loop(asymmetric, tmp_path):
+def test_a_hybrid_fully_connected_finds_each_rows_statistics_in_one_loop(asymmetric):
     # Each row's extremes, their folds, its step and zero point were stages of their own: a pass
     # over the input each, and loops on one thread between the parallel ones. Now one parallel
     # loop over the rows computes them all, a row's partial results one row's worth.
     import re
 
     from halide_gen.targets import target_spec
-    from test_schedules import scheduled_stmt
+    from halide_text import scheduled_stmt
 
     shape = (1, 128, 192)  # work enough for threads in each
     model = _fc_model(shape, 64, per_channel=True, asymmetric=asymmetric)
-    stmt = scheduled_stmt(tmp_path, model, options=target_spec("host").lowering_options())
+    stmt = scheduled_stmt(model, options=target_spec("host").lowering_options())
     loops = re.findall(r"halide_do_par_for\(\(halide_task_t\)::(\w+),", stmt)
     statistics = [name for name in loops if "_step_" in name]
     assert len(statistics) == 1 and len(loops) == 3, loops  # the statistics, the quantized rows, the product
     body = stmt[stmt.index(f"internal func {statistics[0]}"):]
     body = body[:body.index("internal func", 1)]
     results = ["step", "inverse"] + (["zero_point"] if asymmetric else [])
-    assert all(re.search(rf"fully_connected_{name}(\$\d+)?\[", body) for name in results), body
-    partials = re.findall(r"allocate [\w$]+_partial(?:\$\d+)?\[float32 \* (\d+)((?: \* \d+)*)\]", body)
+    assert all(re.search(rf"fully_connected_{name}\[", body) for name in results), body
+    partials = re.findall(r"allocate \w+_partial\[float32 \* (\d+)((?: \* \d+)*)\]", body)
     assert partials and all(set(rest.split(" * ")) <= {"", "1"} for _, rest in partials), partials
     opcheck.compare(model, _inputs(shape), seeds=(0, 1), options=LoweringOptions(x86_integer=True))
 
@@ -196,18 +196,18 @@ def test_hybrid_conv2d_sums_in_the_int8_paths_dot_products(target, instruction, 
 
 @pytest.mark.parametrize("op, channels, per_channel", [("CONV_2D", 40, True), ("CONV_2D", 5, False),
                                                      ("DEPTHWISE_CONV_2D", 24, True)])
-def test_a_hybrid_convolutions_image_statistics_read_its_rows_in_dense_vectors(op, channels, per_channel, tmp_path):
+def test_a_hybrid_convolutions_image_statistics_read_its_rows_in_dense_vectors(op, channels, per_channel):
     # Each image's extremes were read at a flat index into it: every vector a gather whose lanes
     # each took a division (EfficientNet's 1x1 projections: 2.5-3x XNNPACK's time). Now its rows'
     # partial results come first, in dense vectors, the rows split among threads.
     import re
 
     from halide_gen.targets import target_spec
-    from test_schedules import scheduled_stmt
+    from halide_text import scheduled_stmt
 
     shape = (2, 48, 40, channels)  # work enough for threads in the rows stage
     model = _conv_model(op, shape, channels if op == "DEPTHWISE_CONV_2D" else 16, 1, per_channel=per_channel)
-    stmt = scheduled_stmt(tmp_path, model, options=target_spec("host").lowering_options())
+    stmt = scheduled_stmt(model, options=target_spec("host").lowering_options())
     assert not re.search(r"[/%] *x\d+\(", stmt), "a vector index divides"
     loops = re.findall(r"halide_do_par_for\(\(halide_task_t\)::(\w+),", stmt)
     assert any("_rows_" in name for name in loops), loops
@@ -254,7 +254,7 @@ def test_a_chain_with_a_hybrid_convolution_past_its_first_is_not_streamed():
 
 @pytest.mark.parametrize("family", ["x86", "arm"])
 @pytest.mark.parametrize("op", ["FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D"])
-def test_a_swish_before_a_hybrid_op_is_computed_once(op, family, tmp_path):
+def test_a_swish_before_a_hybrid_op_is_computed_once(op, family):
     # A dynamic-range op reads its input in its row statistics and again as it quantizes it; an
     # in-block producer inlined there ran once for each (EfficientNet's swish before its hybrid
     # depthwise convs: the sigmoid three times an element, 1.5x XNNPACK's A76 cycles on the block).
@@ -265,7 +265,7 @@ def test_a_swish_before_a_hybrid_op_is_computed_once(op, family, tmp_path):
     from halide_gen.schedule.cpu import schedule_cpu
     from halide_gen.schedule.params import NEON, X86
     from halide_gen.targets import target_spec
-    from test_schedules import _lowered_stmt
+    from halide_text import lowered_stmt, stable_name
 
     rng = np.random.default_rng(3)
     b = ModelBuilder()
@@ -288,8 +288,8 @@ def test_a_swish_before_a_hybrid_op_is_computed_once(op, family, tmp_path):
     ops = model.main.operators
     kernel = build_block("blk", ops, [ops[-1].outputs[0]], options)
     schedule_cpu(kernel, X86 if family == "x86" else NEON)
-    name = kernel.values[id(swish)].func.name()
-    assert re.search(rf"produce {re.escape(name)}\b", _lowered_stmt(kernel)), name
+    name = stable_name(kernel.values[id(swish)].func)
+    assert re.search(rf"produce {re.escape(name)}\b", lowered_stmt(kernel)), name
     opcheck.compare(model, lambda rng: [rng.standard_normal(shape).astype(np.float32) * 2], seeds=(0,),
                     options=options)
 
