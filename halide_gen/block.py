@@ -281,7 +281,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
             _declare_dense(arg.param, arg.shape)
             kernel.arguments.append(arg)
             # Packed constants are weights, read only at indices a reduction walks.
-            func = hl.Func(arg.param) if packing or half or len(arg.shape) < 2 else _edge_clamped(arg)
+            func = hl.Func(arg.param) if packing or len(arg.shape) < 2 else _edge_clamped(arg)
             params[key] = Value(func, arg.shape, arg.param.type())
             if packing is None and not half:
                 kernel.values[id(t)] = params[key]

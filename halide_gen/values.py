@@ -88,6 +88,11 @@ class Value:
         """The element at a TFLite-order index given as a sequence."""
         return self(*index)
 
+    def stored_at(self, index: Index) -> hl.Expr:
+        """The element at a TFLite-order index in its stored type (half precision not widened), for
+        ops that compute in it (LoweringOptions.half_arithmetic)."""
+        return hl.Expr(self.func[list(reversed(index))] if len(index) else self.func[()])
+
 
 def define(name: str, shape: Sequence[int], body: Callable[..., hl.Expr], *, storage: hl.Type) -> Value:
     """A new Func of `shape` whose element at TFLite index (i0, ..., ik) is body(i0, ..., ik).
@@ -122,9 +127,11 @@ def broadcast_index(shape: Sequence[int], out_shape: Sequence[int], index: Index
     return [hl.Expr(0) if d == 1 and out_shape[offset + a] != 1 else index[offset + a] for a, d in enumerate(shape)]
 
 
-def read_broadcast(value: Value, out_shape: Sequence[int], index: Index) -> hl.Expr:
-    """`value` read at an output index, broadcasting as TFLite does."""
-    return value.at(broadcast_index(value.shape, out_shape, index))
+def read_broadcast(value: Value, out_shape: Sequence[int], index: Index, *, stored: bool = False) -> hl.Expr:
+    """`value` read at an output index, broadcasting as TFLite does; in its stored type where `stored`
+    (Value.stored_at), else as lowerings compute with it."""
+    at = broadcast_index(value.shape, out_shape, index)
+    return value.stored_at(at) if stored else value.at(at)
 
 
 def flat_index(shape: Sequence[int], index: Index) -> hl.Expr:

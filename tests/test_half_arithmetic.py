@@ -132,6 +132,120 @@ def test_a_half_precision_matrix_product_sums_eight_fp16_lanes_from_fp16_weights
     assert {a.type_name for a in kernel.arguments if a.tensor.is_constant} == {"FLOAT16"}  # weights and bias
 
 
+def _elementwise_chain(op):
+    """x * c (a block input and a constant), then `op` on that fp16 result and, for a binary op, a
+    second constant broadcast along the rows: both ops compute in the block."""
+    rng = np.random.default_rng(5)
+    b = ModelBuilder()
+    shape = (6, 40)
+    scale = b.const("c", _fp16_values(rng, (40,)))
+    scaled = b.op("MUL", [b.input("x", shape), scale], shape)
+    if op in HALF_UNARY:
+        b.output(b.op(op, [scaled], shape))
+    else:
+        name, act = op.split("+") if "+" in op else (op, None)
+        fused = {"fused_activation_function": {"RELU": RELU, "RELU6": RELU6}[act]} if act else {}
+        b.output(b.op(name, [scaled, b.const("d", _fp16_values(rng, (1, 40)))], shape, **fused))
+    return b.build()
+
+
+def _fp16_values(rng, shape):
+    """Values fp16 holds exactly, of every class: normal and subnormal, zeros, up to 2^15, inf, NaN."""
+    values = rng.standard_normal(shape) * np.exp2(rng.integers(-20, 16, shape))
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6.0e-8, 1.0, -1.0])
+    flat = values.reshape(-1)
+    flat[: len(specials)] = specials[: flat.size]
+    return flat.reshape(shape).astype(np.float16).astype(np.float32)
+
+
+# Exact: one rounding from float32's result (+, -, *, /: double rounding is innocuous), or none.
+EXACT_IN_HALF = ["ADD", "ADD+RELU", "SUB", "SUB+RELU6", "MUL", "MUL+RELU", "DIV", "ABS", "NEG", "RELU", "RELU6",
+                 "RELU_N1_TO_1"]
+# Up to four fp16 roundings (HARD_SWISH's 1/6 among them) where float32 computes and rounds once; near
+# zero, where fp16 steps by 2^-24, HARD_SWISH's x / 6 is off by up to a step before it is scaled by up to 6.
+ROUNDED_IN_HALF = ["SQUARE", "SQUARED_DIFFERENCE", "HARD_SWISH"]
+HALF_UNARY = {"ABS", "NEG", "RELU", "RELU6", "RELU_N1_TO_1", "SQUARE", "HARD_SWISH"}
+
+
+@pytest.mark.parametrize("op", EXACT_IN_HALF + ROUNDED_IN_HALF)
+def test_elementwise_ops_in_half_precision_round_as_float32_rounded_to_fp16(op):
+    # Under --cpu-precision fp16 these ops compute in fp16 (8 lanes a NEON register, no conversions
+    # between the ops of a block), where before they widened each operand to float32 and rounded the
+    # result back; on values fp16 holds, the results are the same, saturating at +-65504 as a stored
+    # float32 result does (an attention mask of -1e9 stays finite), NaN and infinities as before.
+    import dataclasses
+
+    from halide_gen.lower.elementwise import HALF_BINARY
+    from halide_gen.lower.elementwise import HALF_UNARY as LOWERED_HALF_UNARY
+
+    assert set(LOWERED_HALF_UNARY) == HALF_UNARY | {"LOGISTIC"} and HALF_BINARY == {o.split("+")[0] for o in EXACT_IN_HALF
+                                                                     + ROUNDED_IN_HALF if o not in HALF_UNARY}
+    model = _elementwise_chain(op)
+    inputs = [_fp16_values(np.random.default_rng(6), (6, 40))]
+    half = _half_options()
+    (ours,) = halide(model, inputs, half)
+    (widened,) = halide(model, inputs, dataclasses.replace(half, half_arithmetic=False))
+    assert np.abs(ours[np.isfinite(ours)]).max() <= 65504 and np.array_equal(np.isnan(ours), np.isnan(widened))
+    if op in EXACT_IN_HALF:
+        np.testing.assert_array_equal(ours, widened)
+    else:
+        both = np.isfinite(ours) & np.isfinite(widened)
+        assert np.all(np.abs(ours - widened)[both] <= gamma(4) * np.abs(widened)[both] + 8 * 2.0 ** -24)
+    from halide_gen.block import build_block
+
+    kernel = build_block("blk", model.main.operators, model.main.outputs, half)
+    last = kernel.values[id(model.main.operators[-1].outputs[0])].func
+    assert last.type() == hl_float16() and "float32" not in str(last.value()), str(last.value())
+
+
+def hl_float16():
+    import halide as hl
+
+    return hl.Float(16)
+
+
+def test_the_half_precision_sigmoid_is_within_two_fp16_steps_over_every_fp16_input():
+    # LOGISTIC under fp16 arithmetic (swish's sigmoid: EfficientNet's every depthwise block) has a
+    # polynomial of its own: within 2 steps of the exact value rounded to fp16 where that is a normal
+    # fp16, and 0 for x below -9.7, where the exact one is under fp16's smallest normal (XNNPACK's
+    # fp16 kernel flushes those too). NaN stays NaN, +-inf give 0 and 1.
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    x = every[~np.isnan(every)].astype(np.float32)
+    b = ModelBuilder()
+    b.output(b.op("LOGISTIC", [b.input("x", x.shape)], x.shape))
+    (ours,) = halide(b.build(), [x], _half_options())
+    with np.errstate(over="ignore"):
+        exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+    assert ours[x == -np.inf] == 0 and ours[x == np.inf] == 1
+    normal = exact >= np.finfo(np.float16).tiny
+    steps = np.abs(ours.astype(np.float16).view(np.int16).astype(int)
+                   - exact.astype(np.float16).view(np.int16).astype(int))
+    assert steps[normal].max() <= 2, float(x[normal][np.argmax(steps[normal])])
+    assert np.all(np.abs(ours[~normal] - exact[~normal]) <= np.finfo(np.float16).tiny)
+
+
+@pytest.mark.cross
+def test_half_precision_elementwise_ops_keep_nan_on_arm64(tmp_path, cross_tools):
+    # Built for arm64-linux-fp16 and run under qemu: NaN passes through the fp16 elementwise ops
+    # (ARM's fmin / fmax keep it in their saturating clamps, where this host's JIT drops it), and the
+    # chain stays within fp16's tolerance of LiteRT's reference.
+    import opcheck
+    from tflite_tools.run import RTOL_FP16
+
+    b = ModelBuilder()
+    scaled = b.op("MUL", [b.input("x", (4, 16)), b.const("c", np.linspace(-2, 2, 16).astype(np.float32))], (4, 16))
+    summed = b.op("ADD", [b.op("LOGISTIC", [scaled], (4, 16)), scaled], (4, 16))
+    b.output(b.op("HARD_SWISH", [summed], (4, 16)))
+    model = b.build()
+    x = (np.random.default_rng(0).standard_normal((4, 16)) * 4).astype(np.float32)
+    x[0, :2], x[1, 3] = np.nan, np.nan
+    (ours,) = opcheck.aot(model, [x], "arm64-linux-fp16", tmp_path)
+    (expected,) = reference(model, [x])
+    assert np.array_equal(np.isnan(ours), np.isnan(expected)) and np.isnan(ours).sum() == 3
+    finite = ~np.isnan(expected)
+    assert np.abs(ours - expected)[finite].max() <= RTOL_FP16 * np.abs(expected[finite]).max()
+
+
 def test_run_holds_each_precision_to_its_own_tolerance():
     # `run --compare` reads the bundle's target from the delegate's report: fp16 sums (ARM's
     # --cpu-precision fp16) round K times a sum, fp16 storage (the GPUs') once an op.

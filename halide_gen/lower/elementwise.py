@@ -10,8 +10,9 @@ import math
 
 import halide as hl
 
-from ..values import Value, read_broadcast
-from . import ieee
+from ..values import FLOAT16_MAX, Value, narrow, read_broadcast
+from . import half_math, ieee
+from .half_math import half
 from .registry import LoweringError, OpContext, register
 
 SQRT1_2 = 1.0 / math.sqrt(2.0)
@@ -44,6 +45,16 @@ def activation(expr: hl.Expr, name: str | None, native_minmax: bool, clamps_none
     if name == "RELU":
         return hl.max(expr, hl.cast(expr.type(), 0))
     return hl.clamp(expr, hl.cast(expr.type(), lo), hl.cast(expr.type(), hi))
+
+
+def activation_in_half(expr: hl.Expr, name: str | None) -> hl.Expr:
+    """A fused activation on a half-precision result, computed in it: a clamp to bounds fp16 holds
+    exactly (TFLite's +-FLT_MAX become fp16's +-65504, which storing saturates to anyway), so the
+    same values as widened to float32, clamped and rounded back, without the two conversions."""
+    if (name or "NONE") not in ACTIVATION_RANGES:
+        return activation(expr, name, native_minmax=True)  # refused there, with the reason
+    lo, hi = ACTIVATION_RANGES[name or "NONE"]
+    return hl.clamp(expr, hl.cast(expr.type(), max(lo, -FLOAT16_MAX)), hl.cast(expr.type(), min(hi, FLOAT16_MAX)))
 
 
 def as_bool(expr: hl.Expr) -> hl.Expr:
@@ -157,9 +168,56 @@ CLAMPING_UNARY = {
 }
 
 
+# Ops computed in half precision where the target computes in it (LoweringOptions.half_arithmetic),
+# on 8 lanes a NEON register as XNNPACK's fp16 kernels compute them. +, -, * and / round to fp16 as
+# the float32 result rounded to fp16 would (from float32's 24 significant bits, 2 x 11 + 2, double
+# rounding is innocuous), clamps and sign changes are exact; HARD_SWISH and SQUARED_DIFFERENCE round
+# up to four times. Each result saturates at +-65504, as storing a float32 one does (values.narrow).
+# LOGISTIC has an fp16 polynomial of its own (half_math); the other transcendental ops compute in
+# float32 on widened values, rounded once when stored.
+HALF_BINARY = frozenset({"ADD", "SUB", "MUL", "DIV", "SQUARED_DIFFERENCE"})
+HALF_UNARY = {
+    "ABS": hl.abs,
+    "NEG": lambda x: -x,
+    "SQUARE": lambda x: activation_in_half(x * x, None),
+    # x / 6 first, as XNNPACK's fp16 kernel takes it: x * 6 overflows fp16 from x = 10923.
+    "HARD_SWISH": lambda x: activation_in_half(hl.strict_float(
+        x * half(1.0 / 6.0) * hl.clamp(x + half(3), half(0), half(6))), None),
+    "RELU": lambda x: activation_in_half(x, "RELU"),
+    "RELU6": lambda x: activation_in_half(x, "RELU6"),
+    "RELU_N1_TO_1": lambda x: activation_in_half(x, "RELU_N1_TO_1"),
+    "LOGISTIC": half_math.logistic,
+}
+
+
+def computes_in_half(ctx: OpContext) -> bool:
+    """Whether the op's float result is computed in half precision (HALF_BINARY, HALF_UNARY)."""
+    return (ctx.options.half_arithmetic and ctx.op.outputs[0].type_name == "FLOAT32"
+            and (ctx.op.name in HALF_BINARY or ctx.op.name in HALF_UNARY))
+
+
+def half_operand(ctx: OpContext, i: int) -> Value:
+    """Input `i` as an op computing in half precision reads it (read it with `half_at`): a float32
+    constant is passed in fp16; what the block computes is fp16 already; a float32 block input is
+    converted where it is read."""
+    t = ctx.op.inputs[i]
+    if t is not None and t.is_constant and t.type_name == "FLOAT32":
+        return ctx.value_of(t, None, half=True)
+    return ctx.value(i)
+
+
+def half_at(value: Value, shape, index) -> hl.Expr:
+    """`value` (a half_operand) at an output index of `shape`, broadcast, in half precision."""
+    v = read_broadcast(value, shape, index, stored=True)
+    return v if v.type() == hl.Float(16) else narrow(v, hl.Float(16))
+
+
 @register(*UNARY, *CLAMPING_UNARY)
 def lower_unary(ctx: OpContext) -> list[Value]:
     """One input, one output of the same shape."""
+    if computes_in_half(ctx):
+        x, shape, fn = half_operand(ctx, 0), ctx.out_shape(), HALF_UNARY[ctx.op.name]
+        return [ctx.define(ctx.func_name(), shape, lambda *i: fn(half_at(x, shape, i)))]
     x = ctx.value(0)
     if ctx.op.name in CLAMPING_UNARY:
         clamping, native_minmax = CLAMPING_UNARY[ctx.op.name], ctx.options.native_minmax
@@ -243,8 +301,12 @@ LOGICAL = {
 @register(*BINARY)
 def lower_binary(ctx: OpContext) -> list[Value]:
     """Broadcasting arithmetic with the fused activation applied."""
-    a, b = ctx.value(0), ctx.value(1)
     shape, fn, act = ctx.out_shape(), BINARY[ctx.op.name], ctx.op.fused_activation
+    if computes_in_half(ctx):
+        a, b = half_operand(ctx, 0), half_operand(ctx, 1)
+        return [ctx.define(ctx.func_name(), shape, lambda *i: activation_in_half(
+            fn(half_at(a, shape, i), half_at(b, shape, i)), act))]
+    a, b = ctx.value(0), ctx.value(1)
     clamps = ctx.op.name in CLAMPED_BINARY
     return [ctx.define(ctx.func_name(), shape, lambda *i: activation(
         fn(read_broadcast(a, shape, i), read_broadcast(b, shape, i)), act, ctx.options.native_minmax,

@@ -15,9 +15,9 @@ from typing import Callable
 import halide as hl
 
 from ..pack import CHANNEL_TILE, DOT_DEPTH, padded
-from ..values import FLOAT16_MAX, Value, flat_index, unflatten
+from ..values import Value, flat_index, unflatten
 from . import ieee
-from .elementwise import ACTIVATION_RANGES, activation
+from .elementwise import activation, activation_in_half
 from .registry import AccumulatorKind, LoweringError, OpContext, ReductionDomain, accumulate, read, register
 
 
@@ -75,16 +75,6 @@ def float_arithmetic(ctx: OpContext, bias_index: int) -> Arithmetic:
         raise LoweringError("half-precision arithmetic needs min / max with TFLite's NaN answers (ARM's)")
     return Arithmetic(lambda x: in_half(ctx, x), lambda v, w: hl.cast(kind, v) * hl.cast(kind, w),
                       lambda oc: hl.cast(kind, bias(oc)), lambda acc, i: activation_in_half(acc, act))
-
-
-def activation_in_half(acc: hl.Expr, name: str | None) -> hl.Expr:
-    """A fused activation on a half-precision sum, computed in it: a clamp to bounds fp16 holds
-    exactly (TFLite's +-FLT_MAX become fp16's +-65504, which storing saturates to anyway), so the
-    same values as widened to float32, clamped and rounded back, without the two conversions."""
-    if (name or "NONE") not in ACTIVATION_RANGES:
-        return activation(acc, name, native_minmax=True)  # refused there, with the reason
-    lo, hi = ACTIVATION_RANGES[name or "NONE"]
-    return hl.clamp(acc, hl.cast(acc.type(), max(lo, -FLOAT16_MAX)), hl.cast(acc.type(), min(hi, FLOAT16_MAX)))
 
 
 def in_half(ctx: OpContext, x: Value) -> Value:

@@ -1,0 +1,60 @@
+"""Math functions in half precision, for ops that compute in it (LoweringOptions.half_arithmetic).
+
+XNNPACK's fp16 kernels evaluate the sigmoid on 8 lanes a NEON register with a short polynomial for
+fp16's 11 significant bits; the float32 forms of halide_gen.lower.ieee take 4 lanes, two conversions
+and twice the polynomial. Each function here says its accuracy over every fp16 input
+(tests/test_half_arithmetic.py), and NaN gives NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import halide as hl
+import numpy as np
+
+HALF = hl.Float(16)
+
+# e^t = 1 + t (c1 + t (c2 + t c3)) on |t| <= ln 2 / 2, fitted for relative error and rounded to fp16:
+# 1.0e-4 (a fifth of fp16's unit roundoff); degree 2 is 2e-3, four units.
+_EXP_C = (1.0, 0.50390625, 0.1651611328125)
+# Below this (n = -14), e^z is no normal fp16: 0, as XNNPACK's fp16 sigmoid flushes it. A sigmoid
+# of x below -9.7 is then 0 where the exact one is under 6.1e-5.
+_EXP_CUTOFF = -14 * math.log(2)
+# ln 2 in two parts: n * _LN2_HI is exact in fp16 for |n| <= 14 (4 significant bits by 4).
+_LN2_HI = 0.6875
+_LN2_LO = math.log(2) - _LN2_HI
+# 1.5 * 2^10 + 15: adding it rounds z / ln 2 in [-14, 0] to an integer n and leaves n + 15 in the
+# low bits of the sum's fp16 significand, which shifted left by 10 are 2^n's bits.
+_EXP_MAGIC = 1551.0
+_EXP_MAGIC_BITS = int(np.float16(_EXP_MAGIC).view(np.uint16))
+
+
+def half(value: float) -> hl.Expr:
+    """A constant in half precision (rounded once, from the double)."""
+    return hl.cast(HALF, hl.f64(value))
+
+
+def exp_nonpositive(z: hl.Expr) -> hl.Expr:
+    """e^z for an fp16 z <= 0: 2^n e^t with n = round(z / ln 2) and a degree-3 polynomial for e^t;
+    within 2 fp16 steps where e^z is a normal fp16, 0 below e^-9.7."""
+    clamped = hl.max(z, half(_EXP_CUTOFF))
+    bits = hl.reinterpret(hl.UInt(16), clamped * half(1 / math.log(2)) + half(_EXP_MAGIC))
+    # n from the bits: a float subtraction of the magic number the simplifier would cancel.
+    n = hl.cast(HALF, hl.reinterpret(hl.Int(16), bits - hl.u16(_EXP_MAGIC_BITS)))
+    # t from z itself: the same where z is not clamped, NaN for a NaN z on any target (x86's max
+    # drops a NaN operand), and whatever below the cut-off, where the select gives 0. Strict: with
+    # the two parts of ln 2 summed into one (reassociated), t lost 3 of its bits.
+    t = hl.strict_float((z - n * half(_LN2_HI)) - n * half(_LN2_LO))
+    c1, c2, c3 = (half(c) for c in _EXP_C)
+    e = hl.reinterpret(HALF, bits << 10) * (half(1) + t * (c1 + t * (c2 + t * c3)))
+    return hl.select(z < half(_EXP_CUTOFF), half(0), e)
+
+
+def logistic(x: hl.Expr) -> hl.Expr:
+    """1 / (1 + e^-x) for an fp16 x: one exponential, of -|x|, for both signs (as ieee.logistic) and
+    one division; within 2 fp16 steps of the exact value rounded where that is a normal fp16, and 0
+    for x below -9.7 (exactly there: under 6.1e-5)."""
+    e = exp_nonpositive(-hl.abs(x))
+    one = half(1)
+    return hl.select(x >= half(0), one, e) / (one + e)
