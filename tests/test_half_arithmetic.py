@@ -191,10 +191,7 @@ def test_elementwise_ops_in_half_precision_round_as_float32_rounded_to_fp16(op):
     else:
         both = np.isfinite(ours) & np.isfinite(widened)
         assert np.all(np.abs(ours - widened)[both] <= gamma(4) * np.abs(widened)[both] + 8 * 2.0 ** -24)
-    from halide_gen.block import build_block
-
-    kernel = build_block("blk", model.main.operators, model.main.outputs, half)
-    last = kernel.values[id(model.main.operators[-1].outputs[0])].func
+    last = _result(model)
     assert last.type() == hl_float16() and "float32" not in str(last.value()), str(last.value())
 
 
@@ -222,6 +219,31 @@ def test_the_half_precision_sigmoid_is_within_two_fp16_steps_over_every_fp16_inp
                    - exact.astype(np.float16).view(np.int16).astype(int))
     assert steps[normal].max() <= 2, float(x[normal][np.argmax(steps[normal])])
     assert np.all(np.abs(ours[~normal] - exact[~normal]) <= np.finfo(np.float16).tiny)
+
+
+
+def test_the_half_precision_tanh_gelu_is_within_a_thousandth_of_x_over_every_fp16_input():
+    # GELU's tanh form (GPT-2's) under fp16 arithmetic: x * sigmoid(2u) on the fp16 sigmoid, within
+    # 2^-10 |x| (and fp16's subnormal step) of the exact form, the sigmoid's flush to 0 included.
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    x = every[np.isfinite(every)].astype(np.float32)
+    b = ModelBuilder()
+    b.output(b.op("GELU", [b.input("x", x.shape)], x.shape, approximate=True))
+    model = b.build()
+    (ours,) = halide(model, [x], _half_options())
+    wide = x.astype(np.float64)
+    exact = 0.5 * wide * (1 + np.tanh(np.sqrt(2 / np.pi) * (wide + 0.044715 * wide ** 3)))
+    error = np.abs(ours - exact)
+    assert np.all(error <= 2.0 ** -10 * np.abs(wide) + 2.0 ** -24), float(x[np.argmax(error / np.abs(wide))])
+    assert _result(model).type() == hl_float16()
+
+
+def _result(model):
+    """The Func of `model`'s last op's result, lowered under fp16 arithmetic."""
+    from halide_gen.block import build_block
+
+    kernel = build_block("blk", model.main.operators, model.main.outputs, _half_options())
+    return kernel.values[id(model.main.operators[-1].outputs[0])].func
 
 
 @pytest.mark.cross

@@ -231,9 +231,14 @@ def lower_unary(ctx: OpContext) -> list[Value]:
 
 @register("GELU")
 def lower_gelu(ctx: OpContext) -> list[Value]:
-    """GELU with its `approximate` option."""
-    x = ctx.value(0)
+    """GELU with its `approximate` option; the tanh form in half precision where the target computes
+    in it (half_math.gelu_tanh). The erf form stays float32: 1 + erf(x / sqrt 2) cancels for x < 0,
+    where an fp16 erf's error would be the result's."""
     approximate = bool(ctx.option("approximate", False))
+    if approximate and ctx.options.half_arithmetic and ctx.op.outputs[0].type_name == "FLOAT32":
+        x, shape = half_operand(ctx, 0), ctx.out_shape()
+        return [ctx.define(ctx.func_name(), shape, lambda *i: half_math.gelu_tanh(half_at(x, shape, i)))]
+    x = ctx.value(0)
     native = ctx.options.native_minmax
     return [ctx.define(ctx.func_name(), ctx.out_shape(), lambda *i: gelu(x(*i), approximate, native))]
 

@@ -58,3 +58,11 @@ def logistic(x: hl.Expr) -> hl.Expr:
     e = exp_nonpositive(-hl.abs(x))
     one = half(1)
     return hl.select(x >= half(0), one, e) / (one + e)
+
+
+def gelu_tanh(x: hl.Expr) -> hl.Expr:
+    """GELU's tanh form, 0.5 x (1 + tanh(u)) with u = sqrt(2 / pi) (x + 0.044715 x^3), as x * sigmoid(2u)
+    for an fp16 x (as ieee's float32 form, without a cancellation in 1 + tanh). Past |x| = 256 x^3 is
+    inf and the sigmoid 0 or 1: -0 or x, and NaN for -inf, as the reference's."""
+    a = 2 * math.sqrt(2.0 / math.pi)
+    return x * logistic(x * (half(a) + half(a * 0.044715) * (x * x)))
