@@ -222,9 +222,9 @@ def test_the_half_precision_sigmoid_is_within_two_fp16_steps_over_every_fp16_inp
 
 
 
-def test_the_half_precision_tanh_gelu_is_within_a_thousandth_of_x_over_every_fp16_input():
+def test_the_half_precision_tanh_gelu_is_within_a_step_of_x_over_every_fp16_input():
     # GELU's tanh form (GPT-2's) under fp16 arithmetic: x * sigmoid(2u) on the fp16 sigmoid, within
-    # 2^-10 |x| (and fp16's subnormal step) of the exact form, the sigmoid's flush to 0 included.
+    # 1.5 x 2^-10 |x| (and fp16's subnormal step) of the exact form, the sigmoid's flush to 0 included.
     every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     x = every[np.isfinite(every)].astype(np.float32)
     b = ModelBuilder()
@@ -234,8 +234,27 @@ def test_the_half_precision_tanh_gelu_is_within_a_thousandth_of_x_over_every_fp1
     wide = x.astype(np.float64)
     exact = 0.5 * wide * (1 + np.tanh(np.sqrt(2 / np.pi) * (wide + 0.044715 * wide ** 3)))
     error = np.abs(ours - exact)
-    assert np.all(error <= 2.0 ** -10 * np.abs(wide) + 2.0 ** -24), float(x[np.argmax(error / np.abs(wide))])
+    assert np.all(error <= 1.5 * 2.0 ** -10 * np.abs(wide) + 2.0 ** -24), float(x[np.argmax(error / np.abs(wide))])
     assert _result(model).type() == hl_float16()
+
+
+
+def test_half_precision_epilogues_compare_whole_vectors(tmp_path):
+    # LLVM compares fp16 vectors a lane at a time on ARM (fcmp, csetm and an insert per lane: the
+    # swish of EfficientNet's blocks cost 1.6-2.0x XNNPACK's instructions); the fp16 functions test
+    # bits instead, so a conv + swish + hard-swish block has no scalar fp16 compare.
+    from halide_gen.aot import compile_kernel
+
+    b = ModelBuilder()
+    conv = b.op("CONV_2D", [b.input("x", (1, 8, 8, 16)), b.const("w", np.ones((32, 1, 1, 16), np.float32)),
+                            b.const("b", np.zeros(32, np.float32))], (1, 8, 8, 32), padding=0, stride_h=1, stride_w=1)
+    swish = b.op("MUL", [conv, b.op("LOGISTIC", [conv], (1, 8, 8, 32))], (1, 8, 8, 32))
+    b.output(b.op("HARD_SWISH", [b.op("GELU", [swish], (1, 8, 8, 32), approximate=True)], (1, 8, 8, 32)))
+    sg = b.build().main
+    art = compile_kernel(sg.operators, sg.outputs, "arm64-linux-fp16", cache_dir=tmp_path, emit_asm=True)
+    listing = "".join(p.read_text() for p in art.extra if p.suffix == ".s")
+    assert re.search(r"\bfdiv\s+v\d+\.8h", listing), "no fp16 sigmoid"
+    assert not re.findall(r"\bfcmp\s+h\d+", listing)
 
 
 def _result(model):
