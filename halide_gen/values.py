@@ -67,6 +67,9 @@ class Value:
     # A TRANSPOSE's result: output axis k reads input axis perm[k] (a schedule tiles transposes that
     # move the innermost axis). () for anything else.
     perm: tuple[int, ...] = ()
+    # The most |element| can be, where the op that made it says (a sigmoid's 1); None: unknown. A
+    # product with such a factor of at most 1 cannot overflow, so it needs no saturating clamp.
+    magnitude: float | None = None
 
     @property
     def read_type(self) -> hl.Type:

@@ -257,6 +257,22 @@ def test_half_precision_epilogues_compare_whole_vectors(tmp_path):
     assert not re.findall(r"\bfcmp\s+h\d+", listing)
 
 
+
+@pytest.mark.parametrize("factor", ["LOGISTIC", "NEG"])
+def test_only_a_product_that_could_overflow_saturates(factor):
+    # Swish's x * sigmoid(x) stays within fp16's range (|sigmoid| <= 1): no clamp to +-65504, two
+    # instructions of the sigmoid's ~20 a vector; x * -x needs it.
+    b = ModelBuilder()
+    x = b.input("x", (4, 16))
+    b.output(b.op("MUL", [x, b.op(factor, [x], (4, 16))], (4, 16)))
+    model = b.build()
+    saturated = re.search(r"float16: max\(min\(.*, 65504\.0+h\), -65504\.0+h\)>$", str(_result(model).value()))
+    assert bool(saturated) == (factor == "NEG"), str(_result(model).value())
+    inputs = [_fp16_values(np.random.default_rng(1), (4, 16))]
+    (ours,) = halide(model, inputs, _half_options())
+    assert np.abs(ours[np.isfinite(ours)]).max() <= 65504
+
+
 def _result(model):
     """The Func of `model`'s last op's result, lowered under fp16 arithmetic."""
     from halide_gen.block import build_block

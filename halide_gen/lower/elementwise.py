@@ -189,6 +189,9 @@ HALF_UNARY = {
     "LOGISTIC": half_math.logistic,
 }
 
+# The most |result| of HALF_UNARY ops can be, where it is small (Value.magnitude).
+HALF_MAGNITUDES = {"LOGISTIC": 1.0}
+
 
 def computes_in_half(ctx: OpContext) -> bool:
     """Whether the op's float result is computed in half precision (HALF_BINARY, HALF_UNARY)."""
@@ -217,7 +220,9 @@ def lower_unary(ctx: OpContext) -> list[Value]:
     """One input, one output of the same shape."""
     if computes_in_half(ctx):
         x, shape, fn = half_operand(ctx, 0), ctx.out_shape(), HALF_UNARY[ctx.op.name]
-        return [ctx.define(ctx.func_name(), shape, lambda *i: fn(half_at(x, shape, i)))]
+        result = ctx.define(ctx.func_name(), shape, lambda *i: fn(half_at(x, shape, i)))
+        result.magnitude = HALF_MAGNITUDES.get(ctx.op.name)
+        return [result]
     x = ctx.value(0)
     if ctx.op.name in CLAMPING_UNARY:
         clamping, native_minmax = CLAMPING_UNARY[ctx.op.name], ctx.options.native_minmax
@@ -309,8 +314,11 @@ def lower_binary(ctx: OpContext) -> list[Value]:
     shape, fn, act = ctx.out_shape(), BINARY[ctx.op.name], ctx.op.fused_activation
     if computes_in_half(ctx):
         a, b = half_operand(ctx, 0), half_operand(ctx, 1)
-        return [ctx.define(ctx.func_name(), shape, lambda *i: activation_in_half(
-            fn(half_at(a, shape, i), half_at(b, shape, i)), act))]
+        # A product with a factor of at most 1 (swish's sigmoid) stays within fp16's range.
+        bounded = ctx.op.name == "MUL" and (act or "NONE") == "NONE" and min(
+            v.magnitude if v.magnitude is not None else math.inf for v in (a, b)) <= 1
+        finish = (lambda r: r) if bounded else (lambda r: activation_in_half(r, act))
+        return [ctx.define(ctx.func_name(), shape, lambda *i: finish(fn(half_at(a, shape, i), half_at(b, shape, i))))]
     a, b = ctx.value(0), ctx.value(1)
     clamps = ctx.op.name in CLAMPED_BINARY
     return [ctx.define(ctx.func_name(), shape, lambda *i: activation(
