@@ -20,7 +20,7 @@ from tflite_tools.model.ir import Operator, Tensor
 
 from .lower import AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, RowStatistics, lower
 from .lowering_options import LoweringOptions
-from .pack import PACKERS, pack
+from .pack import PACKERS, half_saturated, pack
 from .values import DIM_NAMES, Value, halide_type
 
 
@@ -62,7 +62,7 @@ class Argument:
     def data_from(self, value: np.ndarray) -> np.ndarray:
         """The array to pass for this argument, given the tensor's TFLite data."""
         packed = pack(self.pack, value)
-        return packed.astype(np.float16) if self.half else packed
+        return half_saturated(packed) if self.half else packed
 
 
 def _packed_type(t: Tensor, packing: str | None, half: bool = False) -> str:

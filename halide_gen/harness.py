@@ -19,6 +19,7 @@ import numpy as np
 
 from .aot import KernelArtifact, compile_runtime
 from .bundle import HALIDE_INCLUDE, compiler_for
+from .pack import half_saturated
 from .targets import target_spec
 
 _TYPES = {
@@ -96,7 +97,9 @@ class Runner:
             ins, outs = [], []
             for k, (desc, arr) in enumerate(zip(self.artifact.arguments, inputs)):
                 p = Path(tmp) / f"in{k}.bin"
-                p.write_bytes(np.ascontiguousarray(np.asarray(arr).astype(_TYPES[desc["type"]][2])).tobytes())
+                wanted = _TYPES[desc["type"]][2]
+                data = half_saturated(arr) if wanted == np.float16 else np.asarray(arr).astype(wanted)
+                p.write_bytes(np.ascontiguousarray(data).tobytes())
                 ins.append(str(p))
             outs = [str(Path(tmp) / f"out{k}.bin") for k in range(len(self.artifact.outputs))]
             proc = subprocess.run([*self.launcher, str(self.path), *ins, *outs], capture_output=True, text=True,

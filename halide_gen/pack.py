@@ -156,6 +156,18 @@ PACKERS: dict[str, Packer] = {
 }
 
 
+# The largest finite half-precision value.
+FLOAT16_MAX = 65504.0
+
+
+def half_saturated(data: np.ndarray) -> np.ndarray:
+    """Float values in half precision as the delegate converts weights (delegate/src/pack.cc,
+    FloatsToHalves): rounded to nearest even, a finite value past 65504 saturating at +-65504 (an
+    attention mask's -3.4e38 times 0 is then 0, not -inf * 0 = NaN); infinities and NaN stay."""
+    wide = np.asarray(data, np.float32)
+    return np.where(np.isinf(wide), wide, np.clip(wide, -FLOAT16_MAX, FLOAT16_MAX)).astype(np.float16)
+
+
 def pack(name: str | None, data: np.ndarray) -> np.ndarray:
     """`data` in the layout `name` asks for (unchanged when `name` is None)."""
     return np.asarray(data) if name is None else np.ascontiguousarray(PACKERS[name].apply(np.asarray(data)))

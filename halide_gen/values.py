@@ -13,14 +13,14 @@ from typing import Callable, Sequence
 
 import halide as hl
 
+from .pack import FLOAT16_MAX
+
 
 # Halide dimension names, innermost first: NHWC's C is "c", W is "x", H is "y", N is "n".
 DIM_NAMES = ("c", "x", "y", "n", "d4", "d5", "d6", "d7")
 
 Index = Sequence[hl.Expr]
 
-# The largest finite half-precision value.
-FLOAT16_MAX = 65504.0
 
 
 def narrow(expr: hl.Expr, storage: hl.Type) -> hl.Expr:

@@ -69,6 +69,9 @@ def test_library_exports_only_the_plugin_entry_points(tmp_path, private_cache):
 
 PACK_WRAPPER = """
 #include "pack.h"
+extern "C" void floats_to_halves(const float* src, size_t count, uint16_t* dst) {
+  dnnfusion::FloatsToHalves(src, count, dst);
+}
 extern "C" int pack_constant(int pack, const void* src, const int32_t* src_dims, int src_rank, void* dst,
                              const int32_t* dst_dims, int dst_rank, size_t element_bytes) {
   return dnnfusion::PackConstant(static_cast<dnnfusion::Pack>(pack), src, src_dims, src_rank, dst, dst_dims,
@@ -115,6 +118,21 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
                             ctypes.c_size_t(src.itemsize))
                 assert ok == 1, (name, shape)
                 np.testing.assert_array_equal(dst, expected, err_msg=f"{name} {shape} {dtype.__name__}")
+    # Weights of kernels that compute in fp16: converted as Python converts them, a finite value past
+    # 65504 (an attention mask's -3.4e38) saturating, on every class of float.
+    from halide_gen.pack import half_saturated
+
+    edges = np.array([np.inf, -np.inf, np.nan, -np.nan, 3.4e38, -3.4e38, 65504, 65519.996, 65520, 6e-8, 2.9e-8,
+                      3.0e-8, -0.0, 1e-45, np.finfo(np.float32).max], np.float32)
+    floats = np.concatenate([edges, rng.integers(0, 1 << 32, 1 << 20, dtype=np.uint64).astype(np.uint32)
+                             .view(np.float32)])
+    halves = np.zeros(floats.size, np.uint16)
+    ctypes.CDLL(str(lib)).floats_to_halves(floats.ctypes.data_as(ctypes.c_void_p), ctypes.c_size_t(floats.size),
+                                           halves.ctypes.data_as(ctypes.c_void_p))
+    expected = half_saturated(floats)
+    same = (halves == expected.view(np.uint16)) | (np.isnan(expected) & np.isnan(halves.view(np.float16)))
+    assert same.all(), floats[~same][:5]
+    assert list(halves.view(np.float16)[[0, 4, 5]]) == [np.inf, 65504, -65504] and np.isnan(halves.view(np.float16)[2])
     # Depthwise tap sums go with kernels that add two int8 products in int16: -128 is refused.
     weights = np.full((1, 3, 3, 5), -128, np.int8)
     with pytest.raises(ValueError, match="-128"):

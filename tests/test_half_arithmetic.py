@@ -273,6 +273,24 @@ def test_only_a_product_that_could_overflow_saturates(factor):
     assert np.abs(ours[np.isfinite(ours)]).max() <= 65504
 
 
+
+def test_an_attention_mask_of_the_lowest_float_stays_finite_in_half_precision():
+    # Hugging Face builds a padding mask as (1 - mask) * finfo(float32).min: in fp16 that constant
+    # would be -inf, and 0 * -inf NaN for every unmasked score. Constants saturate at -65504, as
+    # stored fp16 results do, so the masked scores get softmax's 0 and the others their share.
+    b = ModelBuilder()
+    scores, mask = b.input("scores", (2, 8)), b.input("mask", (2, 8))
+    inverted = b.op("SUB", [b.const("one", np.ones((1,), np.float32)), mask], (2, 8))
+    bias = b.op("MUL", [inverted, b.const("lowest", np.array([np.finfo(np.float32).min], np.float32))], (2, 8))
+    b.output(b.op("SOFTMAX", [b.op("ADD", [scores, bias], (2, 8))], (2, 8), beta=1.0))
+    model = b.build()
+    rng = np.random.default_rng(3)
+    inputs = [rng.standard_normal((2, 8)).astype(np.float32), (rng.random((2, 8)) < 0.6).astype(np.float32)]
+    (expected,) = reference(model, inputs)
+    (ours,) = halide(model, inputs, _half_options())
+    assert not np.isnan(ours).any() and np.abs(ours - expected).max() <= 1e-2, (ours, expected)
+
+
 def _result(model):
     """The Func of `model`'s last op's result, lowered under fp16 arithmetic."""
     from halide_gen.block import build_block

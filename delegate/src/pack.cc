@@ -70,7 +70,7 @@ uint16_t HalfOf(float value) {
   if (magnitude >= 0x7F800000u) {  // inf, or NaN kept quiet with its top payload bits
     return sign | 0x7C00u | (magnitude > 0x7F800000u ? 0x200u | ((magnitude >> 13) & 0x3FFu) : 0u);
   }
-  if (magnitude >= 0x477FF000u) return sign | 0x7C00u;  // rounds past 65504
+  if (magnitude >= 0x477FF000u) return sign | 0x7BFFu;  // a finite value that rounds past 65504: saturates
   if (magnitude < 0x38800000u) {  // below 2^-14: a subnormal half (or zero), rounded to nearest even
     const uint32_t shift = 126u - (magnitude >> 23);  // significand >> shift counts units of 2^-24
     if (shift > 24u) return sign;

@@ -23,7 +23,8 @@ std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t el
 void UnpackInt4(const uint8_t* packed, size_t count, int8_t* out);
 
 // `count` floats into IEEE half precision, rounded to nearest even as a float -> _Float16 cast
-// rounds (and NumPy's astype(float16)): past 65504 to infinity, NaN stays NaN.
+// rounds (and NumPy's astype(float16)), except that a finite value past 65504 saturates at +-65504:
+// an attention mask's -3.4e38 times 0 stays 0, not -inf * 0 = NaN. Infinities and NaN stay.
 void FloatsToHalves(const float* src, size_t count, uint16_t* dst);
 
 // Writes `src` (TFLite layout, `src_dims`) packed as `pack` into `dst` (`dst_dims`, zero-filled
