@@ -31,8 +31,9 @@ class LoweringOptions:
     precision: str = "fp32"  # one of PRECISIONS
     # Convolutions and matrix products multiply and sum in half precision (fp16 storage only:
     # ARMv8.2's FP16, 8 lanes an FMA, as XNNPACK's fp16 kernels), from weights passed in it
-    # (OpContext.packed); elementwise arithmetic, clamps and the sigmoid compute in it too
-    # (lower.elementwise.HALF_BINARY, HALF_UNARY), the other ops on widened values, rounded when stored.
+    # (OpContext.packed); elementwise arithmetic, clamps, the sigmoid, GELU's tanh form and softmax's
+    # exponentials compute in it too (lower.elementwise.HALF_BINARY, HALF_UNARY, lower.half_math),
+    # the other ops on widened values, rounded when stored.
     half_arithmetic: bool = False
     # The CPU's float min / max give TFLite's NaN and inf answers themselves (ARM): lower.ieee
     # then emits plain min / max.

@@ -291,6 +291,30 @@ def test_an_attention_mask_of_the_lowest_float_stays_finite_in_half_precision():
     assert not np.isnan(ours).any() and np.abs(ours - expected).max() <= 1e-2, (ours, expected)
 
 
+
+@pytest.mark.parametrize("beta", [1.0, 0.5])
+def test_softmax_exponentiates_in_half_precision(beta):
+    # Under fp16 arithmetic the exponentials (attention's one per score) are fp16 ones, 8 lanes a
+    # vector, from the row's max minus each score; the sums stay float32. Within fp16's tolerance of
+    # LiteRT's reference, a row of very negative scores (a padding mask's) included (NaN: on ARM,
+    # test_half_precision_elementwise_ops_keep_nan_on_arm64).
+    from halide_gen.schedule.params import NEON_FP16
+    from halide_text import scheduled_stmt
+
+    b = ModelBuilder()
+    b.output(b.op("SOFTMAX", [b.input("x", (4, 40))], (4, 40), beta=beta))
+    model = b.build()
+    x = (np.random.default_rng(2).standard_normal((4, 40)) * 4).astype(np.float32)
+    x[1, :30] = -60000.0
+    (expected,) = reference(model, [x])
+    (ours,) = halide(model, [x], _half_options())
+    assert np.abs(ours - expected).max() <= 2e-3, np.abs(ours - expected).max()
+    stmt = scheduled_stmt(model, NEON_FP16, _half_options())
+    exps = [line for line in stmt.splitlines() if re.match(r"\s*\w*softmax_exp\[ramp\(\d+, 1, 8\)\] = ", line)]
+    # (no float32 value or constant: those print as "float32" and "1.000000f")
+    assert exps and not [line for line in exps if re.search(r"float32|\d\.\d+f\b", line)], exps[:1]
+
+
 def _result(model):
     """The Func of `model`'s last op's result, lowered under fp16 arithmetic."""
     from halide_gen.block import build_block
@@ -301,24 +325,25 @@ def _result(model):
 
 @pytest.mark.cross
 def test_half_precision_elementwise_ops_keep_nan_on_arm64(tmp_path, cross_tools):
-    # Built for arm64-linux-fp16 and run under qemu: NaN passes through the fp16 elementwise ops
-    # (ARM's fmin / fmax keep it in their saturating clamps, where this host's JIT drops it), and the
-    # chain stays within fp16's tolerance of LiteRT's reference.
+    # Built for arm64-linux-fp16 and run under qemu: NaN passes through the fp16 elementwise ops and
+    # softmax's fp16 exponentials (ARM's fmin / fmax keep it in their saturating clamps, where this
+    # host's JIT drops it; a NaN makes its softmax row NaN), and the chain stays within fp16's
+    # tolerance of LiteRT's reference.
     import opcheck
     from tflite_tools.run import RTOL_FP16
 
     b = ModelBuilder()
     scaled = b.op("MUL", [b.input("x", (4, 16)), b.const("c", np.linspace(-2, 2, 16).astype(np.float32))], (4, 16))
     summed = b.op("ADD", [b.op("LOGISTIC", [scaled], (4, 16)), scaled], (4, 16))
-    b.output(b.op("HARD_SWISH", [summed], (4, 16)))
+    swished = b.op("HARD_SWISH", [summed], (4, 16))
+    b.output(swished, b.op("SOFTMAX", [swished], (4, 16), beta=1.0))
     model = b.build()
     x = (np.random.default_rng(0).standard_normal((4, 16)) * 4).astype(np.float32)
     x[0, :2], x[1, 3] = np.nan, np.nan
-    (ours,) = opcheck.aot(model, [x], "arm64-linux-fp16", tmp_path)
-    (expected,) = reference(model, [x])
-    assert np.array_equal(np.isnan(ours), np.isnan(expected)) and np.isnan(ours).sum() == 3
-    finite = ~np.isnan(expected)
-    assert np.abs(ours - expected)[finite].max() <= RTOL_FP16 * np.abs(expected[finite]).max()
+    for ours, expected in zip(opcheck.aot(model, [x], "arm64-linux-fp16", tmp_path), reference(model, [x])):
+        assert np.array_equal(np.isnan(ours), np.isnan(expected)) and np.isnan(ours).sum() in (3, 32)
+        finite = ~np.isnan(expected)
+        assert np.abs(ours - expected)[finite].max() <= RTOL_FP16 * np.abs(expected[finite]).max()
 
 
 def test_run_holds_each_precision_to_its_own_tolerance():

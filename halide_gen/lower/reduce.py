@@ -8,8 +8,9 @@ from __future__ import annotations
 import halide as hl
 import numpy as np
 
-from ..values import Value, dim_vars
-from . import ieee
+from ..values import Value, dim_vars, narrow
+from . import half_math, ieee
+from .elementwise import half_at
 from .registry import (AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowReduction, accumulate, read,
                        register)
 
@@ -208,16 +209,32 @@ def lower_softmax(ctx: OpContext) -> list[Value]:
     x = ctx.value(0)
     beta = float(ctx.option("beta", 1.0))
     row_max = _row_max(ctx, x)
-    exp = _shifted_exp(beta, ctx.options.native_minmax)
-    # (A strict float multiply by the converter's beta of 1 would stay in every vector.)
-    scaled = (lambda v: v) if beta == 1.0 else (lambda v: v * hl.f32(beta))
-    exps = ctx.define(ctx.func_name("exp"), x.shape,
-                      lambda *i: exp(scaled(x(*i) - row_max.at(list(i[:-1]) + [hl.Expr(0)]))))
+    if ctx.options.half_arithmetic and beta >= 0:
+        exps = _half_shifted_exps(ctx, x, row_max, beta)
+    else:
+        exp = _shifted_exp(beta, ctx.options.native_minmax)
+        # (A strict float multiply by the converter's beta of 1 would stay in every vector.)
+        scaled = (lambda v: v) if beta == 1.0 else (lambda v: v * hl.f32(beta))
+        exps = ctx.define(ctx.func_name("exp"), x.shape,
+                          lambda *i: exp(scaled(x(*i) - row_max.at(list(i[:-1]) + [hl.Expr(0)]))))
     ctx.materialize.append(exps)
     row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1], lambda row, k: exps.at(row + [k]), hl.sum)
     ctx.materialize.append(row_sum)
     return [ctx.define(ctx.func_name(), ctx.out_shape(),
                        lambda *i: exps(*i) * (hl.f32(1) / row_sum.at(list(i[:-1]) + [hl.Expr(0)])))]
+
+
+def _half_shifted_exps(ctx: OpContext, x: Value, row_max: Value, beta: float) -> Value:
+    """e^(beta (x - max)) in half precision, where the target computes in it (as XNNPACK's fp16
+    softmax): the row's max is one of its fp16 values, max - x >= 0 is rounded once, and e^-d
+    (half_math.exp_negated) is within 2 steps of its exact value or 0 past e^-9.7, the row's largest
+    term being 1. The sums and the scaling stay float32."""
+    def body(*i):
+        peak = narrow(row_max.at(list(i[:-1]) + [hl.Expr(0)]), hl.Float(16))
+        d = peak - half_at(x, x.shape, list(i))
+        return half_math.exp_negated(d if beta == 1.0 else d * half_math.half(beta))
+
+    return ctx.define(ctx.func_name("exp"), x.shape, body)
 
 
 @register("LOG_SOFTMAX")
