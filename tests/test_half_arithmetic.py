@@ -1,7 +1,8 @@
 """Half-precision arithmetic (`fuse --cpu-precision fp16`, the `-fp16` ARM targets): convolutions and
-matrix products multiply and sum in fp16 from weights stored in it, as XNNPACK's fp16 kernels do.
+matrix products multiply and sum in fp16 from weights stored in it, as XNNPACK's fp16 kernels do, and
+the elementwise ops, the sigmoid, GELU's tanh form and softmax's exponentials between them compute in it.
 
-Each op is held to the bound of what it computes: K products summed in order in fp16 (each input and
+Each product op is held to the bound of what it computes: K products summed in order in fp16 (each input and
 weight rounded to fp16 first, the output rounded once more when stored) are within
 gamma(K + 4) * sum |x_k w_k| (+ |bias|) of the exact sum, gamma(n) = n u / (1 - n u), u = 2^-11
 (Higham, Accuracy and Stability of Numerical Algorithms, 3.1). The sum of magnitudes is the same model
