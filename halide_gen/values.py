@@ -22,7 +22,6 @@ DIM_NAMES = ("c", "x", "y", "n", "d4", "d5", "d6", "d7")
 Index = Sequence[hl.Expr]
 
 
-
 def narrow(expr: hl.Expr, storage: hl.Type) -> hl.Expr:
     """A float32 value as stored in `storage`. Half precision saturates at +-65504 rather than
     overflowing to infinity, so a -1e9 attention mask stays a large finite negative (softmax still
@@ -85,7 +84,7 @@ class Value:
         """The element at a TFLite-order index."""
         if len(index) != self.rank:
             raise ValueError(f"{self.func.name()}: {len(index)} indices for a rank-{self.rank} tensor")
-        return widen(hl.Expr(self.func[list(reversed(index))] if index else self.func[()]))
+        return widen(self.stored_at(index))
 
     def at(self, index: Index) -> hl.Expr:
         """The element at a TFLite-order index given as a sequence."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 
+import halide as hl
 import numpy as np
 import pytest
 
@@ -179,8 +180,8 @@ def test_elementwise_ops_in_half_precision_round_as_float32_rounded_to_fp16(op):
     from halide_gen.lower.elementwise import HALF_BINARY
     from halide_gen.lower.elementwise import HALF_UNARY as LOWERED_HALF_UNARY
 
-    assert set(LOWERED_HALF_UNARY) == HALF_UNARY | {"LOGISTIC"} and HALF_BINARY == {o.split("+")[0] for o in EXACT_IN_HALF
-                                                                     + ROUNDED_IN_HALF if o not in HALF_UNARY}
+    binary = {o.split("+")[0] for o in EXACT_IN_HALF + ROUNDED_IN_HALF if o not in HALF_UNARY}
+    assert set(LOWERED_HALF_UNARY) == HALF_UNARY | {"LOGISTIC"} and HALF_BINARY == binary
     model = _elementwise_chain(op)
     inputs = [_fp16_values(np.random.default_rng(6), (6, 40))]
     half = _half_options()
@@ -193,13 +194,12 @@ def test_elementwise_ops_in_half_precision_round_as_float32_rounded_to_fp16(op):
         both = np.isfinite(ours) & np.isfinite(widened)
         assert np.all(np.abs(ours - widened)[both] <= gamma(4) * np.abs(widened)[both] + 8 * 2.0 ** -24)
     last = _result(model)
-    assert last.type() == hl_float16() and "float32" not in str(last.value()), str(last.value())
+    assert last.type() == hl.Float(16) and "float32" not in str(last.value()), str(last.value())
 
 
-def hl_float16():
-    import halide as hl
-
-    return hl.Float(16)
+def _every_fp16() -> np.ndarray:
+    """Every fp16 value (NaNs and infinities among them), as float32."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
 
 
 def test_the_half_precision_sigmoid_is_within_two_fp16_steps_over_every_fp16_input():
@@ -207,8 +207,8 @@ def test_the_half_precision_sigmoid_is_within_two_fp16_steps_over_every_fp16_inp
     # polynomial of its own: within 2 steps of the exact value rounded to fp16 where that is a normal
     # fp16, and 0 for x below -9.7, where the exact one is under fp16's smallest normal (XNNPACK's
     # fp16 kernel flushes those too). NaN stays NaN, +-inf give 0 and 1.
-    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
-    x = every[~np.isnan(every)].astype(np.float32)
+    x = _every_fp16()
+    x = x[~np.isnan(x)]
     b = ModelBuilder()
     b.output(b.op("LOGISTIC", [b.input("x", x.shape)], x.shape))
     (ours,) = halide(b.build(), [x], _half_options())
@@ -222,12 +222,11 @@ def test_the_half_precision_sigmoid_is_within_two_fp16_steps_over_every_fp16_inp
     assert np.all(np.abs(ours[~normal] - exact[~normal]) <= np.finfo(np.float16).tiny)
 
 
-
 def test_the_half_precision_tanh_gelu_is_within_a_step_of_x_over_every_fp16_input():
     # GELU's tanh form (GPT-2's) under fp16 arithmetic: x * sigmoid(2u) on the fp16 sigmoid, within
     # 1.5 x 2^-10 |x| (and fp16's subnormal step) of the exact form, the sigmoid's flush to 0 included.
-    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
-    x = every[np.isfinite(every)].astype(np.float32)
+    x = _every_fp16()
+    x = x[np.isfinite(x)]
     b = ModelBuilder()
     b.output(b.op("GELU", [b.input("x", x.shape)], x.shape, approximate=True))
     model = b.build()
@@ -236,8 +235,7 @@ def test_the_half_precision_tanh_gelu_is_within_a_step_of_x_over_every_fp16_inpu
     exact = 0.5 * wide * (1 + np.tanh(np.sqrt(2 / np.pi) * (wide + 0.044715 * wide ** 3)))
     error = np.abs(ours - exact)
     assert np.all(error <= 1.5 * 2.0 ** -10 * np.abs(wide) + 2.0 ** -24), float(x[np.argmax(error / np.abs(wide))])
-    assert _result(model).type() == hl_float16()
-
+    assert _result(model).type() == hl.Float(16)
 
 
 def test_half_precision_epilogues_compare_whole_vectors(tmp_path):
@@ -258,7 +256,6 @@ def test_half_precision_epilogues_compare_whole_vectors(tmp_path):
     assert not re.findall(r"\bfcmp\s+h\d+", listing)
 
 
-
 @pytest.mark.parametrize("factor", ["LOGISTIC", "NEG"])
 def test_only_a_product_that_could_overflow_saturates(factor):
     # Swish's x * sigmoid(x) stays within fp16's range (|sigmoid| <= 1): no clamp to +-65504, two
@@ -272,7 +269,6 @@ def test_only_a_product_that_could_overflow_saturates(factor):
     inputs = [_fp16_values(np.random.default_rng(1), (4, 16))]
     (ours,) = halide(model, inputs, _half_options())
     assert np.abs(ours[np.isfinite(ours)]).max() <= 65504
-
 
 
 def test_an_attention_mask_of_the_lowest_float_stays_finite_in_half_precision():
@@ -290,7 +286,6 @@ def test_an_attention_mask_of_the_lowest_float_stays_finite_in_half_precision():
     (expected,) = reference(model, inputs)
     (ours,) = halide(model, inputs, _half_options())
     assert not np.isnan(ours).any() and np.abs(ours - expected).max() <= 1e-2, (ours, expected)
-
 
 
 @pytest.mark.parametrize("beta", [1.0, 0.5])

@@ -193,10 +193,14 @@ HALF_UNARY = {
 HALF_MAGNITUDES = {"LOGISTIC": 1.0}
 
 
+def float_result_in_half(ctx: OpContext) -> bool:
+    """Whether the target computes in half precision and the op's result is a float one."""
+    return ctx.options.half_arithmetic and ctx.op.outputs[0].type_name == "FLOAT32"
+
+
 def computes_in_half(ctx: OpContext) -> bool:
     """Whether the op's float result is computed in half precision (HALF_BINARY, HALF_UNARY)."""
-    return (ctx.options.half_arithmetic and ctx.op.outputs[0].type_name == "FLOAT32"
-            and (ctx.op.name in HALF_BINARY or ctx.op.name in HALF_UNARY))
+    return float_result_in_half(ctx) and (ctx.op.name in HALF_BINARY or ctx.op.name in HALF_UNARY)
 
 
 def half_operand(ctx: OpContext, i: int) -> Value:
@@ -240,7 +244,7 @@ def lower_gelu(ctx: OpContext) -> list[Value]:
     in it (half_math.gelu_tanh). The erf form stays float32: 1 + erf(x / sqrt 2) cancels for x < 0,
     where an fp16 erf's error would be the result's."""
     approximate = bool(ctx.option("approximate", False))
-    if approximate and ctx.options.half_arithmetic and ctx.op.outputs[0].type_name == "FLOAT32":
+    if approximate and float_result_in_half(ctx):
         x, shape = half_operand(ctx, 0), ctx.out_shape()
         return [ctx.define(ctx.func_name(), shape, lambda *i: half_math.gelu_tanh(half_at(x, shape, i)))]
     x = ctx.value(0)
