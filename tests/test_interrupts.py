@@ -77,6 +77,36 @@ def test_ctrl_c_at_any_point_ends_a_command_cleanly(command, after, tmp_path, an
     assert not aar.exists() or zipfile.ZipFile(aar).testzip() is None  # all or nothing
 
 
+# A Ctrl-C inside a native module's initialisation, made certain: a stand-in for LiteRT's module,
+# found first on the path, is interrupted as pybind11 reports it, or in code it evaluates.
+NATIVE_INTERRUPTS = {
+    "wrapped by pybind11": "raise ImportError('initialization failed') from KeyboardInterrupt()\n",
+    "in evaluated code": ("import ctypes\n"
+                          "run = ctypes.pythonapi.PyRun_String\n"
+                          "run.restype, run.argtypes = ctypes.py_object, "
+                          "[ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]\n"
+                          "run(b'raise KeyboardInterrupt', 257, {}, {})\n"),
+}
+
+
+@pytest.mark.parametrize("how", list(NATIVE_INTERRUPTS))
+@pytest.mark.parametrize("entry", ["-m", "-c"])
+def test_ctrl_c_as_a_native_module_initialises_is_an_interrupt(how, entry, tmp_path):
+    # Not a missing runtime (exit 1), and not the end of the process by SIGINT once the command has
+    # returned 130 (`python -m` does that after a KeyboardInterrupt passed through PyRun_String).
+    package = tmp_path / "ai_edge_litert"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "interpreter.py").write_text(NATIVE_INTERRUPTS[how])
+    command = (["-m", "tflite_tools"] if entry == "-m" else
+               ["-c", "import sys; from tflite_tools.console import main; sys.exit(main())"])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, *command, "info", str(MODEL)], capture_output=True, text=True,
+                          timeout=120, env=env, preexec_fn=answers_ctrl_c)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["tflite_tools: interrupted"], proc.stderr
+
+
 def test_ctrl_c_as_a_finished_command_exits_changes_nothing():
     # A command done at the moment of a Ctrl-C: Python gives SIGINT its default action back as it
     # tears down, so the signal ended the process (status -2, a second after `info` started) or

@@ -7,6 +7,8 @@ from __future__ import annotations
 import signal
 import sys
 
+from .interrupts import caused_by_interrupt, forget_handled_interrupts
+
 
 def main() -> int:
     """Loads the commands and runs the one the arguments name; returns the exit code."""
@@ -14,7 +16,9 @@ def main() -> int:
         from .cli import main as run_command
 
         return run_command()
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, ImportError) as exc:
+        if not caused_by_interrupt(exc):  # a native module interrupted as it initialised is one too
+            raise
         print("tflite_tools: interrupted", file=sys.stderr)
         return 130
     finally:
@@ -22,3 +26,4 @@ def main() -> int:
         # decided. Python gives SIGINT back its default action as the interpreter tears down, so a
         # Ctrl-C then would end a finished command by the signal, or raise in an exit handler.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        forget_handled_interrupts()

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .interrupts import caused_by_interrupt
 from .model.errors import ModelError
 
 
@@ -28,6 +29,8 @@ def _import_interpreter() -> tuple[str, Any]:
         try:
             return name, importlib.import_module(f"{name}.interpreter")
         except ImportError as exc:
+            if caused_by_interrupt(exc):
+                raise  # a Ctrl-C as the runtime loaded, not a missing runtime
             errors.append(f"{name}: {exc}")
     raise ImportError("no TFLite runtime found (pip install ai-edge-litert): " + "; ".join(errors))
 
