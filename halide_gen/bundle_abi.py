@@ -212,6 +212,9 @@ BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (
     Field("needs_dot_product", "int32_t", "1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)"),
     Field("needs_half_arithmetic", "int32_t", "1: CPU kernels compute in fp16 (declined where HWCAP_FPHP / "
                                               "HWCAP_ASIMDHP are unset)"),
+    Field("cpu_features", "const uint64_t*", "a native build's Halide target features, bit k of word k / 64 for "
+                                            "halide_target_feature_t k (declined where the CPU lacks one)"),
+    Field("n_cpu_feature_words", "int32_t", "0: no features to check"),
 ))
 
 ENUMS = (PACK, ARG_SOURCE, GPU_API, CLAIM_POLICY)

@@ -3,6 +3,9 @@
     host                  x86-64 Linux, multitarget: AVX-512 with VNNI (Sapphire Rapids and
                           later; Zen 4 and later), AVX-512, AVX2, and a plain x86-64 baseline
                           (Halide picks the best one the running CPU supports)
+    host-native           x86-64 Linux, the one of host's builds this CPU runs: a fifth of the
+                          compile time, for a library that runs where it was built (the
+                          delegate declines it on a CPU without that build's features)
     arm64-linux           AArch64 Linux (NEON, ARMv8.2 dot product: int8 sums with SDOT)
     arm64-linux-nodot     AArch64 Linux for ARMv8.0 cores (Cortex-A53): NEON without dot product
     arm64-android         AArch64 Android (NEON, dot product)
@@ -31,6 +34,8 @@ Halide objects are made on demand.
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, replace
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
@@ -43,6 +48,7 @@ _X86_AVX512_VNNI_INTEL = ("x86-64-linux-avx-avx2-avx512-avx512_skylake-avx512_ca
 _X86_AVX512_VNNI_AMD = "x86-64-linux-avx-avx2-avx512-avx512_skylake-avx512_cannonlake-avx512_zen4-f16c-fma-sse41"
 _X86_AVX2 = "x86-64-linux-avx-avx2-f16c-fma-sse41"
 _X86_BASE = "x86-64-linux"
+_X86_BUILDS = (_X86_AVX512_VNNI_INTEL, _X86_AVX512_VNNI_AMD, _X86_AVX512, _X86_AVX2, _X86_BASE)  # best first
 _VULKAN = "vulkan-vk_int8-vk_int16-vk_v13"  # 8/16-bit storage for BOOL and int8 tensors
 
 # Halide's Vulkan memory allocator, as HL_VK_ALLOC_CONFIG reads it (max pool MB : min block MB : max
@@ -101,6 +107,9 @@ class TargetSpec:
     precision: str = "fp32"  # how float tensors inside a block are stored (halide_gen.lowering_options.PRECISIONS)
     packaging: str = "library"  # one of PACKAGINGS
     int8_rounding: str = "reference"  # how int8 sums are requantized: one of INT8_ROUNDINGS
+    # Built for the CPU that builds it: target_spec narrows `halide` to the first of its builds
+    # this CPU can run, and the bundle names that build's features for the delegate to check.
+    native: bool = False
 
     def __post_init__(self):
         if self.packaging not in PACKAGINGS:
@@ -165,6 +174,17 @@ class TargetSpec:
                                x86_integer=self.family == "x86", int8_rounding=self.int8_rounding,
                                wide_integers=self.gpu_api != "vulkan", device_code=self.family == "gpu",
                                row_partials=4 if self.family == "x86" else 1)
+
+    def required_cpu_features(self) -> list[int]:
+        """The Halide target features (halide_target_feature_t values) a CPU must have to run a
+        native build's kernels; [] where Halide's multitarget dispatch or the target's own checks
+        (dot product, fp16) decide."""
+        if not self.native:
+            return []
+        import halide as hl
+
+        (target,) = [hl.Target(t) for t in self.halide]
+        return [int(f) for f in _cpu_features() if target.has_feature(f)]
 
     @property
     def dot_product(self) -> bool:
@@ -261,8 +281,8 @@ def _with_other_rounding(spec: TargetSpec) -> TargetSpec:
 
 
 _BASE_TARGETS = [
-    TargetSpec("host", (_X86_AVX512_VNNI_INTEL, _X86_AVX512_VNNI_AMD, _X86_AVX512, _X86_AVX2, _X86_BASE), "x86",
-               int8_rounding="xnnpack"),
+    TargetSpec("host", _X86_BUILDS, "x86", int8_rounding="xnnpack"),
+    TargetSpec("host-native", _X86_BUILDS, "x86", int8_rounding="xnnpack", native=True),
     # ARMv8.2 and later (every big and little phone core since Cortex-A55 / A75) run int8 sums with
     # SDOT; the -nodot builds are for ARMv8.0 cores (Cortex-A53), where the others decline to run.
     TargetSpec("arm64-linux", ("arm-64-linux-arm_dot_prod",), "arm"),
@@ -286,12 +306,48 @@ TARGETS.update({r.name: r for r in (_with_other_rounding(s) for s in _BASE_TARGE
 BASE_TARGETS = tuple(s.name for s in _BASE_TARGETS)
 
 
+# The target `fuse` builds when none is named (the CLI's --target, fuse()'s target): "host" unless
+# the environment names another (DNNFUSION_TARGET=host-native: builds a fifth as long, for here).
+DEFAULT_TARGET_ENV = "DNNFUSION_TARGET"
+
+
+def default_target() -> str:
+    """The target fuse builds when none is named: $DNNFUSION_TARGET, or "host"; raises ValueError
+    where the variable names no target."""
+    name = os.environ.get(DEFAULT_TARGET_ENV) or "host"
+    if name not in TARGETS:
+        raise ValueError(f"{DEFAULT_TARGET_ENV}={name} names no target; known: {', '.join(TARGETS)}")
+    return name
+
+
 def target_spec(name: str) -> TargetSpec:
-    """The spec for a target name; raises ValueError listing the known names."""
+    """The spec for a target name (a native one narrowed to this CPU's build); raises ValueError
+    listing the known names."""
     try:
-        return TARGETS[name]
+        spec = TARGETS[name]
     except KeyError:
         raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+    return _for_this_cpu(spec) if spec.native else spec
+
+
+@functools.cache
+def _for_this_cpu(spec: TargetSpec) -> TargetSpec:
+    """A native spec with `halide` narrowed to the first of its builds whose features this CPU has."""
+    import halide as hl
+
+    host = hl.get_host_target()
+    for build in spec.halide:
+        if all(host.has_feature(f) for f in _cpu_features() if hl.Target(build).has_feature(f)):
+            return replace(spec, halide=(build,))
+    raise ValueError(f"{spec.name}: this CPU runs none of its builds ({host})")
+
+
+def _cpu_features() -> list:
+    """Every Halide target feature (hl.TargetFeature), FeatureEnd excluded."""
+    import halide as hl
+
+    end = int(hl.TargetFeature.FeatureEnd)
+    return [f for f in hl.TargetFeature.__members__.values() if int(f) < end]
 
 
 GPU_TARGETS = tuple(name for name, spec in TARGETS.items() if spec.family == "gpu" and spec.precision == "fp32")

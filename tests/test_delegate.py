@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import tflite_tools
-from conftest import NOT_RUNNABLE, REPO, corpus_model_paths, model_id, project_model_paths
+from conftest import MODELS, NOT_RUNNABLE, REPO, corpus_model_paths, model_id, project_model_paths
 from delegate_checks import mobilenet_logits, planned_nodes
 from halide_gen.profile import schedule_sources
 from tflite_tools import cli, runtime
@@ -345,6 +345,33 @@ def test_library_of_another_model_declines_everything(fused, tmp_path, capfd):
     assert "dnnfusion: warning: declined *: this library was built for unet_tiny.tflite" in capfd.readouterr().err
     inputs = runtime.random_inputs(interp)
     assert_close(runtime.run(interp, inputs), reference_outputs(model.model, inputs))
+
+
+def test_a_native_build_declines_on_a_cpu_without_its_features(tmp_path, monkeypatch, capfd):
+    # host-native kernels are built for the CPU that fused the model; on a CPU without a feature they
+    # use they would die of SIGILL. Built here with one feature this CPU lacks, the delegate declines
+    # every node with the reason, and TFLite runs the model.
+    import dataclasses
+
+    import halide as hl
+
+    from halide_gen import targets
+
+    here, native = hl.get_host_target(), targets.target_spec("host-native")
+    lacking = next(f for f in (getattr(hl.TargetFeature, n) for n in ("AVX512_SapphireRapids", "AVX512_Zen4",
+                                                                      "AVX10_1", "X86APX"))
+                   if not here.has_feature(f))
+    build = hl.Target(native.halide[0]).with_feature(lacking).to_string()
+    monkeypatch.setattr(targets, "_for_this_cpu", lambda spec: dataclasses.replace(spec, halide=(build,)))
+    result = fuse(MODELS / "depthwise_residual.tflite", tmp_path / "out", target="host-native",
+                  cache_dir=tmp_path / "cache")
+    d, report = delegate(result, tmp_path, claim="all")
+    interp = runtime.make_interpreter(result.model, "xnnpack", delegates=[d])
+    claims = read_claims(report)
+    assert claims["claimed_nodes"] == [] and planned_nodes(result)
+    assert "were built for the CPU that fused the model, and this CPU lacks" in claims["declined"][0]["reason"]
+    inputs = runtime.random_inputs(interp)
+    assert_close(runtime.run(interp, inputs), reference_outputs(result.model, inputs))
 
 
 def test_unfused_model_is_declined_for_its_missing_fingerprint(fused, tmp_path, capfd):

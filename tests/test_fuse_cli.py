@@ -117,8 +117,9 @@ def test_armv8_2_targets_compute_in_fp16_on_request_and_the_others_refuse_it():
 
 
 def test_fp16_arithmetic_on_a_target_without_it_is_exit_2(capsys, model_path, tmp_path):
-    assert cli.main(["fuse", str(model_path("add_relu")), "-o", str(tmp_path / "out"), "--cpu-precision", "fp16"]) == 2
-    assert "--cpu-precision fp16 needs an ARMv8.2 target (arm64-linux, arm64-android), not host" in capsys.readouterr().err
+    assert cli.main(["fuse", str(model_path("add_relu")), "-o", str(tmp_path / "out"), "--target", "host",
+                     "--cpu-precision", "fp16"]) == 2
+    assert "--cpu-precision fp16 needs an ARMv8.2 target (arm64-linux, arm64-android), not host:" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
@@ -146,3 +147,41 @@ def test_int8_rounding_on_a_gpu_target_is_exit_2(capsys, model_path, tmp_path):
 def test_plan_only_runs_on_every_model(capsys, path):
     data = fuse_json(capsys, str(path))
     assert sum(len(b["ops"]) for b in data["blocks"]) == data["ops_after_rewrite"]
+
+
+@pytest.mark.parametrize("named", ["host-native", "host"])
+def test_the_default_target_is_the_environments(named, capsys, model_path, tmp_path, monkeypatch):
+    # DNNFUSION_TARGET names the target fuse builds when --target does not (the tests' own: host-native).
+    monkeypatch.setenv("DNNFUSION_TARGET", named)
+    assert cli.main(["fuse", str(model_path("add_relu")), "-o", str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "plan.json").read_text())["target"] == named
+    assert cli.main(["fuse", str(model_path("add_relu")), "-o", str(tmp_path / "arm"), "--target", "arm64-linux",
+                     "--plan-only"]) == 0
+
+
+def test_a_default_target_naming_no_target_is_exit_2(capsys, model_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("DNNFUSION_TARGET", "host-avx9")
+    assert cli.main(["fuse", str(model_path("add_relu")), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tflite_tools: error: DNNFUSION_TARGET=host-avx9 names no target; known: host,")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_native_target_is_the_first_build_of_host_this_cpu_runs():
+    import halide as hl
+
+    from halide_gen.targets import target_spec
+
+    native, host = target_spec("host-native"), target_spec("host")
+    (build,) = native.halide
+    assert build in host.halide and native.family == host.family and native.int8_rounding == host.int8_rounding
+    here = hl.get_host_target()
+    features = [f for f in hl.TargetFeature.__members__.values() if int(f) < int(hl.TargetFeature.FeatureEnd)]
+
+    def runs_here(b: str) -> bool:
+        return all(here.has_feature(f) for f in features if hl.Target(b).has_feature(f))
+
+    assert runs_here(build) and not any(runs_here(b) for b in host.halide[:host.halide.index(build)])
+    required = set(native.required_cpu_features())
+    assert required == {int(f) for f in features if hl.Target(build).has_feature(f)} and required
+    assert host.required_cpu_features() == []  # Halide's multitarget dispatch checks those

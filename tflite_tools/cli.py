@@ -21,7 +21,8 @@ from typing import Callable, Sequence
 from fusion.pipeline import plan_model
 from fusion.report import format_summary, to_dot
 from halide_gen.profile import HostProfiler
-from halide_gen.targets import BASE_TARGETS, INT8_ROUNDINGS, with_cpu_precision, with_int8_rounding, with_precision
+from halide_gen.targets import (BASE_TARGETS, INT8_ROUNDINGS, default_target, with_cpu_precision, with_int8_rounding,
+                                with_precision)
 
 from . import __version__
 from .aar import package_aar
@@ -62,7 +63,8 @@ def cmd_fuse(args: argparse.Namespace) -> int:
         cost = HostProfiler()
     if not args.plan_only:
         try:
-            target = with_precision(with_cpu_precision(args.target, args.cpu_precision), args.gpu_precision)
+            target = with_precision(with_cpu_precision(args.target or default_target(), args.cpu_precision),
+                                    args.gpu_precision)
             target = with_int8_rounding(target, args.int8_rounding)
         except ValueError as exc:
             raise ModelError(str(exc)) from None
@@ -244,8 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     fuse.add_argument("--cost", choices=["roofline", "profile"], default="roofline",
                       help="what answers yellow Table 3 cells: the static roofline, or Halide kernels timed here")
     fuse.add_argument("-o", "--out", metavar="OUT", help="folder for model.fused.tflite, the delegate, plan.json, report.md")
-    fuse.add_argument("--target", default="host", choices=sorted(TARGETS),
-                      help="where the kernels run (default: host, x86-64 with AVX-512/AVX2/baseline)")
+    fuse.add_argument("--target", choices=sorted(TARGETS),
+                      help="where the kernels run (default: $DNNFUSION_TARGET, or host: x86-64 with "
+                           "AVX-512/AVX2/baseline; host-native: only this CPU's, built five times faster)")
     fuse.add_argument("--gpu-precision", choices=["fp32", "fp16"], default="fp32",
                       help="GPU targets: store the tensors a block computes in half precision (math and sums "
                            "stay fp32; outputs within 1e-2 of LiteRT's range instead of 1e-4)")

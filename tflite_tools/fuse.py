@@ -49,7 +49,7 @@ from halide_gen.bundle import (JNI_LIBRARY, BundleBlock, BundleGraph, BundleInfo
                                build_cmake_project, bundle_source, claim_groups, dynamic_model, indistinguishable,
                                link_delegate, write_cmake_project)
 from halide_gen.lower import LoweringError
-from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, target_spec
+from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, default_target, target_spec
 
 from .explorer import block_overlay, claims_overlay, write_overlay
 from .fuse_report import format_report
@@ -155,12 +155,13 @@ def _set_metadata(model: Model, name: str, value: bytes) -> None:
     model.metadata = [(k, v) for k, v in model.metadata if k != name] + [(name, value)]
 
 
-def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str = "host", fast_math: bool = False,
+def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str | None = None, fast_math: bool = False,
          measure: bool = False, cost: object | None = None, cache_dir: Path | None = None,
          progress: Progress | None = None, debug_runtime: bool = False,
          autoschedulers: bool = False, emit_asm: bool = False, shapes: Sequence[str] = (),
          trace: Callable[[str], None] | None = None) -> FuseResult:
-    """Fuses a model into OUT (see the module docstring). `measure` times every block against
+    """Fuses a model into OUT (see the module docstring) for `target` (None: halide_gen.targets.
+    default_target, "host" unless $DNNFUSION_TARGET names another). `measure` times every block against
     LiteRT + XNNPACK on this host (cached by kernel identity) and marks only faster ones
     profitable; otherwise every compiled float block of a CPU target counts as profitable, int8
     blocks where TargetSpec.int8_claimed_unmeasured says, blocks holding a dynamic-range op on x86
@@ -264,9 +265,9 @@ class _Job:
 
 
 def _checked_target(target: str, measure: bool, autoschedulers: bool):
-    """The target's spec, refusing what cannot be done for it here (ModelError)."""
+    """The target's spec (None: the default target), refusing what cannot be done for it here (ModelError)."""
     try:
-        spec = target_spec(target)
+        spec = target_spec(target or default_target())
     except ValueError as exc:
         raise ModelError(str(exc)) from None
     if measure and spec.family != "x86":

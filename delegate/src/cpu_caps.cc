@@ -76,6 +76,11 @@ std::string CpuProblem(const Bundle& bundle) {
     return std::string("the kernels of target ") + bundle.target +
            " compute in ARMv8.2 half precision, which this CPU lacks (build without --cpu-precision fp16)";
   }
+  if (bundle.n_cpu_feature_words > 0 && !CanUseTargetFeatures(bundle.n_cpu_feature_words, bundle.cpu_features)) {
+    return std::string("the kernels of target ") + bundle.target +
+           " were built for the CPU that fused the model, and this CPU lacks some of its features "
+           "(build --target host for any x86-64 CPU)";
+  }
   if (bundle.needs_dot_product && !HasDotProduct()) {
     return std::string("the kernels of target ") + bundle.target +
            " use ARMv8.2 dot-product instructions this CPU lacks (build the -nodot target for it)";

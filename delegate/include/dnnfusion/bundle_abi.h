@@ -155,6 +155,8 @@ struct Bundle {
   const char* vulkan_alloc_config;  // HL_VK_ALLOC_CONFIG unless the environment sets one
   int32_t needs_dot_product;  // 1: CPU kernels use ARMv8.2 SDOT (declined where HWCAP_ASIMDDP is unset)
   int32_t needs_half_arithmetic;  // 1: CPU kernels compute in fp16 (declined where HWCAP_FPHP / HWCAP_ASIMDHP are unset)
+  const uint64_t* cpu_features;  // a native build's Halide target features, bit k of word k / 64 for halide_target_feature_t k (declined where the CPU lacks one)
+  int32_t n_cpu_feature_words;  // 0: no features to check
 };
 
 }  // namespace dnnfusion
