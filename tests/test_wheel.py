@@ -5,6 +5,8 @@ it with its delegate and compare with LiteRT)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -70,11 +72,13 @@ def test_the_wheel_in_a_clean_venv_runs_the_readme_main_job(wheel, tmp_path):
                            capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
     assert where.startswith(str(venv))  # the runtime's sources come from the installed package
     out = tmp_path / "out"
+    as_users_run_it = {k: v for k, v in os.environ.items() if k != "DNNFUSION_TARGET"}  # the host multitarget
     fuse = subprocess.run([str(bin_dir / "tflite_tools"), "fuse", str(MODELS / "unet_tiny.tflite"), "-o", str(out)],
-                          capture_output=True, text=True, cwd=tmp_path, timeout=900)
+                          capture_output=True, text=True, cwd=tmp_path, timeout=900, env=as_users_run_it)
     assert fuse.returncode == 0, fuse.stderr
     done = subprocess.run([str(bin_dir / "tflite_tools"), "run", str(out / "model.fused.tflite"), "--delegate",
                            str(out / "libunet_tiny_dnnfusion.so"), "--compare"],
                           capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "declined 0" in done.stdout and " ok" in done.stdout
+    assert json.loads((out / "plan.json").read_text())["target"] == "host"
