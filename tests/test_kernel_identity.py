@@ -278,8 +278,8 @@ def test_blocks_differing_in_a_baked_constant_get_two_cache_entries(tmp_path):
     model = pair_model("float")
     (base, twin), *_ = _pairs(model)
     assert base.name == "SLICE"
-    first = compile_kernel([base], base.outputs, "host", cache_dir=tmp_path)
-    second = compile_kernel([twin], twin.outputs, "host", cache_dir=tmp_path)
+    first = compile_kernel([base], base.outputs, "host-native", cache_dir=tmp_path)
+    second = compile_kernel([twin], twin.outputs, "host-native", cache_dir=tmp_path)
     assert not second.cached and first.library.parent != second.library.parent
     assert first.function != second.function and first.identity != second.identity
 
@@ -311,8 +311,8 @@ def _assert_own_kernels(result, target: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", sorted(CASES))
 def test_pairs_match_litert_through_the_delegate(kind, tmp_path):
-    result = _fuse_pairs(kind, "host", tmp_path)
-    _assert_own_kernels(result, "host")
+    result = _fuse_pairs(kind, "host-native", tmp_path)
+    _assert_own_kernels(result, "host-native")
     outcome = run(result.model, delegate=result.library, options={"claim": "all"})
     assert outcome.ok, outcome.errors
     assert outcome.claims["claimed_nodes"] == planned_nodes(result) and outcome.claims["claimed_nodes"]
