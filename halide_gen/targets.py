@@ -181,10 +181,8 @@ class TargetSpec:
         (dot product, fp16) decide."""
         if not self.native:
             return []
-        import halide as hl
-
-        (target,) = [hl.Target(t) for t in self.halide]
-        return [int(f) for f in _cpu_features() if target.has_feature(f)]
+        (build,) = self.halide
+        return [int(f) for f in _features_of(build)]
 
     @property
     def dot_product(self) -> bool:
@@ -337,17 +335,17 @@ def _for_this_cpu(spec: TargetSpec) -> TargetSpec:
 
     host = hl.get_host_target()
     for build in spec.halide:
-        if all(host.has_feature(f) for f in _cpu_features() if hl.Target(build).has_feature(f)):
+        if all(host.has_feature(f) for f in _features_of(build)):
             return replace(spec, halide=(build,))
     raise ValueError(f"{spec.name}: this CPU runs none of its builds ({host})")
 
 
-def _cpu_features() -> list:
-    """Every Halide target feature (hl.TargetFeature), FeatureEnd excluded."""
+def _features_of(build: str) -> list:
+    """The Halide target features (hl.TargetFeature) a build's target string sets."""
     import halide as hl
 
-    end = int(hl.TargetFeature.FeatureEnd)
-    return [f for f in hl.TargetFeature.__members__.values() if int(f) < end]
+    target, end = hl.Target(build), int(hl.TargetFeature.FeatureEnd)
+    return [f for f in hl.TargetFeature.__members__.values() if int(f) < end and target.has_feature(f)]
 
 
 GPU_TARGETS = tuple(name for name, spec in TARGETS.items() if spec.family == "gpu" and spec.precision == "fp32")
