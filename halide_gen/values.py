@@ -69,6 +69,10 @@ class Value:
     # The most |element| can be, where the op that made it says (a sigmoid's 1); None: unknown. A
     # product with such a factor of at most 1 cannot overflow, so it needs no saturating clamp.
     magnitude: float | None = None
+    # Few values live per element (no division, no select between branches: a softmax's
+    # exponentials and its scaling by 1 / sum): a schedule may unroll several vectors a loop step
+    # without spilling, where a sigmoid's constants and temporaries would.
+    unrollable: bool = False
 
     @property
     def read_type(self) -> hl.Type:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+import tflite_tools
 from arm64_rootfs import run_python
 from conftest import MODELS
 from delegate_checks import invoke_elsewhere, planned_nodes
@@ -32,6 +33,22 @@ def test_arm64_delegate_matches_host_litert(stem, arm64_root, tmp_path):
     assert all(e.ok for e in errors), errors
     assert claims["claimed_nodes"] == planned_nodes(result) and claims["claimed_nodes"]
     assert claims["claimed_nodes"]  # the emulated delegate really ran kernels
+
+
+def test_attention_heads_four_steps_do_not_divide_match_host_litert(arm64_root, tmp_path):
+    # Heads of 26 and 18 take their products' steps in pairs of 64-bit loads, 7 one at a time
+    # (schedule.tiles.float_steps), and the softmax between them runs 4 vectors a loop step
+    # (Value.unrollable): in NEON code only, so run here.
+    b = tflite_tools.ModelBuilder()
+    for depth in (26, 18, 7):
+        q, k = b.input(f"q{depth}", [1, 2, 20, depth]), b.input(f"k{depth}", [1, 2, depth, 32])
+        probs = b.op("SOFTMAX", [b.op("BATCH_MATMUL", [q, k], [1, 2, 20, 32])], [1, 2, 20, 32], beta=1.0)
+        b.output(b.op("BATCH_MATMUL", [probs, b.input(f"v{depth}", [1, 2, 32, depth])], [1, 2, 20, depth]))
+    tflite_tools.save(b.build(), tmp_path / "heads.tflite")
+    result = fuse(tmp_path / "heads.tflite", tmp_path / "out", target="arm64-linux", cache_dir=tmp_path.parent / "k64")
+    errors, claims = invoke_elsewhere(lambda args: run_python(arm64_root, *args), result, tmp_path, seed=4)
+    assert all(e.ok for e in errors), errors
+    assert claims["claimed_nodes"] == planned_nodes(result) and len(claims["claimed_nodes"]) == 9
 
 
 def test_dot_product_kernels_decline_on_a_core_without_it(arm64_root, tmp_path):

@@ -910,6 +910,38 @@ def test_neon_batch_matmul_loads_four_steps_of_a_row_at_once(tmp_path):
     assert fmla >= 64 and single <= 0.2 * fmla, loop
 
 
+@pytest.mark.parametrize("params_name, depth, steps", [("NEON", 26, 2), ("NEON", 18, 2), ("NEON", 7, 1), ("NEON", 12, 4),
+                                                      ("NEON_FP16", 26, 1), ("NEON_FP16", 64, 8)])
+def test_a_products_steps_per_load_are_the_most_that_divide_its_depth(params_name, depth, steps):
+    # TinyBERT's attention heads of 26: four steps per vector load do not divide them, and every
+    # step was a broadcast load beside the tile's fmla (20 of 30 instructions); two steps per 64-bit
+    # load now (the whole attention block 0.969 -> 0.941 XNNPACK's ARM64 instructions). In half
+    # precision a load stays a whole register or one step (half of one went through the stack).
+    from halide_gen.schedule import params as cpu_params
+
+    b = tflite_tools.ModelBuilder()
+    lhs, rhs = b.input("a", [1, 2, 20, depth]), b.input("b", [1, 2, depth, 64])
+    b.output(b.op("BATCH_MATMUL", [lhs, rhs], [1, 2, 20, 64]))
+    stmt = scheduled_stmt(b.build(), getattr(cpu_params, params_name))
+    loops = re.findall(r"for \(\w*batch_matmul_acc\.s1\.[\w$.]*?(_o)?, 0, (\d+)\)", stmt)
+    assert loops and all(int(n) == depth // steps and bool(split) == (steps > 1) for split, n in loops), loops
+
+
+def test_a_softmaxs_exponentials_and_scaling_run_several_vectors_a_step_on_neon():
+    # Intermediate stages run one vector a loop step (a sigmoid's constants spill unrolled); a
+    # softmax's exponentials and its scaling keep few values live (Value.unrollable), so inside an
+    # attention core they take CpuParams.elementwise_vectors a step as block outputs do: over 128
+    # keys 32 + 6 instructions a vector were 28.5 + 2.75.
+    from halide_gen.schedule.params import NEON
+
+    b = tflite_tools.ModelBuilder()
+    probs = b.op("SOFTMAX", [b.input("x", [1, 2, 16, 128])], [1, 2, 16, 128], beta=1.0)
+    b.output(b.op("BATCH_MATMUL", [probs, b.input("v", [1, 2, 128, 16])], [1, 2, 16, 16]))
+    stmt = scheduled_stmt(b.build(), NEON)
+    for stage in ("softmax_exp", "softmax"):
+        assert re.search(rf"for \(\w*_{stage}\.s0\.c\.c_steps, 0, 8\)", stmt), stage
+
+
 def test_a_row_reductions_partial_sums_run_in_one_loop_on_neon(tmp_path):
     # A MEAN over 64 values takes 16 partial sums per row: one vector of 16 lanes (4 NEON registers)
     # whose inline sum runs one loop with 4 accumulators, not one loop per register.

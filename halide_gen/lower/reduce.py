@@ -217,11 +217,14 @@ def lower_softmax(ctx: OpContext) -> list[Value]:
         scaled = (lambda v: v) if beta == 1.0 else (lambda v: v * hl.f32(beta))
         exps = ctx.define(ctx.func_name("exp"), x.shape,
                           lambda *i: exp(scaled(x(*i) - row_max.at(list(i[:-1]) + [hl.Expr(0)]))))
+        exps.unrollable = beta >= 0  # (the full exponential's selects spill unrolled)
     ctx.materialize.append(exps)
     row_sum = row_reduce(ctx, "sum", x.shape[:-1], x.shape[-1], lambda row, k: exps.at(row + [k]), hl.sum)
     ctx.materialize.append(row_sum)
-    return [ctx.define(ctx.func_name(), ctx.out_shape(),
-                       lambda *i: exps(*i) * (hl.f32(1) / row_sum.at(list(i[:-1]) + [hl.Expr(0)])))]
+    result = ctx.define(ctx.func_name(), ctx.out_shape(),
+                        lambda *i: exps(*i) * (hl.f32(1) / row_sum.at(list(i[:-1]) + [hl.Expr(0)])))
+    result.unrollable = True
+    return [result]
 
 
 def _half_shifted_exps(ctx: OpContext, x: Value, row_max: Value, beta: float) -> Value:

@@ -233,7 +233,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     for v in _roots(kernel, streamed):
         if id(v.func) not in rooted:
             v.func.compute_root()
-            vectorize_inner(v.func, v.shape, params, vectorized, joins=v.joins)
+            vectorize_inner(v.func, v.shape, params, vectorized, output=v.unrollable, joins=v.joins)
             rooted.add(id(v.func))
             # Split across threads like the helpers above (an attention core's softmax, read by
             # its second product, is no lighter for being a root).

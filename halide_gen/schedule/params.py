@@ -36,6 +36,9 @@ class CpuParams:
     # input channels of a pixel in one vector and multiplies by each lane (NEON's `fmla` by element),
     # instead of one broadcast load per step.
     reduce_unroll: int = 1
+    # Fewest steps a load may serve where `reduce_unroll` does not divide the reduction (halved down
+    # to this; below it one step a broadcast load): a head of 26 in pairs of 64-bit loads.
+    reduce_unroll_least: int = 0
     # Groups of `reduce_unroll` float steps per loop iteration, where they divide the reduction: at 2,
     # a matrix product's loop counter, branch and pointer increments come once per 8 steps, not 4.
     reduce_groups_unrolled: int = 1
@@ -93,18 +96,19 @@ X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pi
                 l1_ways=8, attention_rows=12, min_chains=8, stream_bytes=4 << 20)
 
 # NEON (4 lanes, 32 registers): tiles modelled per op (registers=32), 4 reduction steps per input
-# vector load (`fmla` by element) two groups to a loop iteration, 4 SDOT groups per input load.
-# Attention cores of up to 1 MB of scores a stage at a time: in row tiles, which read the keys and
-# values again, bert_small took 1.09x XNNPACK's A76 cycles, 0.97x whole.
+# vector load (`fmla` by element; 2 where 4 do not divide the reduction) two groups to a loop
+# iteration, 4 SDOT groups per input load. Attention cores of up to 1 MB of scores a stage at a
+# time: in row tiles, which read the keys and values again, bert_small took 1.09x XNNPACK's A76
+# cycles, 0.97x whole.
 NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pixels=4, mm_channels=16, mm_rows=6,
-                 registers=32, reduce_unroll=4, reduce_groups_unrolled=2, elementwise_vectors=4, dot_groups=4,
-                 narrow_dw_tile=(16, 4), attention_whole_bytes=1 << 20)
+                 registers=32, reduce_unroll=4, reduce_unroll_least=2, reduce_groups_unrolled=2,
+                 elementwise_vectors=4, dot_groups=4, narrow_dw_tile=(16, 4), attention_whole_bytes=1 << 20)
 
 # NEON computing in half precision (`-fp16` targets): 8 lanes a register, so each tile's channels
 # double and its accumulators stay as many registers; 8 reduction steps per input load, a whole
 # register (4, half of one, were staged through the stack: 1.4-1.6 FMLAs a cycle on the A76, 2.0 now).
 NEON_FP16 = replace(NEON, lanes=8, conv_channels=32, dw_channels=16, mm_channels=32, narrow_dw_tile=(16, 4),
-                    reduce_unroll=8, reduce_groups_unrolled=1)
+                    reduce_unroll=8, reduce_unroll_least=8, reduce_groups_unrolled=1)
 
 
 # Fewest output rows a convolution shares among threads one row per task: below that (a 7x7 or

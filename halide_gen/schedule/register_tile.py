@@ -13,8 +13,8 @@ from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..values import Value
 from .params import INTERLEAVED_CHANNELS, MATMUL_TASK_WORK, MATMUL_TASKS, ROW_TASKS, CpuParams
-from .tiles import (depthwise_tile, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape, weights_outgrow_cache,
-                    whole_map_channels, whole_map_rows)
+from .tiles import (depthwise_tile, float_steps, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape,
+                    weights_outgrow_cache, whole_map_channels, whole_map_rows)
 from .vectors import fuse_outward, lanes_of, loop_vars, tile_transpose, vectorize_inner
 
 
@@ -302,7 +302,7 @@ def _unroll_float_groups(update: hl.Stage, acc: Accumulator, params: CpuParams, 
     belong in (the unrolled one, or `outer` unchanged). Not inside a 3x3 conv's taps: LLVM then
     loads both groups' inputs at once and spills the tile."""
     unrolled = params.reduce_groups_unrolled
-    groups = acc.extents[innermost] // params.reduce_unroll
+    groups = acc.extents[innermost] // float_steps(acc.extents[innermost], params)
     taps = any(e > 1 for k, e in enumerate(acc.extents) if k != innermost)
     if acc.dot or unrolled < 2 or groups % unrolled or taps:
         return outer

@@ -73,9 +73,10 @@ def vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], output
     Halide turns the channel-strided accesses into interleaved vector loads and stores (NEON's
     ld3 / st3) instead of a scalar loop (a network's normalised RGB input). A block output's long
     axis goes up to `params.elementwise_vectors` vectors per step, as many as divide it, so that a
-    loop step's overhead is shared (a squeeze-excite MUL); intermediate stages keep one, as unrolled
-    their epilogues (sigmoids) spill. `done`: the names of the Funcs
-    vectorized so far, skipped (a second split of the same axis is an error), `f`'s added.
+    loop step's overhead is shared (a squeeze-excite MUL); so does an intermediate stage where
+    `output` says so (Value.unrollable: a softmax's); others keep one, as unrolled their epilogues
+    (sigmoids) spill. `done`: the names of the Funcs vectorized so far, skipped (a second split of
+    the same axis is an error), `f`'s added.
     `joins` (Value.joins): where a concatenation's sources meet along that axis; past
     UNROLLED_CHANNELS the loop runs in unrolled chunks that end there, so in each the select between
     the sources folds (U-Net's zero-padded 64 + 64-channel concatenation: 35 instructions a vector,
@@ -155,4 +156,4 @@ def vectorize_helper(v: Value, params: CpuParams, vectorized: set[str], partial:
         f.vectorize(loop_vars(f)[0], v.shape[-1])
         vectorized.add(f.name())
     else:
-        vectorize_inner(f, v.shape, params, vectorized, output=copy, joins=v.joins)
+        vectorize_inner(f, v.shape, params, vectorized, output=copy or v.unrollable, joins=v.joins)
