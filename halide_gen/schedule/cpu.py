@@ -179,8 +179,13 @@ def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, t
     weights = next((a.tensor for a in kernel.arguments if a.pack and a.tensor is op.inputs[1]), None)
     small = (weights is not None and acc.acc.type().is_float()
              and 4 * int(np.prod(weights.shape)) <= params.small_weight_bytes)
+    # A float product of two activations with no epilogue (its own Func, or a block output copying
+    # it): computing a few channels twice computes nothing elementwise twice.
+    own = home is acc.value.func or kernel.copied_from.get(id(home)) is acc.value.func
+    plain = op.name == "BATCH_MATMUL" and own and acc.acc.type().is_float() and not packed
     register_tile(home, acc, params, params.mm_channels, params.mm_rows, None, unroll_taps=False,
-                   round_up_channels=packed, unroll_rows=not exponential_epilogue(kernel, acc), rows_outer=small)
+                   round_up_channels=packed, unroll_rows=not exponential_epilogue(kernel, acc), rows_outer=small,
+                   shift_last_channels=plain)
 
 
 # The template that schedules each kind of accumulator (halide_gen.lower.AccumulatorKind).

@@ -78,7 +78,8 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
                    rdom_order: list[int] | None, unroll_taps: bool, round_up_channels: bool,
                    parallel: bool = True, whole_map: bool = False,
                    rows_outer: bool = False, unroll_rows: bool = True,
-                   per_tile: list[Value] = (), shift_last_rows: bool = False) -> tuple[hl.Var, int] | None:
+                   per_tile: list[Value] = (), shift_last_rows: bool = False,
+                   shift_last_channels: bool = False) -> tuple[hl.Var, int] | None:
     """Tiles `home` into channels x pixels register tiles and computes the accumulator at each,
     its reduction loops (in `rdom_order`, innermost first) outside the tile. `whole_map`: the
     template owns the loops (not a conv chain's strips), so a tiny map's rows may be one tile
@@ -91,7 +92,10 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
     head concatenates four 256-channel maps of 128 x 128 for a 1x1 conv: 64 MB stored and read back
     at the root); else shared among threads at the root. `shift_last_rows`: where the tile's rows
     do not divide the rows, the last tile shifts back over rows its neighbour computes (computed
-    twice), for stages computed per row tile, whose loops then run a constant length."""
+    twice), for stages computed per row tile, whose loops then run a constant length.
+    `shift_last_channels`: likewise the last channel tile, where `home` is a product with no
+    epilogue (nothing elementwise is computed twice): a guarded tail tile ran its vectors through
+    predicated loads and a stack copy of each step's inputs."""
     lanes = params.lanes
     v = loop_vars(home)
     c = v[0]
@@ -127,14 +131,14 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         channels, pixels = few, min(lanes, acc.value.shape[-2])  # a vector of pixels, or the whole row
     _align_to_packing(home, acc, c, channels, round_up_channels)
     xo, xi = hl.Var(x.name() + "_o"), hl.Var(x.name() + "_i")
-    if shift_last_rows and acc.value.shape[-2] % pixels and acc.value.shape[-2] > pixels:
-        # The last row tile shifted back over rows its neighbour computes: every tile is `pixels`
-        # rows, so what the row-tile loop computes (an attention core's scores and softmax) runs
-        # loops of a constant length (grouped-query attention's 394 or 788 query rows).
-        home.split(c, co, ci, channels, guard).split(x, xo, xi, pixels, hl.TailStrategy.ShiftInwards)
-        home.reorder(ci, xi, co, xo)
-    else:
-        home.tile(c, x, co, xo, ci, xi, channels, pixels, guard)
+    shift = hl.TailStrategy.ShiftInwards
+    # The last row tile shifted back over rows its neighbour computes: every tile is `pixels` rows,
+    # so what the row-tile loop computes (an attention core's scores and softmax) runs loops of a
+    # constant length (grouped-query attention's 394 or 788 query rows).
+    row_tail = shift if shift_last_rows and _shifts(acc.value.shape[-2], pixels) else guard
+    # The last channel tile likewise (TinyBERT's weights x values over heads of 26: 16 + 10).
+    channel_tail = shift if shift_last_channels and _shifts(acc.value.shape[-1], channels) else guard
+    home.split(c, co, ci, channels, channel_tail).split(x, xo, xi, pixels, row_tail).reorder(ci, xi, co, xo)
     if few:
         # Vectors of pixels, the few channels unrolled: the tile's epilogue (a sigmoid) runs on
         # whole vectors, not on 2 of 16 lanes.
@@ -274,6 +278,11 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
         for r in order:
             update.unroll(r)
     return (row_loop, pixels) if row_loop is not None else None
+
+
+def _shifts(extent: int, tile: int) -> bool:
+    """Whether a last tile shifted back over its neighbour replaces a shorter one."""
+    return extent > tile and extent % tile != 0
 
 
 # Fewest steps of the reduction each interleaved partial sum takes (below that, adding the
