@@ -82,8 +82,10 @@ def test_int8_without_dot_product_matches_host_litert(arm64_root, tmp_path):
 
 # Float models computed in half precision (`--cpu-precision fp16`): a convolution chain with
 # depthwise convs and a residual add, a transformer layer (matmuls of two activations, softmax, layer
-# norm) and a U-Net (pools, transposed convs), held to run.RTOL_FP16 of each output's range.
-HALF_MODELS = ["depthwise_residual", "transformer_encoder", "unet_tiny"]
+# norm) and a U-Net (pools, transposed convs), held to run.RTOL_FP16 of each output's range; and
+# convolutions whose weights TFLite decodes before the delegate's kernels read them (float16 weights
+# behind a DEQUANTIZE, sparse ones behind a DENSIFY), packed and converted to fp16 by the delegate.
+HALF_MODELS = ["depthwise_residual", "transformer_encoder", "unet_tiny", "conv_fp16_weights", "sparse_fp16_conv"]
 
 
 @pytest.mark.parametrize("stem", HALF_MODELS)

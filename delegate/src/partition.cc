@@ -191,6 +191,7 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   }
   b.pack = pack;
   b.half = half;
+  b.stored_bytes = stored_bytes;
   if (role == Role::kInternal) b.arena_offset = arena_offset_.at(tensor);
   // int4 weights: an unpacked copy; fp16 ones: a converted copy.
   if (pack != static_cast<int>(Pack::kNone) || t.type == kTfLiteInt4 || half) {
@@ -200,7 +201,7 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   if (role == Role::kConstant) {
     if (b.packed.empty()) {
       b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
-    } else if (!PackWeight(t, b, stored_bytes)) {
+    } else if (!PackWeight(t, b)) {
       *error = std::string("cannot pack constant '") + (t.name ? t.name : "?") + "'";
       return nullptr;
     } else {
@@ -232,7 +233,7 @@ Partition::Buffer* Partition::ScratchBuffer(const ScratchSpec& spec, std::string
   return &b;
 }
 
-bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const {
+bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b) const {
   const TensorSpec* spec = FindTensorSpec(*graph_, b.tensor);
   if (spec == nullptr || t.data.raw == nullptr) return false;
   const void* values = t.data.raw;
@@ -253,7 +254,7 @@ bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes
   }
   if (!b.half) {
     return PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, b.raw.host, b.packed_dims,
-                        b.raw.dimensions, stored_bytes);
+                        b.raw.dimensions, b.stored_bytes);
   }
   // Packed as float32, then converted: the packings move elements, whatever their size.
   const size_t count = b.raw.number_of_elements();
@@ -262,7 +263,7 @@ bool Partition::PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes
     if (t.bytes != count * sizeof(float)) return false;
     std::memcpy(wide.data(), values, t.bytes);
   } else if (!PackConstant(static_cast<Pack>(b.pack), values, spec->dims, spec->rank, wide.data(), b.packed_dims,
-                           b.raw.dimensions, stored_bytes)) {
+                           b.raw.dimensions, b.stored_bytes)) {
     return false;
   }
   FloatsToHalves(wide.data(), count, reinterpret_cast<uint16_t*>(b.raw.host));
@@ -282,7 +283,7 @@ TfLiteStatus Partition::TakeDecoded(TfLiteContext* context, Buffer& b) {
     b.raw.host = reinterpret_cast<uint8_t*>(t.data.raw);
   } else {
     if (b.taken != nullptr) return kTfLiteOk;
-    if (!PackWeight(t, b, b.raw.type.bytes())) {
+    if (!PackWeight(t, b)) {
       return Fail(context, std::string("cannot pack decoded weight '") + (t.name ? t.name : "?") + "'");
     }
   }

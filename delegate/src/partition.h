@@ -64,6 +64,7 @@ class Partition {
     size_t arena_offset = 0;
     int pack = 0;                  // Pack: the layout the kernel reads
     bool half = false;             // a float32 constant the kernel reads in fp16 (ArgSpec::half)
+    size_t stored_bytes = 0;       // bytes of an element as TFLite stores it (the kernel's may differ)
     AlignedBytes packed;           // the packed copy, when `pack` is not kNone
     const int32_t* packed_dims = nullptr;  // its shape, TFLite order (the bundle's ArgSpec::dims)
     const void* taken = nullptr;   // kDecoded: the TFLite data last bound (packed: the data packed)
@@ -103,8 +104,9 @@ class Partition {
   void Rebind(const GraphSpec& graph, const std::vector<int>& blocks);
   void FreeDeviceMemory();
   void WriteProfile() const;
-  // `stored_bytes`: the size of one element of `t` as TFLite holds it.
-  bool PackWeight(const TfLiteTensor& t, Buffer& b, size_t stored_bytes) const;
+  // Fills `b`'s copy of constant or decoded `t` in the kernel's layout and element type, reading
+  // Buffer::stored_bytes an element of `t`.
+  bool PackWeight(const TfLiteTensor& t, Buffer& b) const;
   TfLiteStatus TakeDecoded(TfLiteContext* context, Buffer& b);
   Buffer* ScratchBuffer(const ScratchSpec& spec, std::string* error);
   // The buffer of `tensor` as the kernels read it (`pack`, in fp16 where `half`); a constant is bound
