@@ -14,7 +14,7 @@ from typing import Sequence
 import halide as hl
 import numpy as np
 
-from fusion.mapping import ELEMENTWISE
+from fusion.mapping import ELEMENTWISE, MappingType, op_mapping
 from tflite_tools.model.fingerprint import block_identity
 from tflite_tools.model.ir import Operator, Tensor
 
@@ -253,6 +253,32 @@ def _check_addressable(ops: Sequence[Operator]) -> None:
                                     f"({MAX_BUFFER_BYTES})")
 
 
+# Ops whose result's error is their argument's absolute error: sin(x) of an x off by d is off by up to d.
+PERIODIC = frozenset({"SIN", "COS"})
+# What computes or moves values element by element, so that its result's rounding is its consumer's.
+_ELEMENT_BY_ELEMENT = frozenset({MappingType.ONE_TO_ONE, MappingType.ONE_TO_MANY, MappingType.REORGANIZE,
+                                 MappingType.SHUFFLE})
+
+
+def _arguments_of_periodic_functions(ops: Sequence[Operator]) -> set[int]:
+    """id() of the float tensors the block computes that reach a SIN or COS through ops computing or
+    moving them element by element: under fp16 storage they stay float32, computed in it. A rotary
+    embedding's angle, position times frequency, is 511.7 at position 512, where fp16's step is 0.25
+    (a decoder's keys 0.14 of their range off under --cpu-precision fp16, prefilling 512 tokens)."""
+    producer = {id(t): op for op in ops for t in op.outputs}
+    exact: set[int] = set()
+    pending = [t for op in ops if op.name in PERIODIC for t in op.inputs if t is not None]
+    while pending:
+        t = pending.pop()
+        op = producer.get(id(t))
+        if op is None or id(t) in exact or t.type_name != "FLOAT32":
+            continue
+        exact.add(id(t))
+        if op_mapping(op) in _ELEMENT_BY_ELEMENT:
+            pending.extend(x for x in op.inputs if x is not None)
+    return exact
+
+
 def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
                 options: LoweringOptions = LoweringOptions()) -> BlockKernel:
     """Lowers `ops` (in execution order) into one pipeline producing `outputs`, in the forms
@@ -289,10 +315,12 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
 
     output_index = {id(t): k for k, t in enumerate(outputs)}
     read_by_ops = {id(t) for op in ops for t in op.inputs if t is not None}
+    exact = _arguments_of_periodic_functions(ops) if options.float_storage != hl.Float(32) else set()
     wrappers: dict[int, hl.Func] = {}  # output index -> its Func, made when an op's result is lowered
     for k, op in enumerate(ops):
         ctx = OpContext(op, f"{kernel.name}_op{k}_{op.name.lower()}", value_of, options=options,
-                        computed_in_block=frozenset(produced))
+                        computed_in_block=frozenset(produced),
+                        float32_results=any(id(t) in exact for t in op.outputs))
         results = lower(ctx)
         if len(results) != len(op.outputs):
             raise LoweringError(f"{op.name}: lowering made {len(results)} outputs, the op has {len(op.outputs)}")

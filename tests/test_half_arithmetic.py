@@ -312,6 +312,25 @@ def test_an_attention_mask_of_the_lowest_float_stays_finite_in_half_precision():
     assert not np.isnan(ours).any() and np.abs(ours - expected).max() <= 1e-2, (ours, expected)
 
 
+@pytest.mark.parametrize("op", ["SIN", "COS"])
+def test_a_rotary_angle_stays_float32_under_half_arithmetic(op):
+    # A decoder's rotary embedding: positions (int32) cast to float, times each frequency, then
+    # SIN and COS. In fp16 the angle at position 1000 is stored with a step of 0.5, and the sine of
+    # it is off by up to 0.25 (a 60M decoder's keys 0.14 of their range off, prefilling 512 tokens).
+    # What reaches a periodic function's argument stays float32, computed in it; the sine is
+    # then within fp16's rounding of its result.
+    b = ModelBuilder()
+    positions = b.op("CAST", [b.input("pos", (1, 1024, 1), dtype="int32")], (1, 1024, 1), dtype="float32")
+    frequencies = b.const("inv_freq", (1.0 / 10000.0 ** (np.arange(16) / 16)).astype(np.float32).reshape(1, 1, 16))
+    angles = b.op("MUL", [positions, frequencies], (1, 1024, 16))
+    b.output(b.op("ADD", [b.op(op, [angles], (1, 1024, 16)), b.input("x", (1, 1024, 16))], (1, 1024, 16)))
+    model = b.build()
+    inputs = [np.arange(1024, dtype=np.int32).reshape(1, 1024, 1), np.zeros((1, 1024, 16), np.float32)]
+    (expected,) = reference(model, inputs)
+    (ours,) = halide(model, inputs, _half_options())
+    assert np.abs(ours - expected).max() <= 2 * HALF, np.abs(ours - expected).max()
+
+
 @pytest.mark.parametrize("beta", [1.0, 0.5])
 def test_softmax_exponentiates_in_half_precision(beta):
     # Under fp16 arithmetic the exponentials (attention's one per score) are fp16 ones, 8 lanes a

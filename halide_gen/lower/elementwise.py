@@ -194,8 +194,9 @@ HALF_MAGNITUDES = {"LOGISTIC": 1.0}
 
 
 def float_result_in_half(ctx: OpContext) -> bool:
-    """Whether the target computes in half precision and the op's result is a float one."""
-    return ctx.options.half_arithmetic and ctx.op.outputs[0].type_name == "FLOAT32"
+    """Whether the target computes in half precision and the op's result is a float one it may
+    compute so (not one that stays float32: OpContext.float32_results)."""
+    return ctx.options.half_arithmetic and ctx.op.outputs[0].type_name == "FLOAT32" and not ctx.float32_results
 
 
 def computes_in_half(ctx: OpContext) -> bool:

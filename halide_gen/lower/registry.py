@@ -111,6 +111,9 @@ class OpContext:
     # identity includes (tflite_tools.model.fingerprint). Reading any other constant is refused.
     compile_time_inputs: tuple[int, ...] = ()
     bound: dict[int, str] = field(default_factory=dict)
+    # The op's float results stay float32 under fp16 storage, computed in it: they reach a periodic
+    # function's argument (halide_gen.block.PERIODIC), where their absolute error is the result's.
+    float32_results: bool = False
 
     def value(self, i: int) -> Value:
         """Input `i` as a Value (a runtime tensor: data, weights, bias)."""
@@ -177,8 +180,9 @@ class OpContext:
 
     def define(self, name: str, shape: Sequence[int], body: Callable[..., hl.Expr], exact: bool = False) -> Value:
         """values.define in the target's float storage (LoweringOptions.float_storage), or float32
-        where `exact`: a reduction's partial results stay float32, so every sum is a float32 sum
-        under fp16 storage too."""
+        where `exact` (a reduction's partial results stay float32, so every sum is a float32 sum
+        under fp16 storage too) or where the op's results must (float32_results)."""
+        exact = exact or self.float32_results
         return define(name, shape, body, storage=hl.Float(32) if exact else self.options.float_storage)
 
     def func_name(self, suffix: str = "") -> str:
