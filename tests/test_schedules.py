@@ -910,20 +910,29 @@ def test_neon_batch_matmul_loads_four_steps_of_a_row_at_once(tmp_path):
     assert fmla >= 64 and single <= 0.2 * fmla, loop
 
 
-@pytest.mark.parametrize("params_name, depth, steps", [("NEON", 26, 2), ("NEON", 18, 2), ("NEON", 7, 1), ("NEON", 12, 4),
-                                                      ("NEON_FP16", 26, 1), ("NEON_FP16", 64, 8)])
-def test_a_products_steps_per_load_are_the_most_that_divide_its_depth(params_name, depth, steps):
+@pytest.mark.parametrize("params_name, op, depth, steps",
+                         [("NEON", "BATCH_MATMUL", 26, 2), ("NEON", "BATCH_MATMUL", 18, 2), ("NEON", "BATCH_MATMUL", 7, 1),
+                          ("NEON", "BATCH_MATMUL", 12, 4), ("NEON", "CONV_2D", 10, 1), ("NEON", "CONV_2D", 12, 4),
+                          ("NEON_FP16", "BATCH_MATMUL", 26, 1), ("NEON_FP16", "BATCH_MATMUL", 64, 8)])
+def test_a_products_steps_per_load_are_the_most_that_divide_its_depth(params_name, op, depth, steps):
     # TinyBERT's attention heads of 26: four steps per vector load do not divide them, and every
     # step was a broadcast load beside the tile's fmla (20 of 30 instructions); two steps per 64-bit
-    # load now (the whole attention block 0.969 -> 0.941 XNNPACK's ARM64 instructions). In half
-    # precision a load stays a whole register or one step (half of one went through the stack).
+    # load now (the whole attention block 0.969 -> 0.941 XNNPACK's ARM64 instructions). Convolutions
+    # keep one (a squeeze-excite conv 10 deep gained nothing), and in half precision a load stays a
+    # whole register or one step (half of one went through the stack).
     from halide_gen.schedule import params as cpu_params
 
     b = tflite_tools.ModelBuilder()
-    lhs, rhs = b.input("a", [1, 2, 20, depth]), b.input("b", [1, 2, depth, 64])
-    b.output(b.op("BATCH_MATMUL", [lhs, rhs], [1, 2, 20, 64]))
+    if op == "BATCH_MATMUL":
+        lhs, rhs = b.input("a", [1, 2, 20, depth]), b.input("b", [1, 2, depth, 64])
+        b.output(b.op("BATCH_MATMUL", [lhs, rhs], [1, 2, 20, 64]))
+    else:
+        w = b.const("w", np.ones((64, 1, 1, depth), np.float32))
+        b.output(b.op("CONV_2D", [b.input("x", [1, 4, 5, depth]), w, b.const("bias", np.zeros(64, np.float32))],
+                      [1, 4, 5, 64], padding="VALID", stride_h=1, stride_w=1))
     stmt = scheduled_stmt(b.build(), getattr(cpu_params, params_name))
-    loops = re.findall(r"for \(\w*batch_matmul_acc\.s1\.[\w$.]*?(_o)?, 0, (\d+)\)", stmt)
+    name = "batch_matmul" if op == "BATCH_MATMUL" else "conv_2d"
+    loops = re.findall(rf"for \(\w*{name}_acc\.s1\.[\w$.]*?(_o)?, 0, (\d+)\)", stmt)
     assert loops and all(int(n) == depth // steps and bool(split) == (steps > 1) for split, n in loops), loops
 
 

@@ -311,7 +311,7 @@ def _unroll_float_groups(update: hl.Stage, acc: Accumulator, params: CpuParams, 
     belong in (the unrolled one, or `outer` unchanged). Not inside a 3x3 conv's taps: LLVM then
     loads both groups' inputs at once and spills the tile."""
     unrolled = params.reduce_groups_unrolled
-    groups = acc.extents[innermost] // float_steps(acc.extents[innermost], params)
+    groups = acc.extents[innermost] // float_steps(acc, innermost, params)
     taps = any(e > 1 for k, e in enumerate(acc.extents) if k != innermost)
     if acc.dot or unrolled < 2 or groups % unrolled or taps:
         return outer
