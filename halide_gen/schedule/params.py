@@ -36,8 +36,8 @@ class CpuParams:
     # input channels of a pixel in one vector and multiplies by each lane (NEON's `fmla` by element),
     # instead of one broadcast load per step.
     reduce_unroll: int = 1
-    # Fewest steps a load may serve where `reduce_unroll` does not divide the reduction (halved down
-    # to this; below it one step a broadcast load): a head of 26 in pairs of 64-bit loads.
+    # Fewest steps a load may serve where `reduce_unroll` does not divide a matrix product's depth
+    # (halved down to this; below it one step a broadcast load): a head of 26 in pairs of 64-bit loads.
     reduce_unroll_least: int = 0
     # Groups of `reduce_unroll` float steps per loop iteration, where they divide the reduction: at 2,
     # a matrix product's loop counter, branch and pointer increments come once per 8 steps, not 4.
