@@ -135,10 +135,10 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
     # The last row tile shifted back over rows its neighbour computes: every tile is `pixels` rows,
     # so what the row-tile loop computes (an attention core's scores and softmax) runs loops of a
     # constant length (grouped-query attention's 394 or 788 query rows).
-    row_tail = shift if shift_last_rows and _shifts(acc.value.shape[-2], pixels) else guard
+    last_rows = shift if shift_last_rows and _shifts(acc.value.shape[-2], pixels) else guard
     # The last channel tile likewise (TinyBERT's weights x values over heads of 26: 16 + 10).
-    channel_tail = shift if shift_last_channels and _shifts(acc.value.shape[-1], channels) else guard
-    home.split(c, co, ci, channels, channel_tail).split(x, xo, xi, pixels, row_tail).reorder(ci, xi, co, xo)
+    last_channels = shift if shift_last_channels and _shifts(acc.value.shape[-1], channels) else guard
+    home.split(c, co, ci, channels, last_channels).split(x, xo, xi, pixels, last_rows).reorder(ci, xi, co, xo)
     if few:
         # Vectors of pixels, the few channels unrolled: the tile's epilogue (a sigmoid) runs on
         # whole vectors, not on 2 of 16 lanes.
