@@ -13,7 +13,7 @@ from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..values import Value
 from .params import INTERLEAVED_CHANNELS, MATMUL_TASK_WORK, MATMUL_TASKS, ROW_TASKS, CpuParams
-from .tiles import (depthwise_tile, float_steps, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape,
+from .tiles import (depthwise_tile, group_wrapper, parallel_worthwhile, reduction_steps, tile_shape,
                     weights_outgrow_cache, whole_map_channels, whole_map_rows)
 from .vectors import fuse_outward, lanes_of, loop_vars, tile_transpose, vectorize_inner
 
@@ -268,7 +268,7 @@ def register_tile(home: hl.Func, acc: Accumulator, params: CpuParams, channels: 
             update.unroll(inner)
         elif groups > 1:
             update.unroll(group_index)
-        load_at = _unroll_float_groups(update, acc, params, outer, innermost)
+        load_at = _unroll_float_groups(update, acc, params, outer, innermost, steps)
         if group_wrapper(acc, steps, groups):
             group = acc.source.in_(f)
             group.compute_at(f, load_at).vectorize(loop_vars(group)[0], steps * groups)
@@ -304,14 +304,14 @@ def interleaved_chains(acc: Accumulator, params: CpuParams, innermost: int, accu
 
 
 def _unroll_float_groups(update: hl.Stage, acc: Accumulator, params: CpuParams, outer: hl.RVar,
-                         innermost: int) -> hl.RVar:
+                         innermost: int, steps: int) -> hl.RVar:
     """Unrolls `params.reduce_groups_unrolled` iterations of a float tile's loop over groups of
-    reduction steps (`outer`) where they divide it and it is the only reduction axis with more
+    `steps` reduction steps (`outer`) where they divide it and it is the only reduction axis with more
     than one step (a matrix product, a pointwise conv); returns the loop each group's input loads
     belong in (the unrolled one, or `outer` unchanged). Not inside a 3x3 conv's taps: LLVM then
     loads both groups' inputs at once and spills the tile."""
     unrolled = params.reduce_groups_unrolled
-    groups = acc.extents[innermost] // float_steps(acc, innermost, params)
+    groups = acc.extents[innermost] // steps
     taps = any(e > 1 for k, e in enumerate(acc.extents) if k != innermost)
     if acc.dot or unrolled < 2 or groups % unrolled or taps:
         return outer
