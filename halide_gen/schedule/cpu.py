@@ -238,7 +238,7 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     for v in _roots(kernel, streamed):
         if id(v.func) not in rooted:
             v.func.compute_root()
-            vectorize_inner(v.func, v.shape, params, vectorized, output=v.unrollable, joins=v.joins)
+            vectorize_inner(v.func, v.shape, params, vectorized, unrolled=v.unrollable, joins=v.joins)
             rooted.add(id(v.func))
             # Split across threads like the helpers above (an attention core's softmax, read by
             # its second product, is no lighter for being a root).
@@ -249,5 +249,5 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         f = v.func
         # A transposed output (a decoder's K^T beside its cache) in square tiles, not gathers.
         if not tile_transpose(v, params.lanes, vectorized):
-            vectorize_inner(f, tensor.shape, params, vectorized, output=True, joins=v.joins)
+            vectorize_inner(f, tensor.shape, params, vectorized, unrolled=True, joins=v.joins)
         split_rows(f, tensor.shape, params, light=light)

@@ -396,7 +396,7 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
             continue
         v.func.compute_root()
         if not tile_transpose(v, params.lanes, vectorized):
-            vectorize_inner(v.func, v.shape, params, vectorized, output=True, joins=v.joins)
+            vectorize_inner(v.func, v.shape, params, vectorized, unrolled=True, joins=v.joins)
         if producer.name == "CONCATENATION" and _pointwise(acc, t):
             per_tile.append(v)
         else:

@@ -101,7 +101,7 @@ def schedule_row_tiles(kernel: BlockKernel, tiled: dict[int, list[Value]], param
         tensor, out = kernel.outputs[index]
         shape = tuple(tensor.shape)
         f = out.func
-        vectorize_inner(f, shape, params, vectorized, output=True, joins=out.joins)
+        vectorize_inner(f, shape, params, vectorized, unrolled=True, joins=out.joins)
         v = loop_vars(f)
         rows, outer_rows = tile_rows(shape)
         task, rest = v[1], v[2:]

@@ -66,15 +66,15 @@ def lanes_of(f: hl.Func, lanes: int, extent: int, registers: int = 1) -> int:
     return dividing if dividing >= lanes else min(wide, one_register)
 
 
-def vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], output: bool = False,
+def vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], unrolled: bool = False,
                      joins: tuple[int, ...] = ()) -> None:
     """Vectorizes `f` along TFLite's innermost axis when that axis holds at least one vector, else
     (a few channels, as a network's RGB input) along the pixels with the channels unrolled inside:
     Halide turns the channel-strided accesses into interleaved vector loads and stores (NEON's
-    ld3 / st3) instead of a scalar loop (a network's normalised RGB input). A block output's long
-    axis goes up to `params.elementwise_vectors` vectors per step, as many as divide it, so that a
-    loop step's overhead is shared (a squeeze-excite MUL); so does an intermediate stage where
-    `output` says so (Value.unrollable: a softmax's); others keep one, as unrolled their epilogues
+    ld3 / st3) instead of a scalar loop (a network's normalised RGB input). Where `unrolled` (a
+    block output, a zero-padded copy, a Value.unrollable stage: a softmax's) the long axis goes up
+    to `params.elementwise_vectors` vectors per step, as many as divide it, so that a loop step's
+    overhead is shared (a squeeze-excite MUL); other stages keep one, as unrolled their epilogues
     (sigmoids) spill. `done`: the names of the Funcs vectorized so far, skipped (a second split of
     the same axis is an error), `f`'s added.
     `joins` (Value.joins): where a concatenation's sources meet along that axis; past
@@ -89,7 +89,7 @@ def vectorize_inner(f: hl.Func, shape, params: CpuParams, done: set[str], output
     # 6 instructions per 8 elements in a loop of one register).
     lanes = lanes_of(f, params.lanes, shape[-1], registers=2)
     v = loop_vars(f)
-    most = params.elementwise_vectors if output else 1
+    most = params.elementwise_vectors if unrolled else 1
     chunk = math.gcd(shape[-1], *joins) if joins else 0
     if shape[-1] > UNROLLED_CHANNELS and chunk % lanes == 0 and chunk > 0:
         co, ci = hl.Var(v[0].name() + "_parts"), hl.Var(v[0].name() + "_part")
@@ -156,4 +156,4 @@ def vectorize_helper(v: Value, params: CpuParams, vectorized: set[str], partial:
         f.vectorize(loop_vars(f)[0], v.shape[-1])
         vectorized.add(f.name())
     else:
-        vectorize_inner(f, v.shape, params, vectorized, output=copy or v.unrollable, joins=v.joins)
+        vectorize_inner(f, v.shape, params, vectorized, unrolled=copy or v.unrollable, joins=v.joins)
