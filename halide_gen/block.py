@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -141,6 +142,9 @@ class BlockKernel:
     - scratch: materialised Funcs a GPU schedule (schedule/gpu.py) makes extra outputs of the AOT
       kernel, after the real ones: their memory is the caller's, allocated once, not a device
       allocation on every call.
+    - updates_in_place: (argument position, output index) of each DYNAMIC_UPDATE_SLICE whose output
+      may be written into its operand's memory (a KV cache the caller passes in and out as one
+      buffer): the kernel's in-place form then writes just the update (build_block's `in_place`).
     """
 
     name: str
@@ -162,6 +166,7 @@ class BlockKernel:
     # (op position, input index) -> what the lowering read of that constant while building the
     # kernel (lower.registry.OpContext.const): the part of the identity only lowering can know.
     bound: dict[tuple[int, int], str] = field(default_factory=dict)
+    updates_in_place: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def identity(self) -> str:
@@ -233,11 +238,12 @@ def _declare_dense(buffer, shape) -> None:
         stride *= int(extent)
 
 
-def build_block_for(spec, name: str, ops: Sequence[Operator], outputs: Sequence[Tensor]) -> BlockKernel:
+def build_block_for(spec, name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
+                    in_place: bool = False) -> BlockKernel:
     """build_block in the forms a target's kernels take (a halide_gen.targets.TargetSpec's
     lowering_options). Every lowering of a block for a target goes through here, so the kernel
     compiled and the interface checked against it are the same."""
-    return build_block(name, ops, outputs, spec.lowering_options())
+    return build_block(name, ops, outputs, spec.lowering_options(), in_place=in_place)
 
 
 def _check_addressable(ops: Sequence[Operator]) -> None:
@@ -280,10 +286,15 @@ def _arguments_of_periodic_functions(ops: Sequence[Operator]) -> set[int]:
 
 
 def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
-                options: LoweringOptions = LoweringOptions()) -> BlockKernel:
+                options: LoweringOptions = LoweringOptions(), in_place: bool = False) -> BlockKernel:
     """Lowers `ops` (in execution order) into one pipeline producing `outputs`, in the forms
     `options` names (halide_gen.lowering_options; the defaults: float32, ARM's integer forms, the
     reference int8 rounding, host code).
+
+    `in_place` builds the kernel's in-place form: each output in `updates_in_place` is written only
+    where its DYNAMIC_UPDATE_SLICE writes, the rest of its memory (the operand's, which the caller
+    passes as the same buffer) left as it is. Everything else, the arguments included, is as in
+    the plain form, so the two share one interface.
 
     Raises LoweringError when an op or option has no lowering; the block is then left to TFLite.
     """
@@ -314,7 +325,9 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
         return params[key]
 
     output_index = {id(t): k for k, t in enumerate(outputs)}
-    read_by_ops = {id(t) for op in ops for t in op.inputs if t is not None}
+    readers = Counter(id(t) for op in ops for t in op.inputs if t is not None)
+    read_by_ops = set(readers)
+    updates: dict[int, tuple[Value, list[hl.Expr]]] = {}  # output index -> what its in-place form writes
     exact = _arguments_of_periodic_functions(ops) if options.float_storage != hl.Float(32) else set()
     wrappers: dict[int, hl.Func] = {}  # output index -> its Func, made when an op's result is lowered
     for k, op in enumerate(ops):
@@ -324,6 +337,11 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
         results = lower(ctx)
         if len(results) != len(op.outputs):
             raise LoweringError(f"{op.name}: lowering made {len(results)} outputs, the op has {len(op.outputs)}")
+        if ctx.slice_update is not None and _updatable_in_place(op, output_index, readers, produced):
+            position = next(p for p, a in enumerate(kernel.arguments) if a.tensor is op.inputs[0] and a.pack is None)
+            kernel.updates_in_place.append((position, output_index[id(op.outputs[0])]))
+            if in_place:
+                updates[output_index[id(op.outputs[0])]] = ctx.slice_update
         for t, v in zip(op.outputs, results):
             if tuple(v.shape) != tuple(t.shape):
                 raise LoweringError(f"{op.name}: lowered shape {list(v.shape)} != {list(t.shape)}")
@@ -340,7 +358,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
                 # The buffer holds the tensor's channels and no more: not readable past the last
                 # one (Value.readable_channels), as the convolution's own result was.
                 index = output_index[id(t)]
-                wrappers[index] = _output_func(kernel, index, t, v)
+                wrappers[index] = _output_func(kernel, index, t, v, updates.get(index))
                 kernel.values[id(t)] = dataclasses.replace(v, func=wrappers[index], type=wrappers[index].type(),
                                                            readable_channels=0)
         kernel.op_values.append(results)
@@ -359,7 +377,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
     for k, t in enumerate(outputs):
         if id(t) not in produced or id(t) not in kernel.values:
             raise LoweringError(f"block output {t.name!r} is not computed by the block")
-        wrapper = wrappers.get(k) or _output_func(kernel, k, t, kernel.values[id(t)])
+        wrapper = wrappers.get(k) or _output_func(kernel, k, t, kernel.values[id(t)], updates.get(k))
         v = kernel.values[id(t)]
         # The joins too: the output's schedule cuts its channel loop where a concatenation's sources
         # meet (DenseNet's block outputs are concatenations: a gather from each source per vector).
@@ -388,17 +406,38 @@ def _joins_through(op: Operator, t: Tensor, values: dict[int, Value]) -> tuple[i
     return tuple(sorted(joins))
 
 
-def _output_func(kernel: BlockKernel, index: int, t: Tensor, v: Value) -> hl.Func:
+def _updatable_in_place(op: Operator, output_index: dict[int, int], readers: Counter, produced: set[int]) -> bool:
+    """True when a DYNAMIC_UPDATE_SLICE may write its update into its operand's memory: its
+    result is a block output of the operand's type and its operand a block input that no other op
+    of the block reads (the in-place form changes that memory while the kernel runs)."""
+    operand, result = op.inputs[0], op.outputs[0]
+    return (id(result) in output_index and id(operand) not in produced and not operand.is_constant
+            and operand.decoded_from is None and readers[id(operand)] == 1 and operand.type_name == result.type_name)
+
+
+def _output_func(kernel: BlockKernel, index: int, t: Tensor, v: Value,
+                 update: tuple[Value, list[hl.Expr]] | None = None) -> hl.Func:
     """The Func of block output `index` (tensor `t`): `v` cast to `t`'s type, bounded to its shape.
+    With `update` (a slice update's value and clamped starts), the in-place form: only the update
+    is written, at its starts, and the rest of the output's memory is left as the caller passed it
+    (Halide skips stores of undef; ops of the block that read the output read that memory).
 
     Each output gets its own Func named after the kernel: Halide names a multitarget library's
     entry point after the first output, and two outputs may share a Func. The build counter keeps
     the name unique in this process (Halide would append "$n" itself)."""
     wrapper = hl.Func(f"{kernel.name}_{next(_BUILDS)}" if index == 0 else f"{kernel.name}_out{index}")
     vars_ = [hl.Var(a.name()) for a in v.func.args()]
-    wrapper[vars_] = hl.cast(halide_type(t.type_name), v.func[vars_])
+    out_type = halide_type(t.type_name)
+    if update is None:
+        wrapper[vars_] = hl.cast(out_type, v.func[vars_])
+        kernel.copied_from[id(wrapper)] = v.func
+    else:
+        values, starts = update
+        r = hl.RDom([hl.Range(0, int(n)) for n in reversed(values.shape)])
+        at = [r[len(values.shape) - 1 - d] for d in range(len(values.shape))]  # TFLite order
+        wrapper[vars_] = hl.undef(out_type)
+        wrapper[[s + x for s, x in reversed(list(zip(starts, at)))]] = hl.cast(out_type, values.at(at))
     for var, extent in zip(vars_, reversed(v.shape)):
         wrapper.bound(var, 0, int(extent))
     _declare_dense(wrapper.output_buffer(), v.shape)
-    kernel.copied_from[id(wrapper)] = v.func
     return wrapper

@@ -40,8 +40,12 @@ class JitKernel:
         self.target = target or hl.get_jit_target_from_environment()
         self.pipeline.compile_jit(self.target)
 
-    def bind(self, inputs: Sequence[np.ndarray]) -> None:
-        """Binds one array per kernel argument (in `kernel.arguments` order) and allocates outputs."""
+    def bind(self, inputs: Sequence[np.ndarray], shared: Sequence[tuple[int, int]] = (),
+             fill: float | None = None) -> None:
+        """Binds one array per kernel argument (in `kernel.arguments` order) and allocates outputs.
+        `shared`: (argument, output) pairs whose output is the argument's own buffer, as a caller
+        passes a KV cache in and out (BlockKernel.updates_in_place); `fill`: the value the other
+        outputs start as (what a kernel leaves unwritten then shows)."""
         if len(inputs) != len(self.kernel.arguments):
             raise ValueError(f"{self.kernel.name}: {len(inputs)} inputs for {len(self.kernel.arguments)} arguments")
         self._inputs = []
@@ -50,6 +54,11 @@ class JitKernel:
             self._inputs.append(buf)  # the parameter does not keep the buffer alive
             arg.param.set(buf)
         self._outputs = [hl.Buffer(value.type, list(reversed(tensor.shape))) for tensor, value in self.kernel.outputs]
+        if fill is not None:
+            for buf in self._outputs:
+                np.asarray(buf)[...] = fill
+        for argument, output in shared:
+            self._outputs[output] = self._inputs[argument]
 
     def run(self) -> None:
         """Runs on the bound buffers (what a timing loop calls)."""

@@ -350,6 +350,7 @@ def lower_dynamic_update_slice(ctx: OpContext) -> list[Value]:
         written = update.at([hl.clamp(x - s, 0, n - 1) for x, s, n in zip(i, starts, update.shape)])
         return operand.at(list(i)) if inside is None else hl.select(inside, written, operand.at(list(i)))
 
+    ctx.slice_update = (update, starts)
     return [ctx.define(ctx.func_name(), shape, body)]
 
 

@@ -114,6 +114,9 @@ class OpContext:
     # The op's float results stay float32 under fp16 storage, computed in it: they reach a periodic
     # function's argument (halide_gen.block.PERIODIC), where their absolute error is the result's.
     float32_results: bool = False
+    # A DYNAMIC_UPDATE_SLICE's update and its clamped start per axis (TFLite order): where its
+    # output's memory is its operand's, the block writes just the update (halide_gen.block.in_place).
+    slice_update: tuple[Value, list[hl.Expr]] | None = None
 
     def value(self, i: int) -> Value:
         """Input `i` as a Value (a runtime tensor: data, weights, bias)."""

@@ -202,6 +202,13 @@ def _roots(kernel: BlockKernel, streamed: set[int]) -> list[Value]:
     return roots + [v for v in kernel.broadcast_sources() if not kernel.is_output(v.func) and id(v.func) not in streamed]
 
 
+def schedule_slice_update(f: hl.Func, params: CpuParams) -> None:
+    """An output of a kernel's in-place form (halide_gen.block.build_block): its update, a token's
+    keys or values at most a prompt's, written along its innermost axis in vectors on one thread;
+    the rest of the output is the caller's memory, not computed."""
+    f.update(0).vectorize(f.rvars(0)[0], params.lanes, hl.TailStrategy.GuardWithIf)
+
+
 def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
     """Applies the CPU templates in place; what no template covers is computed at the root
     (Many-to-Many results) or inlined, and vectorized along the innermost axis."""
@@ -247,6 +254,9 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
         if id(v.func) in tiled or not tensor.shape:
             continue
         f = v.func
+        if f.has_update_definition():  # an in-place form's slice update: the update alone is written
+            schedule_slice_update(f, params)
+            continue
         # A transposed output (a decoder's K^T beside its cache) in square tiles, not gathers.
         if not tile_transpose(v, params.lanes, vectorized):
             vectorize_inner(f, tensor.shape, params, vectorized, unrolled=True, joins=v.joins)
