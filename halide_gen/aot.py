@@ -65,6 +65,9 @@ class KernelArtifact:
     arguments: list[dict]  # per kernel argument: name, type, shape (TFLite order, packed), pack
     outputs: list[dict]
     scratch: list[dict] = field(default_factory=list)  # type, shape: extra outputs the caller allocates (GPU)
+    # (argument, output) pairs an in-place form may update in place (BlockKernel.updates_in_place)
+    updates_in_place: list[list[int]] = field(default_factory=list)
+    in_place: bool = False  # this is the in-place form
     extra: list[Path] = field(default_factory=list)  # .s / .stmt when asked for
     cached: bool = False
 
@@ -79,10 +82,12 @@ def kernel_name(identity: str) -> str:
     return f"dnnf_{identity[:20]}"
 
 
-def cache_key(identity: str, spec: TargetSpec, emit_asm: bool, schedule: str = "template") -> str:
-    """What a compiled kernel depends on: the block's identity, the target, the schedule source,
-    the generator and Halide."""
-    text = json.dumps([identity, spec.name, spec.halide, spec.int8_rounding, generator_digest(), emit_asm, schedule])
+def cache_key(identity: str, spec: TargetSpec, emit_asm: bool, schedule: str = "template",
+              in_place: bool = False) -> str:
+    """What a compiled kernel depends on: the block's identity, its form (plain or in place), the
+    target, the schedule source, the generator and Halide."""
+    text = json.dumps([identity, spec.name, spec.halide, spec.int8_rounding, generator_digest(), emit_asm, schedule]
+                      + (["in_place"] if in_place else []))
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
@@ -104,6 +109,7 @@ def compile_kernel(
     cache_dir: Path | None = None,
     emit_asm: bool = False,
     schedule: str = "template",
+    in_place: bool = False,
 ) -> KernelArtifact:
     """Compiles a block for `target`, or returns the cached kernel of the same identity (the block
     is lowered first: only its lowering knows which constants the kernel bakes in).
@@ -112,26 +118,30 @@ def compile_kernel(
     them (schedule.TEMPLATE_VARIANTS) or the name of one of Halide's autoschedulers
     (halide_gen.profile.choose_schedule says which is faster).
 
+    `in_place` compiles the block's in-place form (halide_gen.block.build_block): the same
+    interface, with the outputs of `updates_in_place` written only where the update lands.
+
     The cache entry (halide_gen.cache) is verified before use and rebuilt when damaged.
     """
     spec = target_spec(target)
     root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
     identity = build_block_for(spec, "identity", ops, outputs).identity
-    name = f"{spec.name}-{cache_key(identity, spec, emit_asm, schedule)}"
+    name = f"{spec.name}-{cache_key(identity, spec, emit_asm, schedule, in_place)}"
 
     def build(folder: Path) -> None:
-        _compile_into(folder, ops, outputs, identity, spec, emit_asm, schedule)
+        _compile_into(folder, ops, outputs, identity, spec, emit_asm, schedule, in_place)
 
     entry, cached = cached_entry(root, name, build)
     return _load(entry, cached, identity)
 
 
 def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tensor], identity: str,
-                  spec: TargetSpec, emit_asm: bool, schedule: str) -> None:
+                  spec: TargetSpec, emit_asm: bool, schedule: str, in_place: bool) -> None:
     """Lowers, schedules and compiles a block into `folder`: the static library, its header,
     kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files."""
     # Lowered again under the kernel's own name (Halide names the entry point after a Func).
-    kernel = build_block_for(spec, kernel_name(identity), ops, outputs)
+    name = kernel_name(identity) + ("_in_place" if in_place else "")
+    kernel = build_block_for(spec, name, ops, outputs, in_place=in_place)
     if kernel.identity != identity:
         raise RuntimeError(f"lowering {kernel.name} twice gave two identities: it depends on something it does not record")
     # Halide names a multitarget library's entry point after the first output Func, and may have
@@ -179,6 +189,8 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
                       for a in kernel.arguments],
         "outputs": [_describe(t) for t, _ in kernel.outputs],
         "scratch": [{"type": tflite_type_name(v.func.type()), "shape": list(v.shape)} for v in kernel.scratch],
+        "updates_in_place": [list(pair) for pair in kernel.updates_in_place],
+        "in_place": in_place,
         "extra": extra,
     }
     (folder / "kernel.json").write_text(json.dumps(meta, indent=1))
@@ -201,6 +213,8 @@ def _load(entry: Path, cached: bool, identity: str) -> KernelArtifact:
         arguments=meta["arguments"],
         outputs=meta["outputs"],
         scratch=meta["scratch"],
+        updates_in_place=meta["updates_in_place"],
+        in_place=meta["in_place"],
         extra=[entry / name for name in meta["extra"]],
         cached=cached,
     )

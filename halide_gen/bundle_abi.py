@@ -175,6 +175,11 @@ BLOCK_SPEC = Struct("BlockSpec", "One fused block and its kernel.", (
                               "(MediaPipe argmax indices)"),
     Field("first_scratch", "int32_t", "slice of Bundle::scratch: the kernel's arguments after its outputs"),
     Field("n_scratch", "int32_t"),
+    Field("in_place_kernel", "KernelEntry", "the kernel's in-place form (nullptr: none), run instead where every "
+                                            "pair of in_place shares its memory: it writes only the updates"),
+    Field("first_in_place", "int32_t", "slice of GraphSpec::in_place, in pairs: an argument's position among "
+                                       "the block's, then the output's it updates (a KV cache passed in and out)"),
+    Field("n_in_place", "int32_t", "pairs"),
 ))
 
 GRAPH_SPEC = Struct("GraphSpec", "One fused subgraph's table: the blocks the delegate may claim in it.", (
@@ -193,6 +198,7 @@ GRAPH_SPEC = Struct("GraphSpec", "One fused subgraph's table: the blocks the del
     Field("n_blocks", "int32_t"),
     Field("scratch", "const ScratchSpec*", "GPU kernels' scratch buffers (BlockSpec::first_scratch)"),
     Field("index_bounds", "const int32_t*", "ArgSpec::first_index_bound"),
+    Field("in_place", "const int32_t*", "BlockSpec::first_in_place"),
 ))
 
 BUNDLE = Struct("Bundle", "The whole table of one delegate library.", (

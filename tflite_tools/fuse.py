@@ -43,7 +43,7 @@ import halide as hl
 from fusion.pipeline import plan_model
 from fusion.report import PlanSummary, to_dot
 from fusion.rewrite.fold import restore_decoded
-from halide_gen.aot import compile_kernel, error_line
+from halide_gen.aot import KernelArtifact, compile_kernel, error_line
 from halide_gen.block import build_block_for
 from halide_gen.bundle import (JNI_LIBRARY, BundleBlock, BundleGraph, BundleInfo, bound_constants,
                                build_cmake_project, bundle_source, claim_groups, dynamic_model, indistinguishable,
@@ -408,6 +408,7 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
             artifact = compile_kernel(ops, block.outputs, job.spec.name, job.cache_dir,
                                       emit_asm=job.emit_asm, schedule=record.schedule)
             _check_interface(artifact, lowered)
+            in_place = _in_place_form(job, ops, block, record.schedule, artifact)
         except LoweringError as exc:
             record.skipped = f"no lowering: {exc}"
             continue
@@ -425,7 +426,7 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
         else:
             record.profitable = job.spec.claims_unmeasured(ops)
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable,
-                                  bound=lowered.bound))
+                                  bound=lowered.bound, in_place=in_place))
     for name, why in claim_groups(sg.operators, blocks).items():
         record = next(r for r in records if r.block == name)
         record.kernel, record.profitable, record.skipped = None, False, why
@@ -433,6 +434,21 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
     if timings is not None:
         timings.save()
     return records, blocks
+
+
+def _in_place_form(job: _Job, ops, block, schedule: str, artifact: KernelArtifact) -> KernelArtifact | None:
+    """The in-place form of a block that updates a KV cache (halide_gen.block.build_block), for a CPU
+    target: the delegate runs it where the caller passes the cache in and out as one buffer. GPU
+    kernels write device buffers copied back whole, so they have none."""
+    if not artifact.updates_in_place or job.spec.gpu_api is not None:
+        return None
+    try:
+        return compile_kernel(ops, block.outputs, job.spec.name, job.cache_dir, emit_asm=job.emit_asm,
+                              schedule=schedule, in_place=True)
+    except (LoweringError, *BUILD_FAILURES) as exc:
+        # The plain kernel still serves: it is correct on a shared buffer too, only slower.
+        warnings.warn(f"{block.name}: no in-place form ({error_line(exc)})", BlockWarning, stacklevel=2)
+        return None
 
 
 class BlockWarning(UserWarning):
@@ -490,7 +506,7 @@ def _package(job: _Job, model: Model, fingerprint: str, graphs: list[_Graph],
         link_delegate(bundle_source(info), blocks, job.spec.name, library, job.cache_dir, job.debug_runtime)
     save(model, folder / "model.fused.tflite")
     for block in blocks:
-        for path in block.artifact.extra:
+        for path in (path for kernel in block.kernels() for path in kernel.extra):
             (folder / "asm" / block.name).mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, folder / "asm" / block.name / path.name)
     claims = _DefaultClaims(info.default_claim, info.default_claim_threaded)

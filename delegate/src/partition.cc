@@ -326,6 +326,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
   const ReadOnlyFileMappings mappings;  // where the weights lie: packed, their pages are handed back
   for (Step& step : steps_) {
     const BlockSpec& block = graph.blocks[step.block];
+    std::vector<const Buffer*> bound;  // the kernel's arguments, then its outputs
     for (int k = 0; k < block.n_args; ++k) {
       const ArgSpec& arg = graph.args[block.first_arg + k];
       const Role role = arg.source == ArgSource::kConstant  ? Role::kConstant
@@ -337,6 +338,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
                             mappings, &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
+      bound.push_back(b);
       if (arg.n_index_bounds > 0) {
         step.index_checks.push_back({b, graph.index_bounds + arg.first_index_bound, arg.n_index_bounds, arg.index_op});
       }
@@ -349,7 +351,18 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
                             &error);
       if (b == nullptr) return Fail(context, std::string("block ") + block.name + ": " + error);
       step.argv.push_back(&b->raw);
+      bound.push_back(b);
       if (role == Role::kOutput) step.to_host.push_back(b);
+    }
+    for (int k = 0; block.in_place_kernel != nullptr && k < block.n_in_place; ++k) {
+      const int32_t* pair = graph.in_place + block.first_in_place + 2 * k;
+      const Buffer* in = bound[pair[0]];
+      const Buffer* out = bound[block.n_args + pair[1]];
+      if (in->role != Role::kInput || out->role != Role::kOutput) {
+        step.in_place.clear();
+        break;
+      }
+      step.in_place.push_back({in, out});
     }
     for (int k = 0; k < block.n_scratch; ++k) {
       Buffer* b = ScratchBuffer(graph.scratch[block.first_scratch + k], &error);
@@ -458,6 +471,13 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
   return kTfLiteOk;
 }
 
+bool Partition::SharesMemory(const std::vector<std::pair<const Buffer*, const Buffer*>>& pairs) {
+  for (const auto& pair : pairs) {
+    if (pair.first->raw.host != pair.second->raw.host) return false;  // an aligned output's shadow differs too
+  }
+  return !pairs.empty();
+}
+
 TfLiteStatus Partition::Invoke(TfLiteContext* context) {
   if (falling_back_) return fallback_.Invoke(context);
   if (!decoded_) {  // the weights, decoded once into persistent memory
@@ -517,7 +537,7 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
     ClearHalideError();
     const bool timed = !state_.options.profile.empty();
     const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    int err = block.kernel(step.argv.data());
+    int err = (SharesMemory(step.in_place) ? block.in_place_kernel : block.kernel)(step.argv.data());
     for (Buffer* b : step.to_host) {
       if (err == 0) err = halide_copy_to_host(nullptr, &b->raw);  // no-op unless a GPU wrote it
       if (err == 0 && b->copy_to != nullptr) std::memcpy(b->copy_to, b->raw.host, b->raw.size_in_bytes());

@@ -20,6 +20,7 @@
 #include <map>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "HalideRuntime.h"
@@ -90,10 +91,16 @@ class Partition {
     std::vector<void*> argv;       // halide_buffer_t*: the kernel's arguments, then its outputs
     std::vector<Buffer*> to_host;  // outputs the partition hands back to TFLite
     std::vector<IndexCheck> index_checks;
+    // The block's in-place form runs where each pair's input and output share memory (a KV cache
+    // the caller passes in and out as one buffer): empty when the block has none, or when a pair
+    // is a tensor internal to the partition (memory of ours, never shared).
+    std::vector<std::pair<const Buffer*, const Buffer*>> in_place;
   };
 
   TfLiteStatus Fail(TfLiteContext* context, const std::string& message);
   TfLiteStatus Build(TfLiteContext* context);
+  // True when every pair shares its memory (and there is one): the block's in-place form may run.
+  static bool SharesMemory(const std::vector<std::pair<const Buffer*, const Buffer*>>& pairs);
   // "" when every tensor has the shape the kernels were built for; else which one differs.
   std::string ShapeChange(TfLiteContext* context) const;
   // A graph of the bundle for this subgraph (a `fuse --shape` variant, or the model's own shapes

@@ -53,6 +53,12 @@ static int AddKernel(void** args, float k) {
 static int Add1(void** args) { return AddKernel(args, 1.0f); }
 static int Add10(void** args) { return AddKernel(args, 10.0f); }
 static int Add100(void** args) { return AddKernel(args, 100.0f); }
+// The third block's in-place form: the same sum (on one buffer, element by element), counted.
+static int g_in_place_runs = 0;
+static int Add100InPlace(void** args) {
+  ++g_in_place_runs;
+  return AddKernel(args, 100.0f);
+}
 
 namespace dnnfusion {
 namespace {
@@ -66,11 +72,12 @@ const ArgSpec kArgs[] = {{0, ArgSource::kComputed, -1, Pack::kNone, 0, 2, {1, 4}
                          {1, ArgSource::kComputed, -1, Pack::kNone, 0, 2, {1, 4}},
                          {2, ArgSource::kComputed, -1, Pack::kNone, 0, 2, {1, 4}}};
 const int32_t kOutputs[] = {1, 2, 3};
+const int32_t kInPlace[] = {0, 0};  // the third block's argument 0 may share output 0's memory
 const BlockSpec kBlocks[] = {{"first", "s0", Add1, 1, 0, 1, 0, 1, 0, 1},
                              {"second", "s1", Add10, 1, 1, 1, 1, 1, 1, 1},
-                             {"third", "s2", Add100, 0, 2, 1, 2, 1, 2, 1}};
+                             {"third", "s2", Add100, 0, 2, 1, 2, 1, 2, 1, 0, 0, 0, Add100InPlace, 0, 1}};
 const GraphSpec kGraphs[] = {{0, "main", 4, 3, kCodes, kTensorSpecs, 4, kNodes, kNodeTensors, kArgs, kOutputs,
-                               kBlocks, 3}};
+                               kBlocks, 3, nullptr, nullptr, kInPlace}};
 }  // namespace
 
 const Bundle& bundle() {
@@ -332,6 +339,42 @@ int main() {
     SetUp(h2);
     d = Create({{"claim", "all"}, {"blocks", "third,first"}, {"log_level", "silent"}});
     CHECK(d->Prepare(&h2.context, d) == kTfLiteOk && (h2.replaced == std::vector<int>{0, 2}));
+    tflite_plugin_destroy_delegate(d);
+  }
+
+  // A block's in-place form runs where its pair shares memory, bound anew at every invoke; the
+  // plain kernel where it does not, and where the input is internal to the partition.
+  {
+    Host h;
+    SetUp(h);
+    TfLiteDelegate* d = Create({{"claim", "all"}, {"blocks", "third"}, {"log_level", "silent"}});
+    CHECK(d->Prepare(&h.context, d) == kTfLiteOk && (h.replaced == std::vector<int>{2}));
+    h.tensors[2].data.raw = reinterpret_cast<char*>(h.data[2]);  // a partition input now
+    TfLiteDelegateParams params{d, IntArray({2}), IntArray({2}), IntArray({3})};
+    TfLiteNode node{};
+    node.user_data = h.kernel.init(&h.context, reinterpret_cast<const char*>(&params), 0);
+    CHECK(h.kernel.prepare(&h.context, &node) == kTfLiteOk);
+    g_in_place_runs = 0;
+    CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteOk);
+    CHECK(g_in_place_runs == 0 && h.data[3][0] == 100.0f);
+    h.tensors[3].data.raw = h.tensors[2].data.raw;  // the caller passes one buffer in and out
+    CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteOk);
+    CHECK(g_in_place_runs == 1 && h.data[2][0] == 100.0f);
+    h.tensors[3].data.raw = reinterpret_cast<char*>(h.data[3]);
+    CHECK(h.kernel.invoke(&h.context, &node) == kTfLiteOk);
+    CHECK(g_in_place_runs == 1 && h.data[3][0] == 200.0f);
+    h.kernel.free(&h.context, node.user_data);
+    tflite_plugin_destroy_delegate(d);
+    Host h2;
+    SetUp(h2);
+    d = Create({{"claim", "all"}, {"log_level", "silent"}});
+    CHECK(d->Prepare(&h2.context, d) == kTfLiteOk && (h2.replaced == std::vector<int>{0, 1, 2}));
+    TfLiteDelegateParams all{d, IntArray({0, 1, 2}), IntArray({0}), IntArray({3})};
+    TfLiteNode whole{};
+    whole.user_data = h2.kernel.init(&h2.context, reinterpret_cast<const char*>(&all), 0);
+    CHECK(h2.kernel.prepare(&h2.context, &whole) == kTfLiteOk);
+    CHECK(h2.kernel.invoke(&h2.context, &whole) == kTfLiteOk && g_in_place_runs == 1);
+    h2.kernel.free(&h2.context, whole.user_data);
     tflite_plugin_destroy_delegate(d);
   }
 

@@ -118,6 +118,9 @@ struct BlockSpec {
   int32_t group;  // nonzero: claimed with the other blocks of its group or not at all (MediaPipe argmax indices)
   int32_t first_scratch;  // slice of Bundle::scratch: the kernel's arguments after its outputs
   int32_t n_scratch;
+  KernelEntry in_place_kernel;  // the kernel's in-place form (nullptr: none), run instead where every pair of in_place shares its memory: it writes only the updates
+  int32_t first_in_place;  // slice of GraphSpec::in_place, in pairs: an argument's position among the block's, then the output's it updates (a KV cache passed in and out)
+  int32_t n_in_place;  // pairs
 };
 
 // One fused subgraph's table: the blocks the delegate may claim in it.
@@ -137,6 +140,7 @@ struct GraphSpec {
   int32_t n_blocks;
   const ScratchSpec* scratch;  // GPU kernels' scratch buffers (BlockSpec::first_scratch)
   const int32_t* index_bounds;  // ArgSpec::first_index_bound
+  const int32_t* in_place;  // BlockSpec::first_in_place
 };
 
 // The whole table of one delegate library.
