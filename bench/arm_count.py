@@ -2,7 +2,8 @@
 counted under qemu.
 
     python bench/arm_count.py MODEL [MODEL ...] [--cpu cortex-a76 [cortex-a53]] [--delegate LIB --fused MODEL]
-                              [--precision fp16] [--blocks] [--hot N] [--invokes 5] [--no-cycles] [--json]
+                              [--precision fp16] [--signature NAME] [--blocks] [--hot N] [--invokes 5]
+                              [--no-cycles] [--json]
 
 There is no ARM hardware here, and timings on this shared x86 machine move with its load. What does
 not move: the instructions an aarch64 CPU executes for one invoke. QEMU's user-mode emulator runs an
@@ -89,6 +90,7 @@ class Case:
     # XNNPACK's flags, where the case runs through LiteRT's CompiledModel with them (None: the
     # Interpreter with XNNPACK's defaults).
     xnnpack_flags: int | None = None
+    signature: str | None = None  # the signature invoked (None: the entry subgraph)
 
 
 def build_counter(cache_dir: Path) -> Path:
@@ -112,14 +114,23 @@ def rootfs(cache_dir: Path, cpu: str) -> Path:
     return core_view(prepare(cache_dir), cpu)
 
 
-def write_inputs(model: Path, path: Path, seed: int) -> Path:
+def write_inputs(model: Path, path: Path, seed: int, signature: str | None = None) -> Path:
     """The case's inputs as the host's tools make them (tflite_tools.runtime.random_inputs: integer
-    inputs under the tables they index), saved for the guest, which has numpy and LiteRT only."""
+    inputs under the tables they index), saved for the guest, which has numpy and LiteRT only. A
+    signature's, by name: floats normal, integers 0 (a decoder's first token at position 0; its
+    attention reads the whole cache under a mask at any position, so the work is the same)."""
     import numpy as np
 
     from tflite_tools.runtime import make_interpreter, random_inputs
 
-    np.savez(path, *random_inputs(make_interpreter(model), seed))
+    interp = make_interpreter(model)
+    if signature is None:
+        np.savez(path, *random_inputs(interp, seed))
+        return path
+    rng = np.random.default_rng(seed)
+    details = interp.get_signature_runner(signature).get_input_details()
+    np.savez(path, **{name: rng.standard_normal(d["shape"]).astype(d["dtype"]) if np.dtype(d["dtype"]).kind == "f"
+                      else np.zeros(d["shape"], d["dtype"]) for name, d in details.items()})
     return path
 
 
@@ -136,8 +147,8 @@ def count(cases: list[Case], cpu: str = "cortex-a76", invokes: int = 5, warmup: 
         job, marks, blocks = Path(tmp) / "job.json", Path(tmp) / "marks.txt", Path(tmp) / "blocks.txt"
         job.write_text(json.dumps({"warmup": warmup, "invokes": invokes, "threads": 1, "cases": [
             {"model": str(c.model.resolve()), "delegate": str(c.delegate.resolve()) if c.delegate else None,
-             "options": c.options, "xnnpack_flags": c.xnnpack_flags,
-             "inputs": str(write_inputs(c.model, Path(tmp) / f"inputs-{i}.npz", seed=i))}
+             "options": c.options, "xnnpack_flags": c.xnnpack_flags, "signature": c.signature,
+             "inputs": str(write_inputs(c.model, Path(tmp) / f"inputs-{i}.npz", seed=i, signature=c.signature))}
             for i, c in enumerate(cases)]}))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
         env.update(ARM_COUNT_OUT=str(marks), PYTHONHASHSEED="0")
@@ -184,33 +195,37 @@ def target_for(cpu: str, precision: str) -> str:
     return with_cpu_precision(TARGETS[cpu], precision)
 
 
-def xnnpack_case(name: str, model: Path, precision: str) -> Case:
+def xnnpack_case(name: str, model: Path, precision: str, signature: str | None = None) -> Case:
     """LiteRT + XNNPACK alone on `model`, in `precision` (fp16: its FORCE_FP16 flag)."""
-    return Case(name, model, xnnpack_flags=XNNPACK_FP16_FLAGS if precision == "fp16" else None)
+    return Case(name, model, xnnpack_flags=XNNPACK_FP16_FLAGS if precision == "fp16" else None, signature=signature)
 
 
-def claimed_nodes(report: Path) -> int:
-    """How many nodes the delegate claimed, from its report option's file."""
+def claimed_nodes(report: Path, signature: str | None = None) -> int:
+    """How many nodes the delegate claimed (in the entry subgraph, or `signature`'s), from its
+    report option's file."""
     from tflite_tools.run import read_claims
 
     claims = read_claims(report)
+    if claims and signature:
+        claims = claims["subgraphs"].get(signature)
     return len(claims.get("claimed_nodes") or []) if claims else 0
 
 
 def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None, cycles: bool = True,
-                 hot: int = 0, precision: str = "fp32") -> dict:
-    """XNNPACK alone against our delegate (claim all, and the default policy) on one model, both in
-    `precision`."""
+                 hot: int = 0, precision: str = "fp32", signature: str | None = None) -> dict:
+    """XNNPACK alone against our delegate (claim all, and the default policy) on one model (one of
+    its signatures, where named), both in `precision`."""
     work.mkdir(parents=True, exist_ok=True)
     fused = fused or fuse_for_arm(model, work / "out", cpu, precision)
     reports = {policy: work / f"claims-{policy}.json" for policy in ("all", "profitable")}
-    cases = [xnnpack_case("xnnpack", model, precision)]
+    cases = [xnnpack_case("xnnpack", model, precision, signature)]
     cases += [Case(f"dnnfusion-{policy}", fused.model, fused.library,
-                   {"claim": policy, "num_threads": "1", "report": str(reports[policy])}) for policy in reports]
+                   {"claim": policy, "num_threads": "1", "report": str(reports[policy])}, signature=signature)
+              for policy in reports]
     counts = count(cases, cpu, invokes, cycles=cycles, hot=hot)
-    row = {"model": model.stem, "cpu": cpu, "precision": precision, **{name: asdict(c) for name, c in counts.items()}}
+    row = {"model": f"{model.stem} {signature}" if signature else model.stem, "cpu": cpu, "precision": precision, **{name: asdict(c) for name, c in counts.items()}}
     for policy, report in reports.items():
-        row[f"dnnfusion-{policy}"]["claimed_nodes"] = claimed_nodes(report)
+        row[f"dnnfusion-{policy}"]["claimed_nodes"] = claimed_nodes(report, signature)
     return row
 
 
@@ -335,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fused", type=Path, help="the fused model that goes with --delegate")
     parser.add_argument("--precision", choices=PRECISIONS, default="fp32",
                         help="fp16: XNNPACK with FORCE_FP16 against the arm64-linux-fp16 build (big core only)")
+    parser.add_argument("--signature", help="invoke this signature (a decoder's decode: a token's count); "
+                        "integer inputs 0, floats normal")
     parser.add_argument("--blocks", action="store_true", help="also count every block cut out on its own")
     parser.add_argument("--invokes", type=int, default=5, help="invokes counted per case, after 2 to warm up")
     parser.add_argument("--no-cycles", action="store_true", help="instructions and memory accesses only")
@@ -344,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if bool(args.delegate) != bool(args.fused) or (args.delegate and (len(args.models) != 1 or len(args.cpu) != 1)):
         parser.error("--delegate and --fused go together, with one model and one --cpu")
+    if args.signature and args.blocks:
+        parser.error("--blocks cuts blocks out of the entry subgraph: not with --signature")
     for cpu in args.cpu:
         try:
             target_for(cpu, args.precision)
@@ -358,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 if args.delegate:
                     fused = argparse.Namespace(model=args.fused, library=args.delegate)
                 rows.append(model_counts(model, cpu, Path(tmp), args.invokes, fused, not args.no_cycles,
-                                         0 if args.no_cycles else args.hot, args.precision))
+                                         0 if args.no_cycles else args.hot, args.precision, args.signature))
                 if args.blocks:
                     blocks[f"{model.stem} on {cpu}"] = block_counts(model, cpu, Path(tmp), args.invokes,
                                                                     not args.no_cycles, args.precision)

@@ -51,3 +51,20 @@ def test_half_precision_counts_xnnpack_with_fp16_forced_against_the_fp16_build(a
     assert row["xnnpack"]["insns"] < 0.9 * fp32.insns, (row["xnnpack"], fp32)
     assert row["dnnfusion-all"]["claimed_nodes"] == 18
     assert "| unet_tiny | cortex-a76 | fp16 |" in arm_count.format_models([row])
+
+
+def test_a_signature_is_counted_per_invoke_of_that_signature(arm64_root, tmp_path):
+    # --signature: a decoder's prefill of eight tokens and its decode of one, each its own
+    # subgraph; the claims counted are that signature's (every node of it under claim:all).
+    import tflite_tools
+
+    model = MODELS / "tiny_gemma_decoder.tflite"
+    nodes = {s.key: len(tflite_tools.load(model).subgraphs[s.subgraph_index].operators)
+             for s in tflite_tools.load(model).signatures}
+    rows = {name: arm_count.model_counts(model, "cortex-a76", tmp_path / name, invokes=1, cycles=False,
+                                         signature=name) for name in ("decode", "prefill_8")}
+    for name, row in rows.items():
+        assert row["dnnfusion-all"]["claimed_nodes"] == nodes[name], (name, nodes)
+    for case in ("xnnpack", "dnnfusion-all"):
+        assert rows["prefill_8"][case]["insns"] > rows["decode"][case]["insns"] > 0, case  # 8 tokens, and 1
+    assert "| tiny_gemma_decoder decode | cortex-a76 |" in arm_count.format_models([rows["decode"]])

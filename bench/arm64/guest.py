@@ -6,7 +6,8 @@ K invokes. Needs only numpy and LiteRT.
     python guest.py JOB.json
     JOB.json: {"warmup": 2, "invokes": 5, "threads": 1,
                "cases": [{"model": "m.tflite", "delegate": "lib.so" | null, "options": {...},
-                          "xnnpack_flags": null | int, "inputs": "inputs.npz"}, ...]}
+                          "xnnpack_flags": null | int, "signature": null | "decode",
+                          "inputs": "inputs.npz"}, ...]}
 
 A case with XNNPACK flags runs through LiteRT's CompiledModel (its CPU options carry them), the
 others through the Interpreter.
@@ -45,17 +46,23 @@ def fill_inputs(interpreter, path: str) -> None:
 
 
 def interpreter_invoke(case: dict, threads: int):
-    """The case's model in the Interpreter (with its delegate), inputs set: its invoke."""
+    """The case's model in the Interpreter (with its delegate), inputs set: its invoke (of the
+    case's signature where it names one: its inputs by name, set once, its outputs not copied out)."""
     delegates = [load_delegate(case["delegate"], case.get("options", {}))] if case.get("delegate") else []
     interpreter = Interpreter(case["model"], experimental_delegates=delegates, num_threads=threads)
+    if case.get("signature"):
+        runner = interpreter.get_signature_runner(case["signature"])
+        with np.load(case["inputs"]) as arrays:
+            runner(**{name: arrays[name] for name in arrays.files})
+        return lambda: interpreter._interpreter.Invoke(runner._subgraph_index)
     interpreter.allocate_tensors()
     fill_inputs(interpreter, case["inputs"])
     return interpreter.invoke
 
 
 def compiled_model_invoke(case: dict, threads: int):
-    """The case's model in LiteRT's CompiledModel on the CPU with XNNPACK's flags, its first
-    signature's inputs set (matched to the input order by tensor name): its run."""
+    """The case's model in LiteRT's CompiledModel on the CPU with XNNPACK's flags, its signature's
+    (or its first signature's, matched to the input order by tensor name) inputs set: its run."""
     from ai_edge_litert.compiled_model import CompiledModel
     from ai_edge_litert.hardware_accelerator import HardwareAccelerator
     from ai_edge_litert.options import CpuOptions, Options
@@ -63,14 +70,17 @@ def compiled_model_invoke(case: dict, threads: int):
     options = Options(hardware_accelerators=HardwareAccelerator.CPU,
                       cpu_options=CpuOptions(num_threads=threads, xnnpack_flags=case["xnnpack_flags"]))
     model = CompiledModel.from_file(case["model"], options=options)
-    signature, names = next(iter(model.get_signature_list().items()))
+    signatures = model.get_signature_list()
+    signature = case.get("signature") or next(iter(signatures))
+    names = signatures[signature]
     order = [d["name"] for d in Interpreter(case["model"]).get_input_details()]
     with np.load(case["inputs"]) as arrays:
-        by_tensor = {name: arrays[key] for name, key in zip(order, arrays.files)}
+        by_name = {key: arrays[key] for key in arrays.files} if case.get("signature") else \
+            {name: arrays[key] for name, key in zip(order, arrays.files)}
     inputs = {}
     for key, detail in model.get_input_tensor_details(signature).items():
         inputs[key] = model.create_input_buffer_by_name(signature, key)
-        inputs[key].write(by_tensor[detail["name"]])
+        inputs[key].write(by_name[key if case.get("signature") else detail["name"]])
     outputs = {key: model.create_output_buffer_by_name(signature, key) for key in names["outputs"]}
     return lambda: model.run_by_name(signature, inputs, outputs)
 
