@@ -143,3 +143,17 @@ def test_a_cache_read_by_another_op_of_its_block_is_not_updated_in_place():
     b.output(b.op("DYNAMIC_UPDATE_SLICE", [cache, token, start], [1, 6, 4]), b.op("NEG", [cache], [1, 6, 4]))
     sg = b.build().main
     assert build_block("b", sg.operators, sg.outputs).updates_in_place == []
+
+
+def test_the_bench_times_each_cache_updating_block_in_both_forms(tmp_path):
+    # bench/cache_updates.py: a row per block identity that updates a cache, and their total.
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "cache_updates.py"), str(MODELS / "kv_cache_decoder.tflite"),
+                          "--rounds", "1"], capture_output=True, text=True, check=True, timeout=600).stdout
+    rows = [line for line in out.splitlines() if line.startswith("| ")][1:]  # after the header
+    assert len(rows) >= 2 and rows[-1].startswith("| total |"), out
+    assert "DYNAMIC_UPDATE_SLICE" in rows[0], out
