@@ -66,6 +66,9 @@ class Value:
     # A TRANSPOSE's result: output axis k reads input axis perm[k] (a schedule tiles transposes that
     # move the innermost axis). () for anything else.
     perm: tuple[int, ...] = ()
+    # Of a TRANSPOSE's result: the input as a Func of its own (inlined unless scheduled), which a
+    # schedule stages a tile of, loaded along the input's own innermost axis (tile_transpose).
+    tile_source: hl.Func | None = None
     # The most |element| can be, where the op that made it says (a sigmoid's 1); None: unknown. A
     # product with such a factor of at most 1 cannot overflow, so it needs no saturating clamp.
     magnitude: float | None = None

@@ -70,14 +70,16 @@ def lower_transpose(ctx: OpContext) -> list[Value]:
     """out[i0..ik] = in[j] with j[perm[a]] = i[a]."""
     x = ctx.value(0)
     perm = [int(p) % x.rank for p in ctx.const(1)]
+    tile = ctx.define(ctx.func_name("tile"), x.shape, lambda *i: x.at(list(i)))
 
     def body(*i):
         src: list[hl.Expr] = [hl.Expr(0)] * x.rank
         for a, p in enumerate(perm):
             src[p] = i[a]
-        return x.at(src)
+        return tile.at(src)
 
-    return [dataclasses.replace(ctx.define(ctx.func_name(), ctx.out_shape(), body), perm=tuple(perm))]
+    return [dataclasses.replace(ctx.define(ctx.func_name(), ctx.out_shape(), body), perm=tuple(perm),
+                                tile_source=tile.func)]
 
 
 def _joined(ctx: OpContext) -> tuple[tuple[int, ...], int, list[Value]]:

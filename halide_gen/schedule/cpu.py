@@ -258,6 +258,6 @@ def schedule_cpu(kernel: BlockKernel, params: CpuParams = X86) -> None:
             schedule_slice_update(f, params)
             continue
         # A transposed output (a decoder's K^T beside its cache) in square tiles, not gathers.
-        if not tile_transpose(v, params.lanes, vectorized):
+        if not tile_transpose(v, params, vectorized):
             vectorize_inner(f, tensor.shape, params, vectorized, unrolled=True, joins=v.joins)
         split_rows(f, tensor.shape, params, light=light)

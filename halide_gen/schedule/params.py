@@ -81,6 +81,10 @@ class CpuParams:
     # a stage at a time, in an attention core's kernel; larger ones a tile of query rows at a time
     # (attention.schedule_attention), whose tiles read the keys and values again.
     attention_whole_bytes: int = 0
+    # A transposed tile (schedule.vectors.tile_transpose) staged: its input rows loaded a vector each,
+    # then transposed in registers. On NEON 25 instructions a 4 x 4 tile where lane loads took 34; on
+    # x86 LLVM's own shuffles of the unrolled reads are faster (bench/RESULTS.md, "Decoder corpus").
+    stage_transpose_tiles: bool = False
 
 
 # AVX-512 (16 lanes, 32 registers): 32 x 7 conv tiles (7 divides MobileNet's rows) and 32 x 14 on rows
@@ -102,7 +106,8 @@ X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pi
 # cycles, 0.97x whole.
 NEON = CpuParams(lanes=4, conv_channels=16, conv_pixels=6, dw_channels=8, dw_pixels=4, mm_channels=16, mm_rows=6,
                  registers=32, reduce_unroll=4, reduce_unroll_least=2, reduce_groups_unrolled=2,
-                 elementwise_vectors=4, dot_groups=4, narrow_dw_tile=(16, 4), attention_whole_bytes=1 << 20)
+                 elementwise_vectors=4, dot_groups=4, narrow_dw_tile=(16, 4), attention_whole_bytes=1 << 20,
+                 stage_transpose_tiles=True)
 
 # NEON computing in half precision (`-fp16` targets): 8 lanes a register, so each tile's channels
 # double and its accumulators stay as many registers; 8 reduction steps per input load, a whole

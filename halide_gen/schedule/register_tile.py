@@ -395,7 +395,7 @@ def materialize_prologue(kernel: BlockKernel, acc: Accumulator, params: CpuParam
         if producer is None or op_mapping(producer) == MtM:
             continue
         v.func.compute_root()
-        if not tile_transpose(v, params.lanes, vectorized):
+        if not tile_transpose(v, params, vectorized):
             vectorize_inner(v.func, v.shape, params, vectorized, unrolled=True, joins=v.joins)
         if producer.name == "CONCATENATION" and _pointwise(acc, t):
             per_tile.append(v)

@@ -121,17 +121,18 @@ def _vector_steps(f: hl.Func, axis: hl.Var, extent: int, lanes: int, most: int) 
         f.split(axis, co, ci, step * lanes, hl.TailStrategy.GuardWithIf).vectorize(ci, lanes).unroll(ci)
 
 
-def tile_transpose(value: Value, lanes: int, done: set[str]) -> bool:
+def tile_transpose(value: Value, params: CpuParams, done: set[str]) -> bool:
     """Schedules a materialised TRANSPOSE that moves the innermost axis in square tiles of `lanes`:
     each output vector then comes from `lanes` unrolled reads along the input's own innermost axis,
     which LLVM turns into vector loads and shuffles, instead of one gather of `lanes` elements
-    (an attention's K^T; a decoder's transposed key cache). False
+    (an attention's K^T; a decoder's transposed key cache); where `params` stage tiles, from a tile
+    of the input loaded a row a vector, transposed in registers. False
     (nothing scheduled) for any other op, a transpose that keeps the innermost axis, or one
     scheduled already (`done`, as vectorize_inner takes it: a second split of an axis is an error,
     and two reductions of a block may read one transpose)."""
     if not value.perm or value.func.name() in done:
         return False
-    f, shape, rank = value.func, value.shape, value.rank
+    f, shape, rank, lanes = value.func, value.shape, value.rank, params.lanes
     source_axis = value.perm.index(rank - 1)  # the output axis that walks the input's innermost one
     if source_axis == rank - 1 or shape[-1] < lanes or shape[source_axis] < lanes:
         return False
@@ -142,6 +143,12 @@ def tile_transpose(value: Value, lanes: int, done: set[str]) -> bool:
     # The tile loops keep the axes' names, so a later parallel() over the row axis (split_rows)
     # finds it: a decoder's [1, 1, 256, 512] key cache is split among threads by its tiles of rows.
     f.tile(c, x, c, x, ci, xi, lanes, lanes, hl.TailStrategy.GuardWithIf).vectorize(ci).unroll(xi)
+    if params.stage_transpose_tiles and value.tile_source is not None:
+        # The tile's input rows loaded a vector each and transposed in registers: shuffles, not
+        # a lane load per element.
+        s = loop_vars(value.tile_source)
+        value.tile_source.compute_at(f, c).vectorize(s[0], lanes, hl.TailStrategy.GuardWithIf) \
+            .unroll(s[rank - 1 - value.perm[rank - 1]])
     return True
 
 
