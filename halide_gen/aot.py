@@ -67,7 +67,6 @@ class KernelArtifact:
     scratch: list[dict] = field(default_factory=list)  # type, shape: extra outputs the caller allocates (GPU)
     # (argument, output) pairs an in-place form may update in place (BlockKernel.updates_in_place)
     updates_in_place: list[list[int]] = field(default_factory=list)
-    in_place: bool = False  # this is the in-place form
     extra: list[Path] = field(default_factory=list)  # .s / .stmt when asked for
     cached: bool = False
 
@@ -190,7 +189,6 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
         "outputs": [_describe(t) for t, _ in kernel.outputs],
         "scratch": [{"type": tflite_type_name(v.func.type()), "shape": list(v.shape)} for v in kernel.scratch],
         "updates_in_place": [list(pair) for pair in kernel.updates_in_place],
-        "in_place": in_place,
         "extra": extra,
     }
     (folder / "kernel.json").write_text(json.dumps(meta, indent=1))
@@ -214,7 +212,6 @@ def _load(entry: Path, cached: bool, identity: str) -> KernelArtifact:
         outputs=meta["outputs"],
         scratch=meta["scratch"],
         updates_in_place=meta["updates_in_place"],
-        in_place=meta["in_place"],
         extra=[entry / name for name in meta["extra"]],
         cached=cached,
     )

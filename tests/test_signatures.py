@@ -163,3 +163,7 @@ def test_a_kv_cache_decoder_is_claimed_whole_and_matches_at_every_position(tmp_p
     operators = tflite_tools.load(result.model).subgraphs
     for name, index in (("decode", 0), ("prefill", 1)):
         assert claims[name]["claimed_nodes"] == list(range(len(operators[index].operators)))
+    # Each block that updates the caches has its in-place form linked beside it (run where an app
+    # shares a cache's input and output buffer: tests/test_in_place_updates.py).
+    updating = [k for k in result.kernels if "DYNAMIC_UPDATE_SLICE" in k.ops]
+    assert len(updating) == 2 and all(k.in_place_kernel and k.in_place_kernel != k.kernel for k in updating)

@@ -76,6 +76,7 @@ class KernelRecord:
     subgraph: int = 0  # the subgraph whose nodes these are
     shapes: str | None = None  # the `--shape` variant it is compiled at (None: the model's own shapes)
     kernel: str | None = None  # the C entry point, when the block has a kernel
+    in_place_kernel: str | None = None  # its in-place form's, for a block that updates a KV cache
     cached: bool = False
     skipped: str | None = None  # why the block stays with TFLite
     schedule: str = "template"  # the CPU templates, or the autoscheduler that measured faster
@@ -420,6 +421,7 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
                           stacklevel=2)
             continue
         record.kernel, record.cached = artifact.function, artifact.cached
+        record.in_place_kernel = in_place.function if in_place is not None else None
         if job.measure:
             record.ratio = timings.ratio(artifact.identity, block, ops, record.schedule)
             record.profitable = record.ratio < 1.0

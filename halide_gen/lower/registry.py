@@ -115,7 +115,7 @@ class OpContext:
     # function's argument (halide_gen.block.PERIODIC), where their absolute error is the result's.
     float32_results: bool = False
     # A DYNAMIC_UPDATE_SLICE's update and its clamped start per axis (TFLite order): where its
-    # output's memory is its operand's, the block writes just the update (halide_gen.block.in_place).
+    # output's memory is its operand's, the block's in-place form writes just the update (block.build_block).
     slice_update: tuple[Value, list[hl.Expr]] | None = None
 
     def value(self, i: int) -> Value:
