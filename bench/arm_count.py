@@ -223,7 +223,8 @@ def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None, cy
                    {"claim": policy, "num_threads": "1", "report": str(reports[policy])}, signature=signature)
               for policy in reports]
     counts = count(cases, cpu, invokes, cycles=cycles, hot=hot)
-    row = {"model": f"{model.stem} {signature}" if signature else model.stem, "cpu": cpu, "precision": precision, **{name: asdict(c) for name, c in counts.items()}}
+    row = {"model": f"{model.stem} {signature}" if signature else model.stem, "cpu": cpu, "precision": precision,
+           **{name: asdict(c) for name, c in counts.items()}}
     for policy, report in reports.items():
         row[f"dnnfusion-{policy}"]["claimed_nodes"] = claimed_nodes(report, signature)
     return row

@@ -325,8 +325,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
         return params[key]
 
     output_index = {id(t): k for k, t in enumerate(outputs)}
-    readers = Counter(id(t) for op in ops for t in op.inputs if t is not None)
-    read_by_ops = set(readers)
+    readers = Counter(id(t) for op in ops for t in op.inputs if t is not None)  # id(tensor) -> ops reading it
     updates: dict[int, tuple[Value, list[hl.Expr]]] = {}  # output index -> what its in-place form writes
     exact = _arguments_of_periodic_functions(ops) if options.float_storage != hl.Float(32) else set()
     wrappers: dict[int, hl.Func] = {}  # output index -> its Func, made when an op's result is lowered
@@ -348,7 +347,7 @@ def build_block(name: str, ops: Sequence[Operator], outputs: Sequence[Tensor],
             if not v.joins and op.name in ELEMENTWISE:
                 v.joins = _joins_through(op, t, kernel.values)
             kernel.values[id(t)] = v
-            if id(t) in output_index and id(t) in read_by_ops:
+            if id(t) in output_index and id(t) in readers:
                 # A block output that later ops read too (HARD_SWISH then the MEAN of a squeeze-
                 # excite): they read the output buffer, which the op's result is computed into,
                 # instead of a copy of it computed first (a pass over the tensor more, and 2x

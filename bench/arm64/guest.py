@@ -72,16 +72,19 @@ def compiled_model_invoke(case: dict, threads: int):
     model = CompiledModel.from_file(case["model"], options=options)
     signatures = model.get_signature_list()
     signature = case.get("signature") or next(iter(signatures))
-    names = signatures[signature]
-    order = [d["name"] for d in Interpreter(case["model"]).get_input_details()]
+    details = model.get_input_tensor_details(signature)
     with np.load(case["inputs"]) as arrays:
-        by_name = {key: arrays[key] for key in arrays.files} if case.get("signature") else \
-            {name: arrays[key] for name, key in zip(order, arrays.files)}
+        if case.get("signature"):  # saved by the signature's input names
+            by_key = {key: arrays[key] for key in arrays.files}
+        else:  # saved in the model's input order
+            order = [d["name"] for d in Interpreter(case["model"]).get_input_details()]
+            by_tensor = {name: arrays[key] for name, key in zip(order, arrays.files)}
+            by_key = {key: by_tensor[detail["name"]] for key, detail in details.items()}
     inputs = {}
-    for key, detail in model.get_input_tensor_details(signature).items():
+    for key in details:
         inputs[key] = model.create_input_buffer_by_name(signature, key)
-        inputs[key].write(by_name[key if case.get("signature") else detail["name"]])
-    outputs = {key: model.create_output_buffer_by_name(signature, key) for key in names["outputs"]}
+        inputs[key].write(by_key[key])
+    outputs = {key: model.create_output_buffer_by_name(signature, key) for key in signatures[signature]["outputs"]}
     return lambda: model.run_by_name(signature, inputs, outputs)
 
 
