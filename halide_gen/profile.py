@@ -22,7 +22,7 @@ import tflite_tools
 from fusion.cost import external_inputs, external_outputs
 from fusion.ecg import ECG
 from tflite_tools import runtime
-from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor
+from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor, with_referenced
 
 from .aot import generator_digest
 from .block import build_block, build_block_for
@@ -34,13 +34,7 @@ from .targets import VULKAN_ALLOC_CONFIG, target_spec
 
 def cut_out(ops: Sequence[Operator], inputs: Sequence[Tensor], outputs: Sequence[Tensor]) -> Model:
     """A model holding just `ops`: `inputs` become graph inputs, constants stay constants."""
-    tensors: list[Tensor] = []
-    seen: set[int] = set()
-    for op in ops:
-        for t in (*op.inputs, *op.outputs):
-            if t is not None and id(t) not in seen:
-                seen.add(id(t))
-                tensors.append(t)
+    tensors = with_referenced(t for op in ops for t in (*op.inputs, *op.outputs))
     graph = Subgraph(tensors=tensors, operators=list(ops), inputs=list(inputs), outputs=list(outputs))
     sig = Signature("block", 0, {t.name: t for t in inputs}, {t.name: t for t in outputs})
     return Model(subgraphs=[graph], signatures=[sig], description="dnnfusion block cut-out")

@@ -316,19 +316,13 @@ def test_hybrid_depthwise(x86, multiplier, stride, lowest_weight):
     opcheck.compare(model, _images((2, 8, 6, 6)), seeds=(0, 1), options=LoweringOptions(x86_integer=x86))
 
 
-def test_int4_weights_quantized_per_block_are_left_to_tflite_with_the_reason(tmp_path, private_cache):
+def test_int4_weights_quantized_per_block_are_left_to_tflite_with_the_reason(model_path, tmp_path, private_cache):
     # A scale per block of 32 input channels (BlockwiseQuantization): not TFLite's hybrid kernel's form.
     from tflite_tools.fuse import fuse
-    from tflite_tools.model.schema import fb
 
-    model = _fc_model((1, 2, 64), 8, per_channel=True, asymmetric=True, bits=4)
-    q = model.main.operators[0].inputs[1].quantization
-    q.details_type, q.details = fb.QuantizationDetails.BlockwiseQuantization, fb.BlockwiseQuantizationT()
-    q.details.blockSize = 32
-    path = tmp_path / "blockwise.tflite"
-    path.write_bytes(serialize(model))
-    (record,) = fuse(path, tmp_path / "out", cache_dir=private_cache).kernels
-    assert record.kernel is None and "otherwise than per tensor or per channel" in record.skipped
+    records = fuse(model_path("int4_blockwise_mlp"), tmp_path / "out", cache_dir=private_cache).kernels
+    fc_records = [r for r in records if "FULLY_CONNECTED" in r.ops]
+    assert fc_records and all(r.kernel is None and "per block of 32 input channels" in r.skipped for r in fc_records)
 
 
 def _batch_matmul_model(lhs_shape, rhs_shape, *, per_channel: bool, asymmetric: bool, adj_x: bool, adj_y: bool):

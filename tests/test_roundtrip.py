@@ -180,3 +180,37 @@ def test_buffers_stored_after_the_flatbuffer_are_read(model_path, tmp_path: Path
     truncated.write_bytes(external[:-1])
     with pytest.raises(tflite_tools.ModelError, match="past the end of the file"):
         tflite_tools.load(truncated)
+
+
+def test_tensors_only_quantization_names_survive_pruning_reordering_and_cut_outs(model_path, tmp_path: Path) -> None:
+    # Weights quantized per block name their scales tensor from their quantization, by index in
+    # the file, and no operator reads it. Dropped as unused (the rewrites' prune), renumbered by a
+    # reordered tensor list, or left out of a block's cut-out, the index pointed at another tensor
+    # or past the end: LiteRT's optimized kernel read garbage and XNNPACK crashed the process.
+    from fusion.rewrite.graph import GraphView
+    from halide_gen.profile import cut_out
+
+    path = model_path("int4_blockwise_mlp")
+    model = tflite_tools.load(path)
+    GraphView(model).prune()
+    model.main.tensors.reverse()
+    (tmp_path / "edited.tflite").write_bytes(tflite_tools.serialize(model))
+    fc = next(op for op in model.main.operators if op.name == "FULLY_CONNECTED")
+    cut = cut_out([fc], [fc.inputs[0]], fc.outputs)
+    assert fc.inputs[1].quantization.blockwise.scales in cut.main.tensors
+    (tmp_path / "cut.tflite").write_bytes(tflite_tools.serialize(cut))
+    original = tflite_tools.load(path)
+    original_fc = next(op for op in original.main.operators if op.name == "FULLY_CONNECTED")
+    (tmp_path / "original_cut.tflite").write_bytes(tflite_tools.serialize(
+        cut_out([original_fc], [original_fc.inputs[0]], original_fc.outputs)))
+    for resolver in ("builtin", "xnnpack"):
+        for before, after in ((path, tmp_path / "edited.tflite"), (tmp_path / "original_cut.tflite", tmp_path / "cut.tflite")):
+            a, b = runtime.make_interpreter(before, resolver), runtime.make_interpreter(after, resolver)
+            inputs = runtime.random_inputs(a, 0)
+            for x, y in zip(runtime.run(a, inputs), runtime.run(b, inputs)):
+                assert _same_bits(x, y)
+    copy = tflite_tools.load(tmp_path / "edited.tflite")
+    for t in copy.main.tensors:
+        if t.quantization is not None and t.quantization.blockwise is not None:
+            scales = t.quantization.blockwise.scales
+            assert scales.name == f"{t.name}_scales" and scales.shape == (t.shape[0], t.shape[1] // 32)

@@ -215,14 +215,22 @@ def reference_resolver(model: str | os.PathLike | bytes | Model) -> str:
       the process (`reference_aborts`);
     - "xnnpack" when the model has custom ops: neither kernel set registers any, while XNNPACK
       claims MediaPipe's (Convolution2DTransposeBias, MaxPoolingWithArgmax2D, MaxUnpooling2D), so
-      LiteRT + XNNPACK is what runs such a model in stock LiteRT."""
+      LiteRT + XNNPACK is what runs such a model in stock LiteRT;
+    - "xnnpack" when weights are quantized per block (LiteRT 2.3): the reference FULLY_CONNECTED
+      reads them as if quantized per tensor and the optimized one skips the fused activation;
+      XNNPACK computes the op (its block scales in bfloat16, which converters' scales are)."""
     model = _as_model(model)
     ops = [op for sg in model.subgraphs for op in sg.operators]
-    if any(op.opcode.is_custom for op in ops):
+    if any(op.opcode.is_custom or _blockwise(op) for op in ops):
         return "xnnpack"
     if any(reference_aborts(op) for op in ops):
         return "builtin"
     return "reference"
+
+
+def _blockwise(op) -> bool:
+    return any(t is not None and t.quantization is not None and t.quantization.blockwise is not None
+               for t in op.inputs)
 
 
 def _as_model(model: str | os.PathLike | bytes | Model) -> Model:

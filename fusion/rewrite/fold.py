@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from tflite_tools import runtime, serialize
-from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor
+from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor, with_referenced
 
 from ..mapping import op_info
 
@@ -56,7 +56,7 @@ def evaluate(op: Operator) -> list[np.ndarray] | None:
     outputs = [Tensor(t.name, t.shape, t.dtype, quantization=t.quantization) for t in op.outputs]
     clone = Operator(op.opcode, inputs, outputs, op.options_type, op.options, op.options2_type, op.options2,
                      op.custom_options, op.custom_options_format)
-    tensors = [t for t in inputs if t is not None] + outputs
+    tensors = with_referenced(inputs + outputs)
     graph = Subgraph(tensors=tensors, operators=[clone], inputs=[], outputs=outputs)
     model = Model(subgraphs=[graph], signatures=[Signature("fold", 0, {}, {t.name: t for t in outputs})])
     try:

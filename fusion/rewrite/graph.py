@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from tflite_tools.model.builder import make_options, tensor_type
-from tflite_tools.model.ir import Model, OpCode, Operator, Subgraph, Tensor, unique_name
+from tflite_tools.model.ir import Model, OpCode, Operator, Subgraph, Tensor, unique_name, with_referenced
 from tflite_tools.model.schema import builtin_code
 
 
@@ -150,7 +150,9 @@ class GraphView:
         for sig in self.model.signatures:
             if sig.subgraph_index == self.index:
                 used.update(id(t) for t in (*sig.inputs.values(), *sig.outputs.values()))
-        self.sg.tensors = [t for t in self.sg.tensors if id(t) in used or t.is_variable]
+        kept = [t for t in self.sg.tensors if id(t) in used or t.is_variable]
+        referenced = {id(t) for t in with_referenced(kept)}
+        self.sg.tensors = [t for t in self.sg.tensors if id(t) in referenced]
         self.refresh()
         return dropped
 

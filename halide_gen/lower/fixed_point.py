@@ -255,10 +255,12 @@ def int8_weight_scales(ctx: OpContext, weights: Tensor) -> list[float]:
     """The scales of an op's int8 weights, which TFLite's integer kernels require symmetric (zero
     points 0); LoweringError for anything else."""
     wq = weights.quantization
+    if wq is not None and wq.blockwise is not None:
+        raise LoweringError(f"{ctx.op.name}: weights quantized per block of {wq.blockwise.block_size} input channels")
     if wq is None or wq.scale is None or weights.type_name not in ("INT8", "INT4"):
         raise LoweringError(f"{ctx.op.name}: quantized data needs int8 weights")
     if wq.zero_point is not None and np.any(np.asarray(wq.zero_point) != 0):
         raise LoweringError(f"{ctx.op.name}: weights with a nonzero zero point")
-    if wq.details is not None or len(wq.scale) == 0:  # a scale per block of the input axis, say
+    if wq.details is not None or len(wq.scale) == 0:  # custom quantization, say
         raise LoweringError(f"{ctx.op.name}: weights quantized otherwise than per tensor or per channel")
     return [float(s) for s in wq.scale]

@@ -142,6 +142,26 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         b.output(b.op("ADD", [x, y], [1, 6, 32]))
         return b.build()
 
+    def int4_blockwise_mlp():
+        # The same MLP with weights quantized per block of 32 input channels (ai-edge-quantizer's
+        # blockwise int4 recipe): each block's scales, in half precision, are a constant of their
+        # own that only the weights' quantization names and no operator reads. The scales are
+        # bfloat16 values, as the quantizer writes them (XNNPACK keeps block scales in bfloat16).
+        own = np.random.default_rng(45)
+
+        def scales(*shape):
+            return (own.uniform(0.01, 0.05, shape).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+
+        b = ModelBuilder()
+        x = b.input("x", [1, 6, 64])
+        up = b.blockwise_const("up", own.integers(-8, 8, (96, 64)), scales(96, 2), 32)
+        h = b.op("FULLY_CONNECTED", [x, up, b.const("up_bias", own.standard_normal(96).astype(np.float32))],
+                 [1, 6, 96], keep_num_dims=True, fused_activation_function="RELU")
+        down = b.blockwise_const("down", own.integers(-8, 8, (64, 96)), scales(64, 3), 32)
+        y = b.op("FULLY_CONNECTED", [h, down, None], [1, 6, 64], keep_num_dims=True)
+        b.output(b.op("ADD", [x, y], [1, 6, 64]))
+        return b.build()
+
     def zero_size():
         # A tensor of no elements: LiteRT runs the model; no kernel is built for it.
         b = ModelBuilder()
@@ -206,6 +226,7 @@ def _builder_models() -> dict[str, Callable[[], object]]:
         "video_cnn": video_cnn,
         "custom_op": custom_op,
         "int4_mlp": int4_mlp,
+        "int4_blockwise_mlp": int4_blockwise_mlp,
     }
 
 

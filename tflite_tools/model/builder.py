@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import schema
-from .ir import Model, OpCode, Operator, Quantization, Signature, Subgraph, Tensor, unique_name
+from .ir import BlockwiseQuantization, Model, OpCode, Operator, Quantization, Signature, Subgraph, Tensor, unique_name
 
 fb = schema.fb
 DType = str | int | np.dtype | type
@@ -116,6 +116,14 @@ class ModelBuilder:
         t = self.tensor(name, arr.shape, arr.dtype, quant)
         t.data = np.require(arr, requirements="C")  # keeps 0-d scalars 0-d
         return t
+
+    def blockwise_const(self, name: str, value: Any, scales: Any, block_size: int, dtype: DType = "int4") -> Tensor:
+        """New weights [units, depth] quantized per block of `block_size` input channels, as
+        ai-edge-quantizer writes them: the values, and their scales [units, depth / block_size] in
+        half precision in a constant of their own that the weights' quantization names."""
+        scale_tensor = self.const(f"{name}_scales", np.asarray(scales, np.float16))
+        quant = Quantization(blockwise=BlockwiseQuantization(scale_tensor, None, int(block_size)))
+        return self.const(name, value, dtype, quant)
 
     def sparse_const(self, name: str, value: Any, dtype: DType = "float32") -> Tensor:
         """A new constant stored sparse, as the converter's sparsity optimization writes weights:

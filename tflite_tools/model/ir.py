@@ -19,6 +19,19 @@ from . import schema
 
 
 @dataclass(eq=False)
+class BlockwiseQuantization:
+    """Weights quantized per block of `block_size` consecutive input channels: a scale (and zero
+    point) per output channel and block, held in tensors of their own, [units, depth / block_size]
+    (the schema's BlockwiseQuantization, which names them by index; here by reference, so passes
+    that drop or reorder tensors keep them)."""
+
+    scales: Tensor
+    zero_points: Tensor | None
+    block_size: int
+    block_shape: Any = None  # the schema's blockShape, kept verbatim
+
+
+@dataclass(eq=False)
 class Quantization:
     """Affine quantization of a tensor: real = scale * (q - zero_point).
 
@@ -32,7 +45,15 @@ class Quantization:
     min: np.ndarray | None = None
     max: np.ndarray | None = None
     details_type: int = 0
-    details: Any = None  # CustomQuantizationT / BlockwiseQuantizationT, kept verbatim
+    details: Any = None  # CustomQuantizationT, kept verbatim (blockwise details: `blockwise`)
+    blockwise: BlockwiseQuantization | None = None
+
+    @property
+    def tensors(self) -> list[Tensor]:
+        """The tensors this quantization refers to (a blockwise one's scales and zero points): they
+        belong to the subgraph as much as the tensor quantized, though no operator reads them."""
+        b = self.blockwise
+        return [] if b is None else [t for t in (b.scales, b.zero_points) if t is not None]
 
     @property
     def per_channel(self) -> bool:
@@ -43,7 +64,7 @@ class Quantization:
         """True when nothing is set: the tensor is not quantized."""
         return all(
             v is None or (isinstance(v, np.ndarray) and v.size == 0)
-            for v in (self.scale, self.zero_point, self.min, self.max, self.details)
+            for v in (self.scale, self.zero_point, self.min, self.max, self.details, self.blockwise)
         )
 
 
@@ -194,6 +215,19 @@ class Subgraph:
                 if t is not None:
                     result.setdefault(id(t), []).append(op)
         return result
+
+
+def with_referenced(tensors) -> list[Tensor]:
+    """`tensors` (None skipped) followed by the tensors their quantization refers to, each once, in
+    order: what a subgraph holding them must list besides them."""
+    result: list[Tensor] = []
+    seen: set[int] = set()
+    for t in tensors:
+        for u in ([t] + t.quantization.tensors if t is not None and t.quantization is not None else [t]):
+            if u is not None and id(u) not in seen:
+                seen.add(id(u))
+                result.append(u)
+    return result
 
 
 @dataclass(eq=False)

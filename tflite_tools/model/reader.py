@@ -18,7 +18,7 @@ import numpy as np
 
 from . import schema
 from .errors import ModelError
-from .ir import Model, OpCode, Operator, Quantization, Signature, Subgraph, Tensor
+from .ir import BlockwiseQuantization, Model, OpCode, Operator, Quantization, Signature, Subgraph, Tensor
 
 fb = schema.fb
 
@@ -184,6 +184,8 @@ class _Converter:
                 raise self.fail(what, f"refers to tensor {index}, but the subgraph has {len(tensors)}")
             return tensors[index]
 
+        for ti, t in enumerate(tensors):
+            self.resolve_blockwise(f"{where} tensor {ti}", t, ref)
         operators = []
         for oi, op in enumerate(raw.operators or []):
             operators.append(self.operator(f"{where} operator {oi}", op, ref))
@@ -277,6 +279,21 @@ class _Converter:
             details=raw.details,
         )
         return None if q.is_empty() and q.quantized_dimension == 0 else q
+
+    def resolve_blockwise(self, where: str, t: Tensor, ref: Any) -> None:
+        """A blockwise quantization's scale and zero-point tensors, named by index in the file, as
+        references (ir.BlockwiseQuantization)."""
+        q = t.quantization
+        blockwise = getattr(fb.QuantizationDetails, "BlockwiseQuantization", None)  # absent from older schemas
+        if q is None or blockwise is None or q.details_type != blockwise or q.details is None:
+            return
+        d = q.details
+        if int(d.blockSize) <= 0:
+            raise self.fail(where, f"blockwise quantization with a block size of {int(d.blockSize)}")
+        q.blockwise = BlockwiseQuantization(ref(int(d.scales), f"{where} block scales"),
+                                            ref(int(d.zeroPoints), f"{where} block zero points", optional=True),
+                                            int(d.blockSize), getattr(d, "blockShape", None))
+        q.details_type, q.details = 0, None
 
     def operator(self, where: str, raw: Any, ref: Any) -> Operator:
         index = int(raw.opcodeIndex)

@@ -136,7 +136,7 @@ class _Packer:
                 raise ModelError(f"subgraph {si}: {what} uses tensor {t.name!r}, which is not in the subgraph") from None
 
         raw = fb.SubGraphT()
-        raw.tensors = [self.tensor(t) for t in sg.tensors]
+        raw.tensors = [self.tensor(t, lambda u, w=f"tensor {t.name!r}'s quantization": idx(u, w)) for t in sg.tensors]
         raw.inputs = [idx(t, "input") for t in sg.inputs]
         raw.outputs = [idx(t, "output") for t in sg.outputs]
         raw.operators = [self.operator(op, lambda t, w=f"{op.name} operator": idx(t, w)) for op in sg.operators]
@@ -145,14 +145,14 @@ class _Packer:
         self.tensor_index[si] = idx
         return raw
 
-    def tensor(self, t: Tensor) -> Any:
+    def tensor(self, t: Tensor, idx: Any) -> Any:
         raw = fb.TensorT()
         raw.name = _encode(t.name)
         raw.shape = [int(d) for d in t.shape]
         raw.type = t.dtype
         raw.shapeSignature = None if t.shape_signature is None else [int(d) for d in t.shape_signature]
         raw.buffer = 0 if t.data is None else self.constant_buffer(t.data)
-        raw.quantization = _quantization(t.quantization)
+        raw.quantization = _quantization(t.quantization, idx)
         raw.isVariable = t.is_variable
         raw.hasRank = t.has_rank
         raw.sparsity = t.sparsity
@@ -202,7 +202,7 @@ def _opcode(code: OpCode) -> Any:
     return raw
 
 
-def _quantization(q: Quantization | None) -> Any:
+def _quantization(q: Quantization | None, idx: Any) -> Any:
     if q is None:
         return None
     raw = fb.QuantizationParametersT()
@@ -213,6 +213,12 @@ def _quantization(q: Quantization | None) -> Any:
     raw.quantizedDimension = q.quantized_dimension
     raw.detailsType = q.details_type
     raw.details = q.details
+    if q.blockwise is not None:
+        b = q.blockwise
+        raw.detailsType, raw.details = fb.QuantizationDetails.BlockwiseQuantization, fb.BlockwiseQuantizationT()
+        raw.details.scales, raw.details.zeroPoints = idx(b.scales), idx(b.zero_points)
+        raw.details.blockSize = b.block_size
+        raw.details.blockShape = b.block_shape
     return raw
 
 
