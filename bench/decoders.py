@@ -2,13 +2,14 @@
 them (prefill and decode signatures, an external KV cache passed in and out and updated with
 DYNAMIC_UPDATE_SLICE at the input position, RoPE computed from it, RMSNorm, a gated MLP,
 grouped-query attention under a causal mask), random weights, in float32, dynamic-range int8
-(TFLite's converter) and int4 (ai-edge-quantizer's dynamic int4 recipe, per channel).
+(TFLite's converter) and int4 (ai-edge-quantizer's dynamic int4 recipes: per channel, and per block of
+32 input channels).
 
     python bench/decoders.py build [--only NAME ...]     # needs TensorFlow (+ ai-edge-quantizer for int4)
     python bench/decoders.py check [--only NAME ...]     # fuse, claims per signature, greedy generation
     python bench/decoders.py speed [--only NAME ...] [--threads 1 2] [--runs 5]
 
-`build` writes bench/corpus-decoders/<name>[_dynamic_range|_int4].tflite (ignored; run it with a
+`build` writes bench/corpus-decoders/<name>[_dynamic_range|_int4|_int4_blockwise].tflite (ignored; run it with a
 venv that has tensorflow-cpu and ai-edge-quantizer). `check` fuses each model for the host, reports
 what the delegate claims in every signature under claim:all and the default policy, and generates
 GENERATED tokens greedily (prefill the prompt, then one decode per token) with the delegate and with
@@ -74,7 +75,7 @@ DECODERS = {
     "gemma_90m": Decoder("gemma", 32768, 640, 10, 4, 1, 256, 2048, 1024, (128, 512)),
 }
 # The precisions each decoder is built in: file suffix -> how the float model is quantized.
-PRECISIONS = ("", "_dynamic_range", "_int4")
+PRECISIONS = ("", "_dynamic_range", "_int4", "_int4_blockwise")
 
 
 def module(tf, d: Decoder, seed: int = 0):
@@ -187,10 +188,16 @@ def convert(tf, d: Decoder, precision: str, saved: Path) -> bytes:
     if precision == "_dynamic_range":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     flat = converter.convert()
-    if precision == "_int4":
-        from ai_edge_quantizer import quantizer, recipe
+    if precision.startswith("_int4"):
+        from ai_edge_quantizer import qtyping, quantizer, recipe, recipe_manager
         qt = quantizer.Quantizer(flat)
-        qt.load_quantization_recipe(recipe.dynamic_wi4_afp32())
+        if precision == "_int4_blockwise":
+            blocks = recipe_manager.RecipeManager()
+            blocks.add_dynamic_config(regex=".*", operation_name=qtyping.TFLOperationName.FULLY_CONNECTED, num_bits=4,
+                                      granularity=qtyping.QuantGranularity.BLOCKWISE_32)
+            qt.load_quantization_recipe(blocks.get_quantization_recipe())
+        else:
+            qt.load_quantization_recipe(recipe.dynamic_wi4_afp32())
         flat = qt.quantize().quantized_model
     return bytes(flat)
 

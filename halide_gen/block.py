@@ -112,6 +112,9 @@ class Accumulator:
     # Bytes between the source values that neighbouring pixels of a register tile (a matrix
     # product's rows) read: the schedule keeps a tile's pixels out of one L1 set (0: unknown).
     source_stride: int = 0
+    # BLOCKWISE: each block's int32 sum, computed at every step of `rdom`, and its own domain.
+    inner: hl.Func | None = None
+    inner_rdom: ReductionDomain | None = None
 
     @property
     def extents(self) -> list[int]:

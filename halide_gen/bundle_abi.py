@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Hashable
 
+from .pack import WEIGHT_BLOCKS
+
 HEADER = Path(__file__).resolve().parent.parent / "delegate" / "include" / "dnnfusion" / "bundle_abi.h"
 
 MAX_RANK = 8  # dims a TensorSpec or ArgSpec holds
@@ -94,6 +96,9 @@ PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_
     Member("o_last_blocked", "kOLastBlocked", 10, "CONV_3D weights [..., O] -> [O padded / tile, ..., tile]"),
     Member("o_before_last_blocked", "kOBeforeLastBlocked", 11,
            "CONV_3D_TRANSPOSE weights [..., O, I] -> [O padded / tile, ..., I, tile]"),
+    *(Member(f"block_sums{block}", f"kBlockSums{block}", code,
+             f"int8 [O, I] -> int32 [O padded / tile, I / {block}, tile]: sums per block of {block} inputs")
+      for code, block in enumerate(WEIGHT_BLOCKS, start=12)),
 ))
 
 ARG_SOURCE = Enum("ArgSource", "Where a kernel argument's data comes from (ArgSpec::source).", (

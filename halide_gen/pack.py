@@ -120,6 +120,24 @@ def _tap_sums(a: np.ndarray) -> np.ndarray:
     return out
 
 
+# The block sizes of weights quantized per block that kernels take (ai-edge-quantizer's: BLOCKWISE_32 ... _256).
+WEIGHT_BLOCKS = (32, 64, 128, 256)
+
+
+def _block_sums(block: int) -> Callable[[np.ndarray], np.ndarray]:
+    """[O, I] int8 -> int32 [O_padded / CHANNEL_TILE, I / block, CHANNEL_TILE]: each output channel's
+    weights summed per block of `block` input channels, in tiles of output channels."""
+    def apply(a: np.ndarray) -> np.ndarray:
+        sums = a.astype(np.int32).reshape(a.shape[0], a.shape[1] // block, block).sum(axis=2, dtype=np.int32)
+        return _blocked(sums)
+    return apply
+
+
+def block_sums_packer(block: int) -> str:
+    """The name of the packer of weights' sums per block of `block` input channels."""
+    return f"block_sums{block}"
+
+
 PACKERS: dict[str, Packer] = {
     # Per-channel vectors (biases, depthwise filters [1, kh, kw, C]): pad the channel axis
     "pad_channels": Packer("pad_channels", lambda s: s[:-1] + (padded(s[-1]),), _pad_last),
@@ -153,6 +171,10 @@ PACKERS: dict[str, Packer] = {
     "channel_sums": Packer("channel_sums", lambda s: (padded(s[0]),), _channel_sums, dtype="INT32"),
     # Int8 depthwise weights [1, kh, kw, C] -> int32 [C_padded]: sum over the taps.
     "tap_sums": Packer("tap_sums", lambda s: (padded(s[-1]),), _tap_sums, dtype="INT32"),
+    # Weights quantized per block [O, I] -> int32 [O_padded / 32, I / block, 32]: sums per block.
+    **{block_sums_packer(block): Packer(block_sums_packer(block),
+                                        lambda s, b=block: (padded(s[0]) // CHANNEL_TILE, s[1] // b, CHANNEL_TILE),
+                                        _block_sums(block), dtype="INT32") for block in WEIGHT_BLOCKS},
 }
 
 

@@ -20,10 +20,11 @@ from tflite_tools.run import RTOL_FP16
 # (int8 matmuls of two activations, layer norm's SQUARED_DIFFERENCE and RSQRT, a float output), a
 # 16x8 CNN (int16 activations: 64-bit sums), a 16x8 attention layer (int16 BATCH_MATMUL, SoftmaxInt16) and a
 # video CNN (3-D convolutions), and a dynamic-range encoder and CNN (hybrid FULLY_CONNECTED: SDOT on the
-# int8 rows it quantizes as it runs; hybrid convolutions), and a decoder MLP with int4 weights.
+# int8 rows it quantizes as it runs; hybrid convolutions), and a decoder MLP with int4 weights, per
+# channel and per block.
 MODELS_ARM64 = ["unet_tiny", "depthwise_residual", "transformer_encoder", "fc_softmax", "video_cnn", "mobilenet_v2_035_96_int8",
                 "unet_tiny_int8", "transformer_encoder_int8", "cnn_16x8", "attention_16x8", "transformer_encoder_dynamic_range",
-                "mobilenet_v2_035_96_dynamic_range", "int4_mlp"]
+                "mobilenet_v2_035_96_dynamic_range", "int4_mlp", "int4_blockwise_mlp"]
 
 
 @pytest.mark.parametrize("stem", MODELS_ARM64)

@@ -88,7 +88,7 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     import numpy as np
 
     from halide_gen.bundle_abi import PACK
-    from halide_gen.pack import PACKERS, pack
+    from halide_gen.pack import PACKERS, WEIGHT_BLOCKS, block_sums_packer, pack
 
     (tmp_path / "wrapper.cc").write_text(PACK_WRAPPER)
     lib = tmp_path / "libpack.so"
@@ -100,7 +100,7 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     rng = np.random.default_rng(0)
     ranks = {"pad_channels": None, "o_blocked": None, "dot4": None, "dot4_blocked": None,
              "channel_sums": None, "dot4_rows": 4, "tap_sums": None, "o_last_blocked": None,
-             "o_before_last_blocked": None}
+             "o_before_last_blocked": None, **{block_sums_packer(b): 2 for b in WEIGHT_BLOCKS}}
     for name in PACKERS:
         for _ in range(25):
             dot = name in ("dot4", "dot4_blocked")
@@ -108,7 +108,10 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
             shape = tuple(int(d) for d in rng.integers(1, 40, rank))
             if dot:
                 shape = shape[:-1] + (4 * -(-shape[-1] // 4),)  # whole groups of 4 input channels
-            for dtype in (np.int8,) if name.endswith("_sums") else (np.float32, np.int8, np.int32):
+            block = next((b for b in WEIGHT_BLOCKS if name == block_sums_packer(b)), 0)
+            if block:
+                shape = (shape[0], block * (1 + shape[1] % 3))  # whole blocks
+            for dtype in (np.int8,) if PACKERS[name].dtype == "INT32" else (np.float32, np.int8, np.int32):
                 src = np.clip(rng.standard_normal(shape) * 50, -127, 127).astype(dtype)
                 expected = pack(name, src)
                 dst = np.full(expected.shape, 77, expected.dtype)  # padding must be written as zeros

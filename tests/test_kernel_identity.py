@@ -181,7 +181,8 @@ def test_twins_get_two_identities_wherever_the_kernel_reads_the_constant(kind, t
 def test_changing_any_constant_of_the_test_models_changes_the_identity_or_is_an_argument():
     # Every constant of every block of every test model: perturbed, either the identity changes,
     # or the kernel reads the constant as an argument, or the output shapes fix it (a RESHAPE's
-    # shape). Anything else would be a value baked in silently.
+    # shape). Anything else would be a value baked in silently. Constants an input's quantization
+    # names (a blockwise one's scales) are arguments.
     spec = target_spec("host")
     checked = 0
     models = REPO / "tests" / "models"
@@ -202,6 +203,9 @@ def test_changing_any_constant_of_the_test_models_changes_the_identity_or_is_an_
             arguments = {id(arg.tensor) for arg in kernel.arguments}
             for k, op in enumerate(ops):
                 for i, t in enumerate(op.inputs):
+                    for named in t.quantization.tensors if t is not None and t.quantization is not None else ():
+                        checked += 1
+                        assert id(named) in arguments, (path.name, op.name, named.name)
                     if t is None or not t.is_constant or t.data is None or not t.data.size:
                         continue
                     if (k, i) not in kernel.bound:

@@ -91,7 +91,18 @@ void FloatsToHalves(const float* src, size_t count, uint16_t* dst) {
   for (size_t i = 0; i < count; ++i) dst[i] = HalfOf(src[i]);
 }
 
-bool PacksToInt32(Pack pack) { return pack == Pack::kChannelSums || pack == Pack::kTapSums; }
+// The block size of a kBlockSums packing, else 0.
+size_t SummedBlock(Pack pack) {
+  switch (pack) {
+    case Pack::kBlockSums32: return 32;
+    case Pack::kBlockSums64: return 64;
+    case Pack::kBlockSums128: return 128;
+    case Pack::kBlockSums256: return 256;
+    default: return 0;
+  }
+}
+
+bool PacksToInt32(Pack pack) { return pack == Pack::kChannelSums || pack == Pack::kTapSums || SummedBlock(pack) != 0; }
 
 std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t element_bytes) {
   if (pack != Pack::kTapSums) return "";
@@ -155,6 +166,25 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
       const auto* weights = reinterpret_cast<const int8_t*>(in);
       for (size_t t = 0; t < taps; ++t) {
         for (size_t c = 0; c < channels; ++c) sums[c] += weights[t * channels + c];
+      }
+      return true;
+    }
+    case Pack::kBlockSums32:
+    case Pack::kBlockSums64:
+    case Pack::kBlockSums128:
+    case Pack::kBlockSums256: {  // int8 [O, I] -> int32 [O_padded / T, I / block, T]
+      const size_t block = SummedBlock(pack);
+      if (bytes != 1 || src_rank != 2 || dst_rank != 3 || src_dims[1] % block != 0) return false;
+      const size_t o_count = src_dims[0], depth = src_dims[1], blocks = depth / block, tile = dst_dims[2];
+      if (static_cast<size_t>(dst_dims[1]) != blocks || tile == 0 || dst_dims[0] * tile < o_count) return false;
+      auto* sums = reinterpret_cast<int32_t*>(out);
+      const auto* weights = reinterpret_cast<const int8_t*>(in);
+      for (size_t o = 0; o < o_count; ++o) {
+        for (size_t b = 0; b < blocks; ++b) {
+          int32_t total = 0;
+          for (size_t k = 0; k < block; ++k) total += weights[o * depth + b * block + k];
+          sums[((o / tile) * blocks + b) * tile + o % tile] = total;
+        }
       }
       return true;
     }

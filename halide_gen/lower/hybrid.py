@@ -29,14 +29,16 @@ from typing import Callable, NamedTuple
 import halide as hl
 import numpy as np
 
-from ..pack import DOT_DEPTH
-from ..values import Value, flat_index, unflatten
+from ..pack import DOT_DEPTH, WEIGHT_BLOCKS, block_sums_packer
+from ..values import Value, dim_vars, flat_index, unflatten
 from .elementwise import activation, round_half_away
-from .nn import Arithmetic, batch_matmul, channel_bias, conv2d, conv2d_sums_in_dots, depthwise, fully_connected
+from .nn import (Arithmetic, batch_matmul, channel_bias, channel_tiles, conv2d, conv2d_sums_in_dots, depthwise,
+                 fully_connected, packed_weights)
 from .fixed_point import INT8_MAX, INT8_MIN, int8_weight_scales
 from .quantized import paired_taps_hold
 from .reduce import row_reduce
-from .registry import LoweringError, OpContext, ReductionDomain, RowStatistics, register
+from .registry import (AccumulatorKind, LoweringError, OpContext, ReductionDomain, RowStatistics, accumulate, read,
+                       register)
 
 Row = Callable[[list[hl.Expr]], hl.Expr]  # a per-row quantity as a function of the row's index
 Element = Callable[[list[hl.Expr], hl.Expr], hl.Expr]  # (row, k) -> the row's k-th value
@@ -204,7 +206,10 @@ def lower_fully_connected_hybrid(ctx: OpContext) -> list[Value]:
     """FULLY_CONNECTED of a float input and int8 constant weights (per tensor or per channel), as
     TFLite's hybrid kernel: each input row quantized (asymmetric_quantize_inputs says how), the
     sums in the int8 path's dot-product loops, the zero point's share (zero point x the weights'
-    row sum) taken off."""
+    row sum) taken off. Weights quantized per block: `_fully_connected_blockwise`."""
+    q = ctx.op.inputs[1].quantization
+    if q is not None and q.blockwise is not None:
+        return _fully_connected_blockwise(ctx)
     w_scale = _weights_scale(ctx, 1)
     units, depth = ctx.op.inputs[1].shape
     x = ctx.value(0)
@@ -238,6 +243,72 @@ def lower_fully_connected_hybrid(ctx: OpContext) -> list[Value]:
                            term=lambda v, w: hl.widening_mul(hl.cast(hl.Int(16), v), hl.cast(hl.Int(16), w)),
                            init=lambda oc: hl.i32(0), finish=finish, copy_source=True)
     return fully_connected(ctx, arith)
+
+
+def _fully_connected_blockwise(ctx: OpContext) -> list[Value]:
+    """FULLY_CONNECTED of a float input and int4 weights with a half-precision scale per output
+    channel and block of input channels (ai-edge-quantizer's blockwise recipe), as LiteRT computes
+    it: each input row quantized asymmetrically (whatever asymmetric_quantize_inputs says), each
+    block's products summed in int32 (the int8 path's dot products, the zero point's share, zero
+    point x the block's weight sum, taken off), scaled by the block's scale in float, the blocks
+    summed, times the row's step, plus the bias, then the activation. (LiteRT 2.3's optimized
+    kernel skips that activation; XNNPACK and the op's definition apply it.)"""
+    weights = ctx.op.inputs[1]
+    blockwise = weights.quantization.blockwise
+    units, depth = weights.shape
+    size, scales = blockwise.block_size, blockwise.scales
+    if not weights.is_constant or weights.type_name != "INT4":  # the one type LiteRT's kernels take per block
+        raise LoweringError("FULLY_CONNECTED quantized per block with weights other than int4 constants")
+    if blockwise.zero_points is not None or blockwise.block_shape:
+        raise LoweringError("FULLY_CONNECTED weights quantized per block with zero points or a block shape")
+    blocks = depth // size if depth % size == 0 else 0
+    if (size not in WEIGHT_BLOCKS or not blocks or tuple(scales.shape) != (units, blocks)
+            or scales.type_name != "FLOAT16"):
+        raise LoweringError(f"FULLY_CONNECTED weights [{units}, {depth}] in blocks of {size} with scales "
+                            f"{scales.type_name}{list(scales.shape)}")
+    bias = ctx.op.inputs[2] if len(ctx.op.inputs) > 2 else None
+    if bias is not None and bias.type_name != "FLOAT32":
+        raise LoweringError(f"dynamic-range FULLY_CONNECTED with a {bias.type_name} bias")
+    x = ctx.value(0)
+    if x.shape[-1] != depth:
+        raise LoweringError("dynamic-range FULLY_CONNECTED whose input rows are not its innermost axis")
+    rows, out = x.shape[:-1], ctx.out_shape()
+    q = asymmetric(ctx, rows, depth, _rows_of(ctx, rows, depth, lambda row, k: x.at(row + [k])))
+
+    def row_of(i) -> list[hl.Expr]:  # the input row of an output row (keep_num_dims=False flattens them)
+        return list(i) if tuple(out[:-1]) == tuple(rows) else unflatten(rows, flat_index(out[:-1], i))
+
+    unsigned = ctx.options.x86_integer
+    shift = 128 if unsigned else 0  # VNNI multiplies unsigned activations: q + 128 as uint8
+    read_as = hl.UInt(8) if unsigned else hl.Int(8)
+    source = ctx.define(ctx.func_name("quantized"), x.shape,
+                        lambda *i: hl.cast(read_as, quantized(q, x(*i), list(i[:-1])) + shift))
+    ctx.materialize.append(source)
+    weight = packed_weights(ctx, 1, dot=DOT_DEPTH, blocked_dot=True)
+    block_sums = channel_tiles(ctx.packed(1, block_sums_packer(size)))
+    scale = channel_tiles(ctx.value_of(scales, "o_blocked"))  # [units, blocks], a tile of units a vector
+    step = ReductionDomain([size], ctx.func_name("r"))
+    over_blocks = ReductionDomain([blocks], ctx.func_name("rb"))
+
+    # inner(oc, row..., b): block b's products, summed as stored (x86: q + 128).
+    inner = hl.Func(ctx.func_name("block"))
+    *row, oc = dim_vars(len(out))
+    block = hl.Var("b")
+    at = [oc, *reversed(row), block]  # Halide order: the output's dimensions, then the block
+    inner[at] = hl.i32(0)
+    k = block * size + step[0]
+    inner[at] = inner[at] + hl.cast(hl.Int(32), hl.widening_mul(source.at(row_of(row) + [k]), weight(oc, k)))
+
+    def update(*i):
+        r, b = row_of(i[:-1]), over_blocks[0]
+        exact = inner[[i[-1], *reversed(i[:-1]), b]] - (q.zero_point(r) + shift) * block_sums(i[-1], b)
+        return hl.cast(hl.Float(32), exact) * scale(i[-1], b)
+
+    acc = accumulate(ctx, out, lambda *i: hl.f32(0), update, AccumulatorKind.BLOCKWISE, over_blocks,
+                     dot=DOT_DEPTH, inner=inner, inner_rdom=step)
+    bias_of, act = channel_bias(ctx, 2), ctx.op.fused_activation
+    return [ctx.define(ctx.func_name(), out, lambda *i: activation(
+        bias_of(i[-1]) + q.step(row_of(i[:-1])) * read(acc, i), act, ctx.options.native_minmax))]
 
 
 def _image_quantization(ctx: OpContext, per_channel_form: bool) -> tuple[Value, RowQuantization]:

@@ -160,7 +160,7 @@ def _within_tile(o):
     return within
 
 
-def _weights(ctx: OpContext, index: int, dot: int = 0, blocked_dot: bool = False):
+def packed_weights(ctx: OpContext, index: int, dot: int = 0, blocked_dot: bool = False):
     """weight(o, *rest) for TFLite weights [O, *rest]: tile-blocked (pack.py, "o_blocked"), or
     4-deep for dot products (`dot`: "dot4", and "dot4_blocked" where `blocked_dot`), or as TFLite
     stores them when they are not constant."""
@@ -177,13 +177,19 @@ def _weights(ctx: OpContext, index: int, dot: int = 0, blocked_dot: bool = False
     return _tile_blocked(ctx, index, "o_blocked", lambda w, o, *rest: w(o, *rest))
 
 
+def channel_tiles(blocked: Value):
+    """reader(o, *rest) of a constant [O, *rest] packed into tiles of output channels
+    ([O_padded / CHANNEL_TILE, *rest, CHANNEL_TILE]: pack.py's "o_blocked" and its kin)."""
+    return lambda o, *rest: blocked(o / CHANNEL_TILE, *rest, _within_tile(o))
+
+
 def _tile_blocked(ctx: OpContext, index: int, packer: str, as_stored):
     """weight(o, *rest) for a filter whose constant form is packed by `packer` into
     [O_padded / CHANNEL_TILE, *rest, CHANNEL_TILE] (pack.py: "o_blocked", "o_last_blocked",
     "o_before_last_blocked"); a filter that is not constant is read by as_stored(w, o, *rest)."""
     blocked = ctx.packed(index, packer)
     if blocked is not None:
-        return lambda o, *rest: blocked(o / CHANNEL_TILE, *rest, _within_tile(o))
+        return channel_tiles(blocked)
     w = ctx.value(index)
     return lambda o, *rest: as_stored(w, o, *rest)
 
@@ -201,7 +207,7 @@ def conv2d(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     out, (sh, sw), (dh, dw), (ph, pw) = _conv_geometry(ctx, x, kh, kw)
     if arith.dot and cin % arith.dot:
         return _conv2d_rows(ctx, arith, x, out, (sh, sw), dh, (ph, pw))
-    weight = _weights(ctx, 1, dot=arith.dot)
+    weight = packed_weights(ctx, 1, dot=arith.dot)
     groups = x.shape[3] // cin
     per_group = cout // groups
     pointwise = (kh, kw, sh, sw, ph, pw) == (1, 1, 1, 1, 0, 0)
@@ -379,7 +385,7 @@ def transpose_conv(ctx: OpContext, data: int, weights: int, geometry: tuple[tupl
     order them apart), the arithmetic float32 or int8."""
     x = arith.source(ctx.value(data))
     cout, kh, kw, cin = ctx.op.inputs[weights].shape
-    weight = _weights(ctx, weights)
+    weight = packed_weights(ctx, weights)
     out = ctx.out_shape()
     (sh, sw), (ph, pw) = geometry
     _, h, wd, _ = x.shape
@@ -451,7 +457,7 @@ def fully_connected(ctx: OpContext, arith: Arithmetic) -> list[Value]:
     out = ctx.out_shape()
     # Dot-product weights blocked as the float ones are: a matrix-vector product (a decoder's every
     # FC) streams them in order, where "dot4" made each channel tile a strided gather.
-    weight = _weights(ctx, 1, dot=arith.dot, blocked_dot=True)
+    weight = packed_weights(ctx, 1, dot=arith.dot, blocked_dot=True)
     r = ReductionDomain([depth], ctx.func_name("r"))
 
     # The usual input has the output's leading shape and `depth` innermost: read it at the output's

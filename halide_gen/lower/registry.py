@@ -70,6 +70,10 @@ class AccumulatorRecord(NamedTuple):
     dot: int  # terms per dot-product lane along the innermost reduction axis (0: none)
     narrow: bool  # terms are 8-bit products widened into the sum
     source_stride: int  # bytes between the source values neighbouring tile pixels read (0: unknown)
+    # BLOCKWISE: the sum of one block (an int32 Func of the output index and the block), computed at
+    # each step of `rdom` (the blocks) over its own domain.
+    inner: hl.Func | None = None
+    inner_rdom: ReductionDomain | None = None
 
 
 # Tables hold a multiple of this many int32 entries. Halide embeds a constant buffer in the kernel
@@ -216,11 +220,15 @@ class AccumulatorKind(enum.Enum):
     CONV = "conv"  # CONV_2D, TRANSPOSE_CONV: reduction over taps and input channels
     DEPTHWISE = "depthwise"  # DEPTHWISE_CONV_2D: reduction over taps only
     MATMUL = "matmul"  # FULLY_CONNECTED, BATCH_MATMUL
+    # A matrix product whose weights are scaled per block of its depth: float sums over the blocks,
+    # each of an int32 sum over the block's steps (FULLY_CONNECTED with weights quantized per block).
+    BLOCKWISE = "blockwise"
     REDUCE = "reduce"  # sums over outer axes (global average pooling)
 
 
 def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r: ReductionDomain,
-               source: hl.Func | None = None, dot: int = 0, narrow: bool = False, source_stride: int = 0) -> hl.Func:
+               source: hl.Func | None = None, dot: int = 0, narrow: bool = False, source_stride: int = 0,
+               inner: hl.Func | None = None, inner_rdom: ReductionDomain | None = None) -> hl.Func:
     """An explicit reduction Func over the output index: `init(*idx)`, then `+= update(*idx)`.
 
     Explicit (not an inline hl.sum) so a schedule can compute it at a register tile of its
@@ -229,14 +237,15 @@ def accumulate(ctx: OpContext, out_shape, init, update, kind: AccumulatorKind, r
     terms are narrow products (int8 x int8 -> int16) widened into the sum (schedules load whole
     registers of their inputs). `source_stride`: bytes between the source values that neighbouring
     outputs along the tiled pixel axis (a matrix product's rows) read first; 0 where unknown
-    (schedules keep such pixels out of one L1 cache set).
+    (schedules keep such pixels out of one L1 cache set). `inner`, `inner_rdom`: a BLOCKWISE
+    product's per-block sums (AccumulatorRecord).
     """
     acc = hl.Func(ctx.func_name("acc"))
     idx = dim_vars(len(out_shape))
     at = list(reversed(idx))
     acc[at] = init(*idx)
     acc[at] = acc[at] + update(*idx)
-    ctx.accumulators.append(AccumulatorRecord(acc, kind, r, source, dot, narrow, source_stride))
+    ctx.accumulators.append(AccumulatorRecord(acc, kind, r, source, dot, narrow, source_stride, inner, inner_rdom))
     return acc
 
 

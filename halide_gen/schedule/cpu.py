@@ -7,6 +7,8 @@ a block kernel, and what no template covers.
   params.py). A chain of convolutions whose intermediates outgrow the cache streams through row
   buffers (conv_chain.py); an attention core runs in tiles of query rows (attention.py; on NEON
   only past 1 MB of scores).
+* A matrix product scaled per block of its depth (weights quantized per block): the same tile
+  with each block's int32 sums computed at each step over the blocks (blockwise.py).
 * Depthwise convolutions: channels x pixels with the taps unrolled. A convolution reads its zero
   padding inline where its input is in memory anyway, the bounds test `likely` so that Halide's
   loop partitioning leaves it on the border tiles only (padding_inlined says where not).
@@ -34,6 +36,7 @@ from ..block import Accumulator, BlockKernel
 from ..lower import AccumulatorKind
 from ..values import Value
 from .attention import attention_core, schedule_attention
+from .blockwise import schedule_blockwise
 from .conv_chain import conv_chain, schedule_conv_chain
 from .params import ROW_TASKS, X86, CpuParams
 from .register_tile import exponential_epilogue, home_of, materialize_prologue, register_tile, tile_for
@@ -188,9 +191,18 @@ def _template_matmul(kernel: BlockKernel, acc: Accumulator, params: CpuParams, t
                    shift_last_channels=plain)
 
 
+def _template_blockwise(kernel: BlockKernel, acc: Accumulator, params: CpuParams, tiled: set[int],
+                        per_tile: list[Value]) -> None:
+    """A matrix product scaled per block of its depth (blockwise.py)."""
+    home = home_of(kernel, acc)
+    tiled.add(id(home))
+    schedule_blockwise(home, acc, params, params.mm_channels)
+
+
 # The template that schedules each kind of accumulator (halide_gen.lower.AccumulatorKind).
 TEMPLATES = {AccumulatorKind.CONV: _template_conv, AccumulatorKind.DEPTHWISE: _template_conv,
-             AccumulatorKind.MATMUL: _template_matmul, AccumulatorKind.REDUCE: _template_reduce}
+             AccumulatorKind.MATMUL: _template_matmul, AccumulatorKind.REDUCE: _template_reduce,
+             AccumulatorKind.BLOCKWISE: _template_blockwise}
 
 
 def _roots(kernel: BlockKernel, streamed: set[int]) -> list[Value]:

@@ -59,6 +59,9 @@ def _tensor_key(t: Tensor, shapes: bool = True) -> list:
     if q is not None and q.scale is not None and len(q.scale):
         zero_points = [] if q.zero_point is None else np.asarray(q.zero_point).tolist()
         key.append([np.asarray(q.scale, np.float32).tolist(), zero_points, q.quantized_dimension])
+    if q is not None and q.blockwise is not None:  # its scales reach the kernel as an argument
+        b = q.blockwise
+        key.append(["blockwise", b.block_size, [_tensor_key(u, shapes) for u in q.tensors]])
     return key
 
 

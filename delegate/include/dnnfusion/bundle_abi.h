@@ -38,6 +38,10 @@ enum class Pack : int32_t {
   kDot4Blocked = 9,  // dot-product weights [O, ..., I] -> [O padded / tile, ..., I / 4, tile, 4]
   kOLastBlocked = 10,  // CONV_3D weights [..., O] -> [O padded / tile, ..., tile]
   kOBeforeLastBlocked = 11,  // CONV_3D_TRANSPOSE weights [..., O, I] -> [O padded / tile, ..., I, tile]
+  kBlockSums32 = 12,  // int8 [O, I] -> int32 [O padded / tile, I / 32, tile]: sums per block of 32 inputs
+  kBlockSums64 = 13,  // int8 [O, I] -> int32 [O padded / tile, I / 64, tile]: sums per block of 64 inputs
+  kBlockSums128 = 14,  // int8 [O, I] -> int32 [O padded / tile, I / 128, tile]: sums per block of 128 inputs
+  kBlockSums256 = 15,  // int8 [O, I] -> int32 [O padded / tile, I / 256, tile]: sums per block of 256 inputs
 };
 
 // Where a kernel argument's data comes from (ArgSpec::source).
