@@ -99,6 +99,7 @@ PACK = Enum("Pack", "How a constant argument is laid out for the kernel (halide_
     *(Member(f"block_sums{block}", f"kBlockSums{block}", code,
              f"int8 [O, I] -> int32 [O padded / tile, I / {block}, tile]: sums per block of {block} inputs")
       for code, block in enumerate(WEIGHT_BLOCKS, start=12)),
+    Member("o_blocked_widened", "kOBlockedWidened", 16, "fp16 [O, ...] -> float32 [O padded / tile, ..., tile]"),
 ))
 
 ARG_SOURCE = Enum("ArgSource", "Where a kernel argument's data comes from (ArgSpec::source).", (

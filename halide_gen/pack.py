@@ -171,6 +171,10 @@ PACKERS: dict[str, Packer] = {
     "channel_sums": Packer("channel_sums", lambda s: (padded(s[0]),), _channel_sums, dtype="INT32"),
     # Int8 depthwise weights [1, kh, kw, C] -> int32 [C_padded]: sum over the taps.
     "tap_sums": Packer("tap_sums", lambda s: (padded(s[-1]),), _tap_sums, dtype="INT32"),
+    # Half-precision per-channel values (a blockwise quantization's scales [O, blocks]) ->
+    # float32 [O_padded / 32, ..., 32]: "o_blocked", widened once so kernels convert nothing.
+    "o_blocked_widened": Packer("o_blocked_widened", lambda s: (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:])
+                                + (CHANNEL_TILE,), lambda a: _blocked(np.asarray(a, np.float32)), dtype="FLOAT32"),
     # Weights quantized per block [O, I] -> int32 [O_padded / 32, I / block, 32]: sums per block.
     **{block_sums_packer(block): Packer(block_sums_packer(block),
                                         lambda s, b=block: (padded(s[0]) // CHANNEL_TILE, s[1] // b, CHANNEL_TILE),

@@ -100,7 +100,7 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     rng = np.random.default_rng(0)
     ranks = {"pad_channels": None, "o_blocked": None, "dot4": None, "dot4_blocked": None,
              "channel_sums": None, "dot4_rows": 4, "tap_sums": None, "o_last_blocked": None,
-             "o_before_last_blocked": None, **{block_sums_packer(b): 2 for b in WEIGHT_BLOCKS}}
+             "o_before_last_blocked": None, "o_blocked_widened": None, **{block_sums_packer(b): 2 for b in WEIGHT_BLOCKS}}
     for name in PACKERS:
         for _ in range(25):
             dot = name in ("dot4", "dot4_blocked")
@@ -111,8 +111,12 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
             block = next((b for b in WEIGHT_BLOCKS if name == block_sums_packer(b)), 0)
             if block:
                 shape = (shape[0], block * (1 + shape[1] % 3))  # whole blocks
-            for dtype in (np.int8,) if PACKERS[name].dtype == "INT32" else (np.float32, np.int8, np.int32):
+            widened = PACKERS[name].dtype == "FLOAT32"
+            for dtype in (np.int8,) if PACKERS[name].dtype == "INT32" else (np.float16,) if widened else (
+                    np.float32, np.int8, np.int32):
                 src = np.clip(rng.standard_normal(shape) * 50, -127, 127).astype(dtype)
+                if widened:  # every class of half: subnormals, zeros, infinities
+                    src.flat[: 6] = np.array([6e-8, -3e-6, -0.0, np.inf, -np.inf, 65504], np.float16)[: src.size]
                 expected = pack(name, src)
                 dst = np.full(expected.shape, 77, expected.dtype)  # padding must be written as zeros
                 dims = lambda a: (ctypes.c_int32 * a.ndim)(*a.shape)  # noqa: E731

@@ -1,6 +1,7 @@
 #include "pack.h"
 
 #include <cstring>
+#include <vector>
 
 namespace dnnfusion {
 namespace {
@@ -104,6 +105,36 @@ size_t SummedBlock(Pack pack) {
 
 bool PacksToInt32(Pack pack) { return pack == Pack::kChannelSums || pack == Pack::kTapSums || SummedBlock(pack) != 0; }
 
+bool PacksToFloat32(Pack pack) { return pack == Pack::kOBlockedWidened; }
+
+namespace {
+
+float FloatOfHalf(uint16_t half) {
+  const uint32_t sign = static_cast<uint32_t>(half & 0x8000u) << 16;
+  const uint32_t exponent = (half >> 10) & 0x1Fu, significand = half & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1Fu) {
+    bits = sign | 0x7F800000u | (significand << 13);  // inf, NaN
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112u) << 23) | (significand << 13);
+  } else if (significand == 0) {
+    bits = sign;
+  } else {  // subnormal: normalized into float's range
+    int shift = 0;
+    uint32_t s = significand;
+    while (!(s & 0x400u)) {
+      s <<= 1;
+      ++shift;
+    }
+    bits = sign | ((113u - shift) << 23) | ((s & 0x3FFu) << 13);
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof(value));
+  return value;
+}
+
+}  // namespace
+
 std::string PackValueProblem(Pack pack, const void* src, size_t count, size_t element_bytes) {
   if (pack != Pack::kTapSums) return "";
   if (element_bytes != 1) return "depthwise tap sums need int8 weights";
@@ -118,7 +149,7 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
                   const int32_t* dst_dims, int dst_rank, size_t bytes) {
   const auto* in = static_cast<const uint8_t*>(src);
   auto* out = static_cast<uint8_t*>(dst);
-  const size_t out_bytes = PacksToInt32(pack) ? sizeof(int32_t) : bytes;
+  const size_t out_bytes = PacksToInt32(pack) || PacksToFloat32(pack) ? sizeof(int32_t) : bytes;
   std::memset(out, 0, Product(dst_dims, dst_rank) * out_bytes);
   switch (pack) {
     case Pack::kPadChannels: {  // [..., C] -> [..., C_padded]
@@ -187,6 +218,18 @@ bool PackConstant(Pack pack, const void* src, const int32_t* src_dims, int src_r
         }
       }
       return true;
+    }
+    case Pack::kOBlockedWidened: {  // fp16 [O, rest...] -> float32 [O_padded / T, rest..., T]
+      if (bytes != sizeof(uint16_t)) return false;
+      const size_t count = Product(src_dims, src_rank);
+      std::vector<float> wide(count);
+      for (size_t i = 0; i < count; ++i) {
+        uint16_t half;
+        std::memcpy(&half, in + i * sizeof(half), sizeof(half));
+        wide[i] = FloatOfHalf(half);
+      }
+      return PackOBlocked(reinterpret_cast<const uint8_t*>(wide.data()), src_dims, src_rank, 0, out, dst_dims,
+                          dst_rank, sizeof(float));
     }
     case Pack::kNone:
       break;

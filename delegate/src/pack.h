@@ -11,8 +11,12 @@
 
 namespace dnnfusion {
 
-// Whether `pack` turns a constant into int32 values (kChannelSums, kTapSums) instead of keeping its type.
+// Whether `pack` turns a constant into int32 values (kChannelSums, kTapSums, kBlockSums*) instead of
+// keeping its type.
 bool PacksToInt32(Pack pack);
+
+// Whether `pack` turns a half-precision constant into float32 values (kOBlockedWidened).
+bool PacksToFloat32(Pack pack);
 
 // Why the values of a constant (`count` elements of `element_bytes` each) cannot be packed as
 // `pack` for the kernels that read it, or "" when they can: kTapSums' kernels add two int8 products

@@ -182,6 +182,7 @@ Partition::Buffer* Partition::BufferFor(TfLiteContext* context, int tensor, int 
   }
   const size_t stored_bytes = b.raw.type.bytes();
   if (PacksToInt32(static_cast<Pack>(pack))) b.raw.type = halide_type_t(halide_type_int, 32);
+  if (PacksToFloat32(static_cast<Pack>(pack))) b.raw.type = halide_type_t(halide_type_float, 32);
   if (half) {
     if (t.type != kTfLiteFloat32 || (role != Role::kConstant && role != Role::kDecoded)) {
       *error = std::string("tensor '") + (t.name ? t.name : "?") + "' is no float32 constant to pass in fp16";

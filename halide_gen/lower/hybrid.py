@@ -286,7 +286,7 @@ def _fully_connected_blockwise(ctx: OpContext) -> list[Value]:
     ctx.materialize.append(source)
     weight = packed_weights(ctx, 1, dot=DOT_DEPTH, blocked_dot=True)
     block_sums = channel_tiles(ctx.packed(1, block_sums_packer(size)))
-    scale = channel_tiles(ctx.value_of(scales, "o_blocked"))  # [units, blocks], a tile of units a vector
+    scale = channel_tiles(ctx.value_of(scales, "o_blocked_widened"))  # [units, blocks] in float32
     step = ReductionDomain([size], ctx.func_name("r"))
     over_blocks = ReductionDomain([blocks], ctx.func_name("rb"))
 

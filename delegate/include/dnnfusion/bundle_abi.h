@@ -42,6 +42,7 @@ enum class Pack : int32_t {
   kBlockSums64 = 13,  // int8 [O, I] -> int32 [O padded / tile, I / 64, tile]: sums per block of 64 inputs
   kBlockSums128 = 14,  // int8 [O, I] -> int32 [O padded / tile, I / 128, tile]: sums per block of 128 inputs
   kBlockSums256 = 15,  // int8 [O, I] -> int32 [O padded / tile, I / 256, tile]: sums per block of 256 inputs
+  kOBlockedWidened = 16,  // fp16 [O, ...] -> float32 [O padded / tile, ..., tile]
 };
 
 // Where a kernel argument's data comes from (ArgSpec::source).
