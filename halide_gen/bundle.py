@@ -61,6 +61,9 @@ class BundleBlock:
     # (BlockKernel.bound): the model fingerprint covers them (bound_constants).
     bound: Mapping[tuple[int, int], str] = field(default_factory=dict)
     in_place: KernelArtifact | None = None  # the kernel's in-place form (halide_gen.block.build_block)
+    # Where the delegate may run the kernel once per item of a larger batch: the ids of the argument
+    # tensors it then cuts per item (tflite_tools.model.batch_items); None where it may not.
+    per_item: frozenset[int] | None = None
 
     def kernels(self) -> list[KernelArtifact]:
         """The compiled kernels the block links: its kernel and its in-place form, if any."""
@@ -251,7 +254,8 @@ def _graph_tables(graph: BundleGraph, suffix: str) -> tuple[list[str], str]:
                                     stored=idx(stored), pack=PACK.code(a.pack), half=int(a.half), rank=len(a.shape),
                                     dims=_dims(a.shape), first_index_bound=len(index_bounds),
                                     n_index_bounds=len(a.index_bounds),
-                                    index_op=_c_string(a.index_op) if a.index_op else "nullptr"))
+                                    index_op=_c_string(a.index_op) if a.index_op else "nullptr",
+                                    per_item=int(b.per_item is not None and id(a.tensor) in b.per_item)))
             index_bounds.extend(str(int(bound)) for bound in a.index_bounds)
         for t in b.outputs:
             touched[idx(t)] = t
@@ -265,7 +269,8 @@ def _graph_tables(graph: BundleGraph, suffix: str) -> tuple[list[str], str]:
                                 n_args=len(b.arguments), first_output=first_out, n_outputs=len(b.outputs),
                                 group=b.group, first_scratch=first_scratch, n_scratch=len(b.artifact.scratch),
                                 in_place_kernel=f"{b.in_place.function}_argv" if b.in_place else "nullptr",
-                                first_in_place=first_in_place, n_in_place=(len(in_place) - first_in_place) // 2))
+                                first_in_place=first_in_place, n_in_place=(len(in_place) - first_in_place) // 2,
+                                per_item=int(b.per_item is not None)))
     tensors = [initializer(TENSOR_SPEC, index=i, type=TFLITE_TYPES.value(t.type_name), rank=len(t.shape),
                            dims=_dims(t.shape)) for i, t in sorted(touched.items())]
     tables = [

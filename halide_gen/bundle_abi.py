@@ -156,6 +156,7 @@ ARG_SPEC = Struct("ArgSpec", "One kernel argument: the tensor it reads and the s
     Field("first_index_bound", "int32_t", "slice of Bundle::index_bounds: indices a GPU kernel reads unchecked, each "
                                           "innermost position k < bound[k % n]; the partition checks them first"),
     Field("n_index_bounds", "int32_t", "0: no check"),
+    Field("per_item", "int32_t", "1: carries the batch; a block run once per item passes each item's slice"),
     Field("index_op", "const char*", "the op reading them, for the message (\"gather\")"),
 ))
 
@@ -186,6 +187,8 @@ BLOCK_SPEC = Struct("BlockSpec", "One fused block and its kernel.", (
     Field("first_in_place", "int32_t", "slice of GraphSpec::in_place, in pairs: an argument's position among "
                                        "the block's, then the output's it updates (a KV cache passed in and out)"),
     Field("n_in_place", "int32_t", "pairs"),
+    Field("per_item", "int32_t", "1: may run once per item where its tensors carry a batch that many times the one "
+                                 "it was compiled for (ArgSpec::per_item says which arguments; every output does)"),
 ))
 
 GRAPH_SPEC = Struct("GraphSpec", "One fused subgraph's table: the blocks the delegate may claim in it.", (

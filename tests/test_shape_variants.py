@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import tflite_tools
 from test_bad_input import assert_one_line_error
 from tflite_tools import cli, runtime
 from tflite_tools.fuse import fuse
@@ -128,9 +129,14 @@ def test_a_model_resized_to_compiled_shapes_runs_their_kernels_and_matches(model
         calls[base if base in fixed else block] += n
     expected = Counter({b: len(runs) for b in fixed})
     static = list(load(model_path(stem)).subgraphs[0].inputs[0].shape)
+    per_item = {k.block for k in result.kernels if k.per_item and k.shapes is None}
     for shape in runs:
         prefix = next((v.prefix for v in result.variants if v.shapes.endswith("=" + "x".join(map(str, shape)))),
                       "" if shape == static else None)
+        if prefix is None and shape[1:] == static[1:] and shape[0] % static[0] == 0:
+            # Another batch, no variant: the model's own kernels, once per item (test_batch_items.py).
+            for block in (own - fixed) & per_item:
+                expected[block] += 1
         for block in own - fixed if prefix is not None else ():
             expected[prefix + block] += 1
     assert calls == expected and len(fixed) < len(own)
@@ -143,7 +149,14 @@ def test_a_block_declined_after_a_resize_goes_to_tflite_and_comes_back(model_pat
     # TFLite undoes a delegation without clearing the tensors it marked as a delegate's: unless the
     # delegate clears them, XNNPACK is refused the node the delegate declines at the new shape (and
     # the delegate the node XNNPACK took, on the way back), and the model cannot be prepared at all.
-    result = fuse(model_path("dynamic_batch_matmul"), tmp_path / "out", cache_dir=kernel_cache)
+    # Its block transposes the batch away, so no other batch runs its kernel (test_batch_items.py).
+    rng = np.random.default_rng(5)
+    b = tflite_tools.ModelBuilder()
+    x = b.input("x", [1, 8], shape_signature=[-1, 8])
+    y = b.op("BATCH_MATMUL", [x, b.const("w", rng.standard_normal((8, 6)).astype(np.float32))], [1, 6])
+    b.output(b.op("TRANSPOSE", [y, b.const("perm", np.array([1, 0], np.int32))], [6, 1]))
+    tflite_tools.save(b.build(), tmp_path / "transposed_batch.tflite")
+    result = fuse(tmp_path / "transposed_batch.tflite", tmp_path / "out", cache_dir=kernel_cache)
     report = tmp_path / "claims.jsonl"
     d = runtime.load_delegate(str(result.library), options={"claim": claim, "report": str(report)})
     interp = runtime.make_interpreter(result.model, resolver, delegates=[d])

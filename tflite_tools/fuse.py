@@ -58,6 +58,7 @@ from .model.errors import ModelError, ToolchainError
 from .model.fingerprint import METADATA_NAME, model_fingerprint, subgraph_fingerprint
 from .model.ir import Model, Subgraph
 from .model.reader import load
+from .model.batch_items import batch_carriers, per_item_arguments
 from .model.variants import ShapeVariant, parse_variant, resolve, with_shapes
 from .model.writer import save, serialize
 from .outdir import OutputFolder
@@ -77,6 +78,9 @@ class KernelRecord:
     shapes: str | None = None  # the `--shape` variant it is compiled at (None: the model's own shapes)
     kernel: str | None = None  # the C entry point, when the block has a kernel
     in_place_kernel: str | None = None  # its in-place form's, for a block that updates a KV cache
+    # The delegate may run it once per item where the model is resized to a larger batch
+    # (tflite_tools.model.batch_items).
+    per_item: bool = False
     cached: bool = False
     skipped: str | None = None  # why the block stays with TFLite
     schedule: str = "template"  # the CPU templates, or the autoscheduler that measured faster
@@ -195,8 +199,9 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         shaped = _shaped_subgraphs(model, variants)
         job.blocks = sum(len(summaries[v.index].plan.blocks) for v in shaped) + \
             sum(len(summary.plan.blocks) for summary in summaries)
+        carriers = _batch_carriers(job, model)
         graphs = [g for i, summary in enumerate(summaries)
-                  for g in _compile_subgraph(job, model, i, summary, [v for v in shaped if v.index == i])]
+                  for g in _compile_subgraph(job, model, i, summary, [v for v in shaped if v.index == i], carriers[i])]
         _withhold_indistinguishable(model, graphs)
         own = [g for g in graphs if g.variant is None]
         fingerprint = model_fingerprint([subgraph_fingerprint(model.subgraphs[g.index], bound_constants(g.blocks))
@@ -331,12 +336,22 @@ class _Graph:
     decoders: int = 0  # stored-weight decoders restored at its front (_restore_stored_weights)
 
 
+def _batch_carriers(job: _Job, model: Model) -> list[dict[int, bool] | None]:
+    """Per subgraph, which of its tensors carry the batch (batch_items.batch_carriers), for a CPU
+    target, whose kernels the delegate may run once per item of a larger batch; else None each."""
+    if job.spec.gpu_api is not None:
+        return [None] * len(model.subgraphs)
+    content = serialize(model)
+    return [batch_carriers(model, content, i) for i in range(len(model.subgraphs))]
+
+
 def _compile_subgraph(job: _Job, model: Model, index: int, summary: PlanSummary,
-                      shaped: Sequence[_Shaped]) -> list[_Graph]:
+                      shaped: Sequence[_Shaped], carriers: dict[int, bool] | None = None) -> list[_Graph]:
     """Compiles subgraph `index`'s planned blocks, and again at each variant's shapes under the same
-    plan (so its nodes are the same), then puts the stored weights back in each."""
+    plan (so its nodes are the same), then puts the stored weights back in each. `carriers`: which
+    tensors carry the batch (blocks of the model's own shapes may then run once per item)."""
     sg, label = model.subgraphs[index], model.subgraph_label(index)
-    graphs = [_Graph(index, label, summary, *_compile_blocks(job, sg, summary.plan.blocks), sg)]
+    graphs = [_Graph(index, label, summary, *_compile_blocks(job, sg, summary.plan.blocks, carriers), sg)]
     for variant in shaped:
         copy, copies = with_shapes(sg, variant.shapes)
         blocks = [replace(b, name=variant.prefix + b.name.removeprefix(block_prefix(model, index)),
@@ -386,9 +401,11 @@ def _withhold_indistinguishable(model: Model, graphs: list[_Graph]) -> None:
             _withhold(graph, withheld[name], {name})
 
 
-def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], list[BundleBlock]]:
+def _compile_blocks(job: _Job, sg, plan_blocks, carriers: dict[int, bool] | None = None
+                    ) -> tuple[list[KernelRecord], list[BundleBlock]]:
     """Lowers, schedules and compiles every planned block (through the kernel cache); returns a
-    record per block and the bundle blocks of those with a kernel."""
+    record per block and the bundle blocks of those with a kernel, each with the arguments it takes
+    per item where it may run once per item of a larger batch (`carriers`: batch_carriers')."""
     timings = BlockTimings(job.cache_dir) if job.measure or job.autoschedulers else None
     records: list[KernelRecord] = []
     blocks: list[BundleBlock] = []
@@ -427,8 +444,11 @@ def _compile_blocks(job: _Job, sg, plan_blocks) -> tuple[list[KernelRecord], lis
             record.profitable = record.ratio < 1.0
         else:
             record.profitable = job.spec.claims_unmeasured(ops)
+        per_item = None if artifact.scratch else per_item_arguments(
+            ops, [a.tensor for a in lowered.arguments], block.outputs, carriers)
+        record.per_item = per_item is not None
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable,
-                                  bound=lowered.bound, in_place=in_place))
+                                  bound=lowered.bound, in_place=in_place, per_item=per_item))
     for name, why in claim_groups(sg.operators, blocks).items():
         record = next(r for r in records if r.block == name)
         record.kernel, record.profitable, record.skipped = None, False, why

@@ -114,7 +114,8 @@ bool IsConstant(const TfLiteTensor& t) {
 const char kNotFinite[] = "' holds NaN or infinity (the kernel would differ from TFLite's at padding)";
 
 // Why tensor `index` differs from the bundle's spec, or "" when it matches.
-std::string CheckTensor(TfLiteContext* context, const GraphSpec& graph, int index, bool constant) {
+// Why tensor `index` differs from its spec with its leading dimension `items` times the spec's, or "".
+std::string CheckTensor(TfLiteContext* context, const GraphSpec& graph, int index, bool constant, int items = 1) {
   const TensorSpec* spec = FindTensorSpec(graph, index);
   if (spec == nullptr || index < 0 || static_cast<size_t>(index) >= context->tensors_size) {
     return "tensor " + std::to_string(index) + " is not in the bundle";
@@ -124,9 +125,12 @@ std::string CheckTensor(TfLiteContext* context, const GraphSpec& graph, int inde
   if (t.type != spec->type) {
     return "tensor '" + name + "' has type " + std::to_string(t.type) + ", the kernel takes " + std::to_string(spec->type);
   }
-  if (!SameDims(t.dims, spec->rank, spec->dims)) {
+  int32_t dims[kMaxRank];
+  std::copy(spec->dims, spec->dims + spec->rank, dims);
+  if (spec->rank > 0) dims[0] *= items;
+  if (!SameDims(t.dims, spec->rank, dims)) {
     return "tensor '" + name + "' has shape " + ShapeText(t.dims) + ", the kernel was compiled for " +
-           SpecShapeText(spec->rank, spec->dims);
+           SpecShapeText(spec->rank, spec->dims) + (items > 1 ? " per item" : "");
   }
   // A dimension the signature leaves open (-1) is fine once TFLite has sized it (the dims checked
   // above); a tensor its producer sizes only while the model runs is not.
@@ -248,17 +252,55 @@ std::string ShapeText(const TfLiteIntArray* dims) {
   return SpecShapeText(dims->size, dims->data);
 }
 
-std::string BlockShapeProblem(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block) {
+namespace {
+
+// Why the block's tensors differ from its spec with each batch-carrying one `items` times its
+// compiled batch (1: exactly as compiled), or "". `constants`: check constant arguments are constants.
+std::string ShapesAt(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, int items,
+                     bool constants) {
   for (int k = 0; k < block.n_args; ++k) {
     const ArgSpec& arg = graph.args[block.first_arg + k];
-    std::string why = CheckTensor(context, graph, arg.tensor, arg.source == ArgSource::kConstant);
+    std::string why = CheckTensor(context, graph, arg.tensor, constants && arg.source == ArgSource::kConstant,
+                                  arg.per_item ? items : 1);
     if (!why.empty()) return why;
   }
   for (int k = 0; k < block.n_outputs; ++k) {
-    std::string why = CheckTensor(context, graph, graph.outputs[block.first_output + k], false);
+    std::string why = CheckTensor(context, graph, graph.outputs[block.first_output + k], false, items);
     if (!why.empty()) return why;
   }
   return "";
+}
+
+// How many items of its compiled batch a per-item block's first output holds now (0: none whole).
+int ItemsHeld(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block) {
+  if (!block.per_item || block.n_outputs == 0) return 0;
+  const int index = graph.outputs[block.first_output];
+  const TensorSpec* spec = FindTensorSpec(graph, index);
+  if (spec == nullptr || spec->rank == 0 || spec->dims[0] <= 0 || index < 0 ||
+      static_cast<size_t>(index) >= context->tensors_size) {
+    return 0;
+  }
+  const TfLiteIntArray* dims = context->tensors[index].dims;
+  if (dims == nullptr || dims->size != spec->rank || dims->data[0] % spec->dims[0] != 0) return 0;
+  return dims->data[0] / spec->dims[0];
+}
+
+}  // namespace
+
+int BlockItems(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, std::string* why,
+               bool constants) {
+  std::string exact = ShapesAt(context, graph, block, 1, constants);
+  if (exact.empty()) return 1;
+  const int items = ItemsHeld(context, graph, block);
+  if (items > 1 && ShapesAt(context, graph, block, items, constants).empty()) return items;
+  if (why != nullptr) *why = exact;
+  return 0;
+}
+
+std::string BlockShapeProblem(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block) {
+  std::string why;
+  BlockItems(context, graph, block, &why, /*constants=*/true);
+  return why;
 }
 
 const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index) {
@@ -270,8 +312,15 @@ const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index) {
 
 namespace {
 
-// True when every tensor the graph's blocks touch is as they were compiled for (CheckTensor).
-bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph) {
+// True when every tensor the graph's blocks touch is as they were compiled for (CheckTensor) or,
+// where `by_items`, when every block runs at its tensors' shapes, once or once per item.
+bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph, bool by_items) {
+  if (by_items) {
+    for (int b = 0; b < graph.n_blocks; ++b) {
+      if (BlockItems(context, graph, graph.blocks[b], nullptr, /*constants=*/false) == 0) return false;
+    }
+    return true;
+  }
   for (int i = 0; i < graph.n_tensor_specs; ++i) {
     if (!CheckTensor(context, graph, graph.tensors[i].index, /*constant=*/false).empty()) return false;
   }
@@ -279,12 +328,17 @@ bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph) {
 }
 
 // The bundle's graph for the subgraph in `context`: of those whose operators it has (CheckGraph),
-// the first with blocks whose tensor shapes agree too, else the first with blocks (they are then
-// declined one by one, naming the tensor that differs), else one without blocks (the entry
-// subgraph's, which claims nothing). Any graph accepted here computes what this subgraph computes
-// (fuse leaves out graphs another subgraph could be mistaken for: bundle.indistinguishable), so
-// the choice only decides which shapes' kernels run. Null, with the reason, when none matches.
+// the first with blocks whose tensor shapes agree too (exactly, else once per item of a larger
+// batch), else the first with blocks (they are then declined one by one, naming the tensor that
+// differs), else one without blocks (the entry subgraph's, which claims nothing). Any graph
+// accepted here computes what this subgraph computes (fuse leaves out graphs another subgraph
+// could be mistaken for: bundle.indistinguishable), so the choice only decides which shapes'
+// kernels run. Null, with the reason, when none matches.
 const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::string* why) {
+  for (int g = 0; g < bundle.n_graphs; ++g) {  // a graph compiled for these very shapes first
+    const GraphSpec& graph = bundle.graphs[g];
+    if (graph.n_blocks > 0 && CheckGraph(context, graph).empty() && ShapesAgree(context, graph, false)) return &graph;
+  }
   const GraphSpec* first = nullptr;
   const GraphSpec* empty = nullptr;
   for (int g = 0; g < bundle.n_graphs; ++g) {
@@ -298,7 +352,7 @@ const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::
       if (empty == nullptr) empty = &graph;
       continue;
     }
-    if (ShapesAgree(context, graph)) return &graph;
+    if (ShapesAgree(context, graph, true)) return &graph;
     if (first == nullptr) first = &graph;
   }
   if (first == nullptr) first = empty;

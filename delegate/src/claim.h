@@ -52,8 +52,16 @@ void KeepBlocksWhole(TfLiteContext* context, Claim* claim);
 std::string ShapeText(const TfLiteIntArray* dims);
 
 // Why a tensor block `block` reads or writes differs from the graph's spec (type, shape, a constant
-// that is not, a size known only as the model runs), or "" when none does.
+// that is not, a size known only as the model runs), or "" when none does: none differs, or the
+// block may run once per item (BlockSpec::per_item) and its batch-carrying tensors hold a whole
+// number of the items it was compiled for.
 std::string BlockShapeProblem(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block);
+
+// How many times the block's kernel runs at its tensors' current shapes: 1 where they are as
+// compiled, B where a per-item block's batch-carrying tensors hold B times its compiled batch, 0
+// (`why` says which tensor differs) otherwise. `constants`: also check constant arguments are.
+int BlockItems(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, std::string* why,
+               bool constants = true);
 
 // The spec of tensor `index` in a graph of the bundle, or nullptr.
 const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index);

@@ -327,7 +327,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
   const ReadOnlyFileMappings mappings;  // where the weights lie: packed, their pages are handed back
   for (Step& step : steps_) {
     const BlockSpec& block = graph.blocks[step.block];
-    std::vector<const Buffer*> bound;  // the kernel's arguments, then its outputs
+    std::vector<Buffer*> bound;  // the kernel's arguments, then its outputs
     for (int k = 0; k < block.n_args; ++k) {
       const ArgSpec& arg = graph.args[block.first_arg + k];
       const Role role = arg.source == ArgSource::kConstant  ? Role::kConstant
@@ -355,7 +355,14 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       bound.push_back(b);
       if (role == Role::kOutput) step.to_host.push_back(b);
     }
-    for (int k = 0; block.in_place_kernel != nullptr && k < block.n_in_place; ++k) {
+    step.items = std::max(1, BlockItems(context, graph, block, nullptr, /*constants=*/false));
+    for (int k = 0; step.items > 1 && k < block.n_args; ++k) {
+      if (graph.args[block.first_arg + k].per_item) step.cut.emplace_back(bound[k], bound[k]->raw.size_in_bytes());
+    }
+    for (int k = 0; step.items > 1 && k < block.n_outputs; ++k) {
+      step.cut.emplace_back(bound[block.n_args + k], bound[block.n_args + k]->raw.size_in_bytes());
+    }
+    for (int k = 0; step.items == 1 && block.in_place_kernel != nullptr && k < block.n_in_place; ++k) {
       const int32_t* pair = graph.in_place + block.first_in_place + 2 * k;
       const Buffer* in = bound[pair[0]];
       const Buffer* out = bound[block.n_args + pair[1]];
@@ -379,7 +386,22 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
 
 std::string Partition::ShapeChange(TfLiteContext* context) const {
   const GraphSpec& graph = *graph_;
+  for (const Step& step : steps_) {
+    if (step.items == 1) continue;  // its buffers are checked below
+    std::string why;
+    const int items = BlockItems(context, graph, graph.blocks[step.block], &why, /*constants=*/false);
+    if (items != step.items) {
+      return why.empty() ? "block " + std::string(graph.blocks[step.block].name) + " now holds " +
+                               std::to_string(items) + " items of its batch, not " + std::to_string(step.items)
+                         : why;
+    }
+  }
+  std::set<const Buffer*> batched;
+  for (const Step& step : steps_) {
+    for (const auto& cut : step.cut) batched.insert(cut.first);
+  }
   for (const Buffer& b : buffers_) {
+    if (batched.count(&b)) continue;  // checked per item above
     if (!b.packed.empty() || b.role == Role::kScratch) continue;  // packed or scratch: shapes of our own
     const TensorSpec* spec = FindTensorSpec(graph, b.tensor);
     const TfLiteIntArray* dims = context->tensors[b.tensor].dims;
@@ -395,25 +417,28 @@ std::string Partition::ShapeChange(TfLiteContext* context) const {
 
 const GraphSpec* Partition::GraphForShapes(TfLiteContext* context, std::vector<int>* blocks) const {
   const Bundle& bundle = *state_.bundle;
-  for (int g = 0; g < bundle.n_graphs; ++g) {
-    const GraphSpec& other = bundle.graphs[g];
-    if (&other == graph_ || other.subgraph != graph_->subgraph) continue;
-    blocks->clear();
-    for (const Step& step : steps_) {
-      const BlockSpec& mine = graph_->blocks[step.block];
-      int found = -1;
-      for (int b = 0; b < other.n_blocks && found < 0; ++b) {
-        const BlockSpec& theirs = other.blocks[b];
-        bool same = theirs.n_nodes == mine.n_nodes;
-        for (int k = 0; same && k < mine.n_nodes; ++k) {
-          same = other.nodes[theirs.first_node + k].index == graph_->nodes[mine.first_node + k].index;
+  for (const bool by_items : {false, true}) {
+    for (int g = 0; g < bundle.n_graphs; ++g) {
+      const GraphSpec& other = bundle.graphs[g];
+      if (other.subgraph != graph_->subgraph) continue;
+      blocks->clear();
+      for (const Step& step : steps_) {
+        const BlockSpec& mine = graph_->blocks[step.block];
+        int found = -1;
+        for (int b = 0; b < other.n_blocks && found < 0; ++b) {
+          const BlockSpec& theirs = other.blocks[b];
+          bool same = theirs.n_nodes == mine.n_nodes;
+          for (int k = 0; same && k < mine.n_nodes; ++k) {
+            same = other.nodes[theirs.first_node + k].index == graph_->nodes[mine.first_node + k].index;
+          }
+          const int items = same ? BlockItems(context, other, theirs, nullptr) : 0;
+          if (items == 1 || (by_items && items > 1)) found = b;
         }
-        if (same && BlockShapeProblem(context, other, theirs).empty()) found = b;
+        if (found < 0) break;
+        blocks->push_back(found);
       }
-      if (found < 0) break;
-      blocks->push_back(found);
+      if (blocks->size() == steps_.size()) return &other;
     }
-    if (blocks->size() == steps_.size()) return &other;
   }
   return nullptr;
 }
@@ -470,6 +495,30 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
   }
   falling_back_ = true;
   return kTfLiteOk;
+}
+
+int Partition::RunStep(Step& step) {
+  const BlockSpec& block = graph_->blocks[step.block];
+  int err = 0;
+  if (step.items == 1) {
+    err = (SharesMemory(step.in_place) ? block.in_place_kernel : block.kernel)(step.argv.data());
+  } else {
+    // Each item's slice of the batch-carrying buffers in turn; the others (weights, a shared mask) whole.
+    std::vector<uint8_t*> bases;
+    for (const auto& cut : step.cut) bases.push_back(cut.first->raw.host);
+    for (int item = 0; item < step.items && err == 0; ++item) {
+      for (size_t k = 0; k < step.cut.size(); ++k) step.cut[k].first->raw.host = bases[k] + item * step.cut[k].second;
+      err = block.kernel(step.argv.data());
+    }
+    for (size_t k = 0; k < step.cut.size(); ++k) step.cut[k].first->raw.host = bases[k];
+  }
+  for (Buffer* b : step.to_host) {
+    if (err == 0) err = halide_copy_to_host(nullptr, &b->raw);  // no-op unless a GPU wrote it
+    if (err == 0 && b->copy_to != nullptr) {
+      std::memcpy(b->copy_to, b->raw.host, b->raw.size_in_bytes() * static_cast<size_t>(step.items));
+    }
+  }
+  return err;
 }
 
 bool Partition::SharesMemory(const std::vector<std::pair<const Buffer*, const Buffer*>>& pairs) {
@@ -538,11 +587,7 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
     ClearHalideError();
     const bool timed = !state_.options.profile.empty();
     const auto start = timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
-    int err = (SharesMemory(step.in_place) ? block.in_place_kernel : block.kernel)(step.argv.data());
-    for (Buffer* b : step.to_host) {
-      if (err == 0) err = halide_copy_to_host(nullptr, &b->raw);  // no-op unless a GPU wrote it
-      if (err == 0 && b->copy_to != nullptr) std::memcpy(b->copy_to, b->raw.host, b->raw.size_in_bytes());
-    }
+    const int err = RunStep(step);
     if (timed) {
       step.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       ++step.calls;

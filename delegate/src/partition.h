@@ -95,18 +95,25 @@ class Partition {
     // the caller passes in and out as one buffer): empty when the block has none, or when a pair
     // is a tensor internal to the partition (memory of ours, never shared).
     std::vector<std::pair<const Buffer*, const Buffer*>> in_place;
+    // The kernel runs once per item of a batch `items` times the one it was compiled for
+    // (BlockSpec::per_item), on each item's slice of the buffers in `cut` (each an item's bytes).
+    int items = 1;
+    std::vector<std::pair<Buffer*, size_t>> cut;
   };
 
   TfLiteStatus Fail(TfLiteContext* context, const std::string& message);
   TfLiteStatus Build(TfLiteContext* context);
   // True when every pair shares its memory (and there is one): the block's in-place form may run.
   static bool SharesMemory(const std::vector<std::pair<const Buffer*, const Buffer*>>& pairs);
-  // "" when every tensor has the shape the kernels were built for; else which one differs.
+  // "" when every tensor has the shape the kernels were built for (once per item where the steps
+  // run so); else which one differs.
   std::string ShapeChange(TfLiteContext* context) const;
   // A graph of the bundle for this subgraph (a `fuse --shape` variant, or the model's own shapes
-  // again) holding this partition's blocks, node for node, at the shapes the tensors have now; null
-  // when none does.
+  // again, run once per item of a larger batch) holding this partition's blocks, node for node, at
+  // the shapes the tensors have now, one compiled for exactly those shapes first; null when none does.
   const GraphSpec* GraphForShapes(TfLiteContext* context, std::vector<int>* blocks) const;
+  // Runs step's kernel (once per item where it runs so), then hands its outputs back to TFLite.
+  int RunStep(Step& step);
   // Makes `graph`'s `blocks` the partition's steps; what was built for the old graph is dropped.
   void Rebind(const GraphSpec& graph, const std::vector<int>& blocks);
   void FreeDeviceMemory();

@@ -98,6 +98,7 @@ struct ArgSpec {
   int32_t dims[kMaxRank];  // after packing, TFLite order
   int32_t first_index_bound;  // slice of Bundle::index_bounds: indices a GPU kernel reads unchecked, each innermost position k < bound[k % n]; the partition checks them first
   int32_t n_index_bounds;  // 0: no check
+  int32_t per_item;  // 1: carries the batch; a block run once per item passes each item's slice
   const char* index_op;  // the op reading them, for the message ("gather")
 };
 
@@ -126,6 +127,7 @@ struct BlockSpec {
   KernelEntry in_place_kernel;  // the kernel's in-place form (nullptr: none), run instead where every pair of in_place shares its memory: it writes only the updates
   int32_t first_in_place;  // slice of GraphSpec::in_place, in pairs: an argument's position among the block's, then the output's it updates (a KV cache passed in and out)
   int32_t n_in_place;  // pairs
+  int32_t per_item;  // 1: may run once per item where its tensors carry a batch that many times the one it was compiled for (ArgSpec::per_item says which arguments; every output does)
 };
 
 // One fused subgraph's table: the blocks the delegate may claim in it.
