@@ -14,10 +14,20 @@ from tflite_tools.model.batch_items import batch_carriers, per_item_arguments
 from tflite_tools.run import compare, quantized_outputs, read_claims, reference_resolver
 
 
-def _resized(interp, batch: int) -> None:
-    for detail in interp.get_input_details():
-        interp.resize_tensor_input(detail["index"], [batch, *detail["shape"][1:]])
-    interp.allocate_tensors()
+def _ours_and_litert(result, tmp_path):
+    """The fused model with the delegate claiming all it can, LiteRT's reference for it, and the
+    delegate's claims report."""
+    report = tmp_path / "claims.jsonl"
+    d = runtime.load_delegate(str(result.library), options={"claim": "all", "report": str(report)})
+    return (runtime.make_interpreter(result.model, delegates=[d]),
+            runtime.make_interpreter(result.model, reference_resolver(result.model)), report)
+
+
+def _resized(batch: int, *interpreters) -> None:
+    for interp in interpreters:
+        for detail in interp.get_input_details():
+            interp.resize_tensor_input(detail["index"], [batch, *detail["shape"][1:]])
+        interp.allocate_tensors()
 
 
 def _items(inputs, k: int):
@@ -29,13 +39,9 @@ def _items(inputs, k: int):
 def test_a_model_resized_along_its_batch_stays_claimed_and_matches(stem, fused, tmp_path):
     result = fused(stem)
     assert all(k.per_item for k in result.kernels if k.kernel), [k.block for k in result.kernels if not k.per_item]
-    report = tmp_path / "claims.jsonl"
-    d = runtime.load_delegate(str(result.library), options={"claim": "all", "report": str(report)})
-    ours = runtime.make_interpreter(result.model, delegates=[d])
-    reference = runtime.make_interpreter(result.model, reference_resolver(result.model))
+    ours, reference, report = _ours_and_litert(result, tmp_path)
     for seed, batch in enumerate((3, 1, 2)):
-        for interp in (ours, reference):
-            _resized(interp, batch)
+        _resized(batch, ours, reference)
         assert read_claims(report)["claimed_nodes"] == planned_nodes(result), batch
         inputs = runtime.random_inputs(ours, seed)
         got = runtime.run(ours, inputs)
@@ -43,7 +49,7 @@ def test_a_model_resized_along_its_batch_stays_claimed_and_matches(stem, fused, 
         errors = compare(got, runtime.run(reference, inputs), names, quantized=quantized_outputs(reference, result.model))
         assert all(e.ok for e in errors), (batch, errors)
         if batch > 1:  # the same kernels item by item: the same bits
-            _resized(ours, 1)
+            _resized(1, ours)
             for k in range(batch):
                 for whole, item in zip(got, runtime.run(ours, _items(inputs, k))):
                     assert whole[k: k + 1].tobytes() == item.tobytes()
@@ -72,13 +78,9 @@ def test_a_block_acting_across_items_runs_only_at_its_batch_and_tflite_runs_it_a
     result = fuse(path, tmp_path / "out", cache_dir=kernel_cache)
     (mixing,) = [k for k in result.kernels if op in k.ops]
     assert mixing.kernel and not mixing.per_item
-    report = tmp_path / "claims.jsonl"
-    d = runtime.load_delegate(str(result.library), options={"claim": "all", "report": str(report)})
-    ours = runtime.make_interpreter(result.model, delegates=[d])
-    reference = runtime.make_interpreter(result.model, reference_resolver(result.model))
+    ours, reference, report = _ours_and_litert(result, tmp_path)
     for seed, batch in enumerate((1, 3, 1)):
-        for interp in (ours, reference):
-            _resized(interp, batch)
+        _resized(batch, ours, reference)
         claimed = read_claims(report)["claimed_nodes"]
         assert claimed == [n for n in planned_nodes(result) if batch == 1 or n not in mixing.nodes], batch
         inputs = runtime.random_inputs(ours, seed)
