@@ -76,6 +76,23 @@ def test_cli_bench_takes_benchmark_models_flags_and_delegate_options(capsys, mod
     assert "need --delegate" in capsys.readouterr().err
 
 
+def test_cli_bench_resizes_the_inputs_as_benchmark_model_does(capsys, model_path, tmp_path, private_cache):
+    # --input_layer_shape: a batch of 3 of a model fused at batch 1 stays claimed (each block once
+    # per item); a shape LiteRT cannot take, or one shape too many, is one line and exit 2.
+    from tflite_tools.fuse import fuse
+
+    result = fuse(model_path("add_relu"), tmp_path / "out", cache_dir=private_cache)
+    args = ["bench", str(result.model), "--delegate", str(result.library), "--runs", "2", "--warmup", "0"]
+    assert cli.main([*args, "--input_layer_shape", "3,4,4,3:3,4,4,3", "--require-claims", "--json"]) == 0
+    assert [c["name"] for c in json.loads(capsys.readouterr().out)["contenders"]][0] == "xnnpack"
+    for shape, why in (("1,4,4,3:1,4,4,5", "LiteRT cannot run the model at --input_layer_shape"),
+                       ("1,4,4,3:1,4,4,3:1,2", "names 3 shapes; the model has 2 inputs"),
+                       ("1,x", "expected dims like")):
+        assert cli.main([*args, "--input_layer_shape", shape]) == 2
+        err = capsys.readouterr().err
+        assert why in err and "Traceback" not in err
+
+
 def test_cli_bench_at_two_threads_runs_each_contender_in_its_own_process(capsys, model_path):
     # More than one thread: contenders take turns from processes of their own (their thread pools
     # would share the cores otherwise); the figures come back as at one thread.

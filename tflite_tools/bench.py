@@ -159,13 +159,26 @@ def _timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 @dataclass(frozen=True)
 class Inputs:
     """What every contender is fed: .npy files, one per model input, else seeded random arrays
-    (runtime.model_inputs, as `run` feeds a model)."""
+    (runtime.model_inputs, as `run` feeds a model); `shapes`, one per input, resize the model's
+    inputs first (benchmark_model's --input_layer_shape)."""
 
     paths: tuple[str, ...] = ()
     seed: int = 0
+    shapes: tuple[tuple[int, ...], ...] = ()
 
     def set(self, interp: Any) -> None:
-        """Sets the interpreter's inputs."""
+        """Resizes the interpreter's inputs where `shapes` say, then sets them."""
+        if self.shapes:
+            details = interp.get_input_details()
+            if len(self.shapes) != len(details):
+                raise ModelError(f"--input_layer_shape names {len(self.shapes)} shapes; the model has "
+                                 f"{len(details)} inputs")
+            for detail, dims in zip(details, self.shapes):
+                interp.resize_tensor_input(detail["index"], list(dims))
+            try:
+                interp.allocate_tensors()
+            except (RuntimeError, ValueError) as exc:
+                raise ModelError(f"LiteRT cannot run the model at --input_layer_shape {self.shapes}: {exc}") from None
         for detail, value in zip(interp.get_input_details(), runtime.model_inputs(interp, self.paths, self.seed)):
             interp.set_tensor(detail["index"], value)
 

@@ -175,7 +175,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise ModelError("bench: --runs must be at least 1, --warmup at least 0")
     if (args.delegate_options or args.require_claims) and not args.delegate:
         raise ModelError("bench: --delegate-options and --require-claims need --delegate LIB")
-    inputs = Inputs(tuple(args.inputs), args.seed)
+    inputs = Inputs(tuple(args.inputs), args.seed, _layer_shapes(args.input_layer_shape))
     options = delegate_options(args.delegate_options, "--delegate-options") if args.delegate_options else None
     with tempfile.TemporaryDirectory(prefix="dnnfusion-bench-") as tmp:
         claims = Path(tmp) / "claims.jsonl" if args.require_claims else None
@@ -191,6 +191,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         print(format_benchmark(timings, args.model, args.threads, args.cold))
     return 0
+
+
+def _layer_shapes(text: str | None) -> tuple[tuple[int, ...], ...]:
+    """benchmark_model's --input_layer_shape: each input's dims, comma-separated, inputs ':'-separated."""
+    if not text:
+        return ()
+    try:
+        shapes = tuple(tuple(int(d) for d in part.split(",")) for part in text.split(":"))
+    except ValueError:
+        raise ModelError(f"bench: --input_layer_shape {text!r}: expected dims like 4,224,224,3[:1,20]") from None
+    if any(d < 1 for dims in shapes for d in dims):
+        raise ModelError(f"bench: --input_layer_shape {text!r}: every dimension must be at least 1")
+    return shapes
 
 
 def cmd_aar(args: argparse.Namespace) -> int:
@@ -309,6 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--inputs", nargs="+", default=[], metavar="NPY",
                        help="one .npy per input (default: random, integers under any table they index)")
     bench.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    bench.add_argument("--input_layer_shape", "--input-layer-shape", metavar="DIMS[:DIMS]",
+                       help="resize the inputs first, as benchmark_model does: 4,224,224,3 (one per input, ':' between)")
     bench.add_argument("--memory", action="store_true", help="also measure peak memory, one process per contender")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.set_defaults(run=cmd_bench)
