@@ -46,7 +46,8 @@ def test_a_model_resized_along_its_batch_stays_claimed_and_matches(stem, fused, 
         inputs = runtime.random_inputs(ours, seed)
         got = runtime.run(ours, inputs)
         names = [str(k) for k in range(len(got))]
-        errors = compare(got, runtime.run(reference, inputs), names, quantized=quantized_outputs(reference, result.model))
+        errors = compare(got, runtime.run(reference, inputs), names,
+                         quantized=quantized_outputs(reference, result.model))
         assert all(e.ok for e in errors), (batch, errors)
         if batch > 1:  # the same kernels item by item: the same bits
             _resized(1, ours)

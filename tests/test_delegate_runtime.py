@@ -100,7 +100,8 @@ def test_runtime_packs_constants_exactly_as_python(tmp_path):
     rng = np.random.default_rng(0)
     ranks = {"pad_channels": None, "o_blocked": None, "dot4": None, "dot4_blocked": None,
              "channel_sums": None, "dot4_rows": 4, "tap_sums": None, "o_last_blocked": None,
-             "o_before_last_blocked": None, "o_blocked_widened": None, **{block_sums_packer(b): 2 for b in WEIGHT_BLOCKS}}
+             "o_before_last_blocked": None, "o_blocked_widened": None,
+             **{block_sums_packer(b): 2 for b in WEIGHT_BLOCKS}}
     for name in PACKERS:
         for _ in range(25):
             dot = name in ("dot4", "dot4_blocked")

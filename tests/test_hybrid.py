@@ -330,8 +330,8 @@ def _blockwise_fc_model(in_shape, units: int, block: int, *, bias: bool, activat
     b = ModelBuilder()
     x = b.input("x", list(in_shape))
     depth = in_shape[-1]
-    weights = b.blockwise_const("w", rng.integers(-8, 8, (units, depth)), _bfloat16_scales(rng, (units, depth // block)),
-                                block)
+    scales = _bfloat16_scales(rng, (units, depth // block))
+    weights = b.blockwise_const("w", rng.integers(-8, 8, (units, depth)), scales, block)
     bias_t = b.const("bias", rng.standard_normal(units).astype(np.float32)) if bias else None
     out = [*in_shape[:-1], units] if keep_num_dims else [int(np.prod(in_shape[:-1])), units]
     b.output(b.op("FULLY_CONNECTED", [x, weights, bias_t], out, dtype="float32", keepNumDims=keep_num_dims,

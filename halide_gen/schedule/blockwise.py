@@ -34,8 +34,8 @@ def schedule_blockwise(home: hl.Func, acc: Accumulator, params: CpuParams, chann
         # One row (a decoder's token): more channels a tile, so that the dot products' chains (one
         # per int32 vector, each waiting on its last) overlap; whole tiles of the packed weights.
         tiles = padded(shape[-1]) // CHANNEL_TILE
-        per_tile = max(k for k in range(1, tiles + 1) if tiles % k == 0 and k * CHANNEL_TILE <= SINGLE_ROW_VECTORS * lanes)
-        channels = max(channels, per_tile * CHANNEL_TILE)
+        most = SINGLE_ROW_VECTORS * lanes // CHANNEL_TILE
+        channels = max(channels, CHANNEL_TILE * max(k for k in range(1, min(tiles, most) + 1) if tiles % k == 0))
     v = loop_vars(home)
     c = v[0]
     co, ci = hl.Var(c.name() + "_o"), hl.Var(c.name() + "_i")
