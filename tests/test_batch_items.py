@@ -40,20 +40,19 @@ def test_a_model_resized_along_its_batch_stays_claimed_and_matches(stem, fused, 
     result = fused(stem)
     assert all(k.per_item for k in result.kernels if k.kernel), [k.block for k in result.kernels if not k.per_item]
     ours, reference, report = _ours_and_litert(result, tmp_path)
-    for seed, batch in enumerate((3, 1, 2)):
-        _resized(batch, ours, reference)
-        assert read_claims(report)["claimed_nodes"] == planned_nodes(result), batch
-        inputs = runtime.random_inputs(ours, seed)
-        got = runtime.run(ours, inputs)
-        names = [str(k) for k in range(len(got))]
-        errors = compare(got, runtime.run(reference, inputs), names,
-                         quantized=quantized_outputs(reference, result.model))
-        assert all(e.ok for e in errors), (batch, errors)
-        if batch > 1:  # the same kernels item by item: the same bits
-            _resized(1, ours)
-            for k in range(batch):
-                for whole, item in zip(got, runtime.run(ours, _items(inputs, k))):
-                    assert whole[k: k + 1].tobytes() == item.tobytes()
+    batch = 3
+    _resized(batch, ours, reference)
+    assert read_claims(report)["claimed_nodes"] == planned_nodes(result)
+    inputs = runtime.random_inputs(ours, 0)
+    got = runtime.run(ours, inputs)
+    errors = compare(got, runtime.run(reference, inputs), [str(k) for k in range(len(got))],
+                     quantized=quantized_outputs(reference, result.model))
+    assert all(e.ok for e in errors), errors
+    _resized(1, ours)  # back at the compiled batch: the same kernels item by item give the same bits
+    assert read_claims(report)["claimed_nodes"] == planned_nodes(result)
+    for k in range(batch):
+        for whole, item in zip(got, runtime.run(ours, _items(inputs, k))):
+            assert whole[k: k + 1].tobytes() == item.tobytes()
 
 
 def _mixing_model(op: str):

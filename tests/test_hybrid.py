@@ -374,7 +374,7 @@ def test_a_fully_connected_quantized_per_block_sums_each_block_in_dot_products(t
 
 
 def test_weights_quantized_per_block_other_than_litert_takes_them_are_left_to_tflite_with_the_reason(tmp_path,
-                                                                                                     private_cache):
+                                                                                                     kernel_cache):
     # Scales in float32 (no converter writes them; an int4 weight times one is not exact in float32).
     from tflite_tools.fuse import fuse
 
@@ -384,7 +384,7 @@ def test_weights_quantized_per_block_other_than_litert_takes_them_are_left_to_tf
     scales.dtype = fb.TensorType.FLOAT32
     path = tmp_path / "float32_scales.tflite"
     path.write_bytes(serialize(model))
-    (record,) = fuse(path, tmp_path / "out", cache_dir=private_cache).kernels
+    (record,) = fuse(path, tmp_path / "out", cache_dir=kernel_cache).kernels
     assert record.kernel is None and "in blocks of 32 with scales FLOAT32[8, 2]" in record.skipped
 
 
