@@ -62,7 +62,7 @@ class BundleBlock:
     bound: Mapping[tuple[int, int], str] = field(default_factory=dict)
     in_place: KernelArtifact | None = None  # the kernel's in-place form (halide_gen.block.build_block)
     # Where the delegate may run the kernel once per item of a larger batch: the ids of the argument
-    # tensors it then cuts per item (tflite_tools.model.batch_items); None where it may not.
+    # tensors it then cuts per item (tflite_tools.batch_items); None where it may not.
     per_item: frozenset[int] | None = None
 
     def kernels(self) -> list[KernelArtifact]:

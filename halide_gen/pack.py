@@ -62,6 +62,11 @@ def _blocked(a: np.ndarray) -> np.ndarray:
     return np.moveaxis(tiled, 1, -1)
 
 
+def _blocked_shape(s: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape `_blocked` makes of [O, ...]: [O_padded / CHANNEL_TILE, ..., CHANNEL_TILE]."""
+    return (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:]) + (CHANNEL_TILE,)
+
+
 def _last_blocked(a: np.ndarray) -> np.ndarray:
     """[..., O] -> [O_padded / CHANNEL_TILE, ..., CHANNEL_TILE]: `_blocked` of a filter whose output
     channel is its innermost axis (CONV_3D's [kd, kh, kw, I, O])."""
@@ -145,8 +150,7 @@ PACKERS: dict[str, Packer] = {
     # tile of output channels holds all its weights contiguously. Read cold inside a model (its other
     # blocks evict them), they must stream: laid out output-channel innermost ([..., O]), a tile
     # gathers 128-byte pieces a whole channel count apart.
-    "o_blocked": Packer("o_blocked", lambda s: (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:]) + (CHANNEL_TILE,),
-                        _blocked),
+    "o_blocked": Packer("o_blocked", _blocked_shape, _blocked),
     # CONV_3D filters [kd, kh, kw, I, O] -> [O/32, kd, kh, kw, I, 32]: "o_blocked" for a filter whose
     # output channel is innermost. As stored, a tile's 128-byte pieces lay O * 4 bytes apart, which
     # map to a few of the L2's sets: a 512-channel layer's tile slice (1.8 MB) never stayed in it.
@@ -173,11 +177,11 @@ PACKERS: dict[str, Packer] = {
     "tap_sums": Packer("tap_sums", lambda s: (padded(s[-1]),), _tap_sums, dtype="INT32"),
     # Half-precision per-channel values (a blockwise quantization's scales [O, blocks]) ->
     # float32 [O_padded / 32, ..., 32]: "o_blocked", widened once so kernels convert nothing.
-    "o_blocked_widened": Packer("o_blocked_widened", lambda s: (padded(s[0]) // CHANNEL_TILE,) + tuple(s[1:])
-                                + (CHANNEL_TILE,), lambda a: _blocked(np.asarray(a, np.float32)), dtype="FLOAT32"),
+    "o_blocked_widened": Packer("o_blocked_widened", _blocked_shape, lambda a: _blocked(np.asarray(a, np.float32)),
+                                dtype="FLOAT32"),
     # Weights quantized per block [O, I] -> int32 [O_padded / 32, I / block, 32]: sums per block.
     **{block_sums_packer(block): Packer(block_sums_packer(block),
-                                        lambda s, b=block: (padded(s[0]) // CHANNEL_TILE, s[1] // b, CHANNEL_TILE),
+                                        lambda s, b=block: _blocked_shape((s[0], s[1] // b)),
                                         _block_sums(block), dtype="INT32") for block in WEIGHT_BLOCKS},
 }
 

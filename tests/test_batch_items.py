@@ -1,5 +1,5 @@
 """A model resized along its batch stays claimed: blocks whose ops keep the items of a batch apart
-run their kernels, compiled at the model's batch, once per item (tflite_tools.model.batch_items),
+run their kernels, compiled at the model's batch, once per item (tflite_tools.batch_items),
 and give what LiteRT gives at that batch, and exactly what they give item by item."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import tflite_tools
 from delegate_checks import planned_nodes
 from tflite_tools import runtime
-from tflite_tools.model.batch_items import batch_carriers, per_item_arguments
+from tflite_tools.batch_items import batch_carriers, per_item_arguments
 from tflite_tools.run import compare, quantized_outputs, read_claims, reference_resolver
 
 

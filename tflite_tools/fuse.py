@@ -51,6 +51,7 @@ from halide_gen.bundle import (JNI_LIBRARY, BundleBlock, BundleGraph, BundleInfo
 from halide_gen.lower import LoweringError
 from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, default_target, target_spec
 
+from .batch_items import batch_carriers, per_item_arguments
 from .explorer import block_overlay, claims_overlay, write_overlay
 from .fuse_report import format_report
 from .measure import MEASURED_THREADS, BlockTimings, best_default_claim
@@ -58,7 +59,6 @@ from .model.errors import ModelError, ToolchainError
 from .model.fingerprint import METADATA_NAME, model_fingerprint, subgraph_fingerprint
 from .model.ir import Model, Subgraph
 from .model.reader import load
-from .model.batch_items import batch_carriers, per_item_arguments
 from .model.variants import ShapeVariant, parse_variant, resolve, with_shapes
 from .model.writer import save, serialize
 from .outdir import OutputFolder
@@ -79,7 +79,7 @@ class KernelRecord:
     kernel: str | None = None  # the C entry point, when the block has a kernel
     in_place_kernel: str | None = None  # its in-place form's, for a block that updates a KV cache
     # The delegate may run it once per item where the model is resized to a larger batch
-    # (tflite_tools.model.batch_items).
+    # (tflite_tools.batch_items).
     per_item: bool = False
     cached: bool = False
     skipped: str | None = None  # why the block stays with TFLite
@@ -196,10 +196,12 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         _check_room(staging, job.model_path)
         summaries = [plan_model(model, fast_math=fast_math, cost=cost, config=spec.plan_config(), subgraph=i,
                                 prefix=block_prefix(model, i), trace=trace) for i in range(len(model.subgraphs))]
-        shaped = _shaped_subgraphs(model, variants)
+        # The rewritten model's bytes, which LiteRT sizes at other shapes (variants, the batch's carriers).
+        content = serialize(model) if variants or spec.gpu_api is None else b""
+        shaped = _shaped_subgraphs(model, content, variants)
         job.blocks = sum(len(summaries[v.index].plan.blocks) for v in shaped) + \
             sum(len(summary.plan.blocks) for summary in summaries)
-        carriers = _batch_carriers(job, model)
+        carriers = _batch_carriers(job, model, content)
         graphs = [g for i, summary in enumerate(summaries)
                   for g in _compile_subgraph(job, model, i, summary, [v for v in shaped if v.index == i], carriers[i])]
         _withhold_indistinguishable(model, graphs)
@@ -303,12 +305,10 @@ class _Shaped:
     name: str  # `<subgraph label>@<input>=<dims>,...`
 
 
-def _shaped_subgraphs(model: Model, variants: Sequence[ShapeVariant]) -> list[_Shaped]:
-    """Each variant's subgraph and tensor shapes, from LiteRT run on the rewritten model (its tensors
-    are the ones the plans index); ModelError where a name is unknown or LiteRT refuses the shapes."""
-    if not variants:
-        return []
-    content = serialize(model)
+def _shaped_subgraphs(model: Model, content: bytes, variants: Sequence[ShapeVariant]) -> list[_Shaped]:
+    """Each variant's subgraph and tensor shapes, from LiteRT run on the rewritten model (`content`:
+    its bytes; its tensors are the ones the plans index); ModelError where a name is unknown or
+    LiteRT refuses the shapes."""
     shaped = []
     for k, variant in enumerate(variants, 1):
         index, inputs = resolve(model, variant)
@@ -336,12 +336,12 @@ class _Graph:
     decoders: int = 0  # stored-weight decoders restored at its front (_restore_stored_weights)
 
 
-def _batch_carriers(job: _Job, model: Model) -> list[dict[int, bool] | None]:
+def _batch_carriers(job: _Job, model: Model, content: bytes) -> list[dict[int, bool] | None]:
     """Per subgraph, which of its tensors carry the batch (batch_items.batch_carriers), for a CPU
-    target, whose kernels the delegate may run once per item of a larger batch; else None each."""
+    target, whose kernels the delegate may run once per item of a larger batch; else None each.
+    `content`: the rewritten model's bytes."""
     if job.spec.gpu_api is not None:
         return [None] * len(model.subgraphs)
-    content = serialize(model)
     return [batch_carriers(model, content, i) for i in range(len(model.subgraphs))]
 
 

@@ -335,12 +335,9 @@ bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph, bool by_items) 
 // could be mistaken for: bundle.indistinguishable), so the choice only decides which shapes'
 // kernels run. Null, with the reason, when none matches.
 const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::string* why) {
-  for (int g = 0; g < bundle.n_graphs; ++g) {  // a graph compiled for these very shapes first
-    const GraphSpec& graph = bundle.graphs[g];
-    if (graph.n_blocks > 0 && CheckGraph(context, graph).empty() && ShapesAgree(context, graph, false)) return &graph;
-  }
   const GraphSpec* first = nullptr;
   const GraphSpec* empty = nullptr;
+  const GraphSpec* by_items = nullptr;  // the first that runs per item: one compiled for these shapes wins
   for (int g = 0; g < bundle.n_graphs; ++g) {
     const GraphSpec& graph = bundle.graphs[g];
     const std::string problem = CheckGraph(context, graph);
@@ -352,9 +349,11 @@ const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::
       if (empty == nullptr) empty = &graph;
       continue;
     }
-    if (ShapesAgree(context, graph, true)) return &graph;
+    if (ShapesAgree(context, graph, false)) return &graph;
+    if (by_items == nullptr && ShapesAgree(context, graph, true)) by_items = &graph;
     if (first == nullptr) first = &graph;
   }
+  if (by_items != nullptr) return by_items;
   if (first == nullptr) first = empty;
   if (first == nullptr && bundle.n_graphs == 0) *why = "the bundle holds no kernel for any subgraph of the model";
   if (first == nullptr && bundle.n_graphs > 1) {

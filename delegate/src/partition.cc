@@ -386,8 +386,9 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
 
 std::string Partition::ShapeChange(TfLiteContext* context) const {
   const GraphSpec& graph = *graph_;
+  std::set<const Buffer*> batched;  // checked per item here, not against their compiled shapes below
   for (const Step& step : steps_) {
-    if (step.items == 1) continue;  // its buffers are checked below
+    if (step.items == 1) continue;
     std::string why;
     const int items = BlockItems(context, graph, graph.blocks[step.block], &why, /*constants=*/false);
     if (items != step.items) {
@@ -395,13 +396,10 @@ std::string Partition::ShapeChange(TfLiteContext* context) const {
                                std::to_string(items) + " items of its batch, not " + std::to_string(step.items)
                          : why;
     }
-  }
-  std::set<const Buffer*> batched;
-  for (const Step& step : steps_) {
     for (const auto& cut : step.cut) batched.insert(cut.first);
   }
   for (const Buffer& b : buffers_) {
-    if (batched.count(&b)) continue;  // checked per item above
+    if (batched.count(&b)) continue;
     if (!b.packed.empty() || b.role == Role::kScratch) continue;  // packed or scratch: shapes of our own
     const TensorSpec* spec = FindTensorSpec(graph, b.tensor);
     const TfLiteIntArray* dims = context->tensors[b.tensor].dims;

@@ -181,10 +181,32 @@ def _weights_scale(ctx: OpContext, i: int) -> Callable[[hl.Expr], hl.Expr]:
     t = ctx.op.inputs[i]
     if not t.is_constant:
         raise LoweringError(f"dynamic-range {ctx.op.name} with weights computed at run time")
+    _check_float_bias(ctx)
+    return ctx.table(int8_weight_scales(ctx, t), "w_scale", hl.Float(32))
+
+
+def _check_float_bias(ctx: OpContext) -> None:
+    """LoweringError for a dynamic-range op whose bias (input 2) is not float32."""
     bias = ctx.op.inputs[2] if len(ctx.op.inputs) > 2 else None
     if bias is not None and bias.type_name != "FLOAT32":
         raise LoweringError(f"dynamic-range {ctx.op.name} with a {bias.type_name} bias")
-    return ctx.table(int8_weight_scales(ctx, t), "w_scale", hl.Float(32))
+
+
+def _input_row(rows: tuple[int, ...], out_rows: tuple[int, ...], i) -> list[hl.Expr]:
+    """The input row a FULLY_CONNECTED output row (its leading index `i`) reads: the same index, or
+    the flattened one where keep_num_dims=False merged the input's leading axes."""
+    return list(i) if tuple(out_rows) == tuple(rows) else unflatten(rows, flat_index(out_rows, i))
+
+
+def _stored_quantized(ctx: OpContext, q: RowQuantization, x: Value, unsigned: bool,
+                      row_of: Callable[[tuple], list[hl.Expr]] = lambda i: list(i[:-1])) -> tuple[Value, int]:
+    """`x` quantized as the dot-product loops read it (each element in its row, `row_of` its index:
+    by default the leading axes), and the shift stored with it: int8, or on x86 (`unsigned`) q + 128
+    as uint8, since VNNI multiplies unsigned activations."""
+    shift = 128 if unsigned else 0
+    read_as = hl.UInt(8) if unsigned else hl.Int(8)
+    return ctx.define(ctx.func_name("quantized"), x.shape,
+                      lambda *i: hl.cast(read_as, quantized(q, x(*i), row_of(i)) + shift)), shift
 
 
 def _rescaled(ctx: OpContext, step: Row, w_scale, row_of: Callable[[tuple], list[hl.Expr]],
@@ -219,18 +241,12 @@ def lower_fully_connected_hybrid(ctx: OpContext) -> list[Value]:
     rows = x.shape[:-1]
     q = form(ctx, rows, depth, _rows_of(ctx, rows, depth, lambda row, k: x.at(row + [k])))
     dot = depth % DOT_DEPTH == 0
-    unsigned = dot and ctx.options.x86_integer
-    shift = 128 if unsigned else 0  # VNNI multiplies unsigned activations: q + 128 as uint8
-    read_as = hl.UInt(8) if unsigned else hl.Int(8)
-    source = ctx.define(ctx.func_name("quantized"), x.shape,
-                        lambda *i: hl.cast(read_as, quantized(q, x(*i), list(i[:-1])) + shift))
+    source, shift = _stored_quantized(ctx, q, x, dot and ctx.options.x86_integer)
     sums = ctx.packed(1, "channel_sums")
     out = ctx.out_shape()
 
     def row_of(i) -> list[hl.Expr]:
-        if tuple(out[:-1]) == tuple(rows):
-            return list(i[:-1])
-        return unflatten(rows, flat_index(out[:-1], i[:-1]))
+        return _input_row(rows, out[:-1], i[:-1])
 
     finish = _rescaled(ctx, q.step, w_scale, row_of,
                        (lambda row, oc: q.zero_point(row) * sums(oc)) if form is asymmetric else None)
@@ -266,23 +282,17 @@ def _fully_connected_blockwise(ctx: OpContext) -> list[Value]:
             or scales.type_name != "FLOAT16"):
         raise LoweringError(f"FULLY_CONNECTED weights [{units}, {depth}] in blocks of {size} with scales "
                             f"{scales.type_name}{list(scales.shape)}")
-    bias = ctx.op.inputs[2] if len(ctx.op.inputs) > 2 else None
-    if bias is not None and bias.type_name != "FLOAT32":
-        raise LoweringError(f"dynamic-range FULLY_CONNECTED with a {bias.type_name} bias")
+    _check_float_bias(ctx)
     x = ctx.value(0)
     if x.shape[-1] != depth:
         raise LoweringError("dynamic-range FULLY_CONNECTED whose input rows are not its innermost axis")
     rows, out = x.shape[:-1], ctx.out_shape()
     q = asymmetric(ctx, rows, depth, _rows_of(ctx, rows, depth, lambda row, k: x.at(row + [k])))
 
-    def row_of(i) -> list[hl.Expr]:  # the input row of an output row (keep_num_dims=False flattens them)
-        return list(i) if tuple(out[:-1]) == tuple(rows) else unflatten(rows, flat_index(out[:-1], i))
+    def row_of(i) -> list[hl.Expr]:  # the input row of an output row's leading index
+        return _input_row(rows, out[:-1], i)
 
-    unsigned = ctx.options.x86_integer
-    shift = 128 if unsigned else 0  # VNNI multiplies unsigned activations: q + 128 as uint8
-    read_as = hl.UInt(8) if unsigned else hl.Int(8)
-    source = ctx.define(ctx.func_name("quantized"), x.shape,
-                        lambda *i: hl.cast(read_as, quantized(q, x(*i), list(i[:-1])) + shift))
+    source, shift = _stored_quantized(ctx, q, x, ctx.options.x86_integer)
     ctx.materialize.append(source)
     weight = packed_weights(ctx, 1, dot=DOT_DEPTH, blocked_dot=True)
     block_sums = channel_tiles(ctx.packed(1, block_sums_packer(size)))
@@ -346,11 +356,7 @@ def _image_dot_arithmetic(ctx: OpContext, per_channel_form: bool) -> Arithmetic:
     the rescale."""
     w_scale = _weights_scale(ctx, 1)
     x, q = _image_quantization(ctx, per_channel_form)
-    unsigned = ctx.options.x86_integer
-    shift = 128 if unsigned else 0  # VNNI multiplies unsigned activations: q + 128 as uint8
-    read_as = hl.UInt(8) if unsigned else hl.Int(8)
-    source = ctx.define(ctx.func_name("quantized"), x.shape,
-                        lambda *i: hl.cast(read_as, quantized(q, x(*i), [i[0]]) + shift))
+    source, shift = _stored_quantized(ctx, q, x, ctx.options.x86_integer, lambda i: [i[0]])
     sums = ctx.packed(1, "channel_sums")
     return Arithmetic(source=lambda _: source, term=lambda v, w: hl.cast(hl.Int(32), hl.widening_mul(v, w)),
                       init=lambda oc: -hl.i32(shift) * sums(oc), finish=_image_rescaled(ctx, w_scale, q, sums),

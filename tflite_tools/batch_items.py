@@ -20,8 +20,11 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import ModelError
-from .ir import Model, Operator, Tensor
+from fusion.mapping import ELEMENTWISE
+
+from .model.errors import ModelError
+from .model.ir import Model, Operator, Tensor
+from .runtime import tensor_shapes
 
 # Ops that act on each item of their first input alone, whatever their other (unbatched) inputs.
 _PER_IMAGE = {"CONV_2D", "DEPTHWISE_CONV_2D", "CONV_3D", "CONV_3D_TRANSPOSE", "AVERAGE_POOL_2D", "MAX_POOL_2D",
@@ -39,8 +42,6 @@ def batch_carriers(model: Model, content: bytes, index: int) -> dict[int, bool] 
     where its shape does not depend on it; tensors whose shape changes otherwise are left out. None
     where LiteRT cannot run the subgraph at twice its inputs' batch. `content`: the model's bytes
     (its tensors indexed as `model`'s)."""
-    from ..runtime import tensor_shapes
-
     sg = model.subgraphs[index]
     positions = {id(t): k for k, t in enumerate(sg.tensors)}
     inputs = {positions[id(t)]: (2 * t.shape[0],) + tuple(t.shape[1:]) for t in sg.inputs if len(t.shape)}
@@ -82,8 +83,6 @@ def per_item_arguments(ops: Sequence[Operator], arguments: Sequence[Tensor], out
 
 def _keeps_items_apart(op: Operator, carriers: dict[int, bool]) -> bool:
     """Whether `op` maps item b of its batch-carrying inputs to item b of its outputs alone."""
-    from fusion.mapping import ELEMENTWISE
-
     carried = [k for k, t in enumerate(op.inputs) if t is not None and carriers.get(id(t))]
     if not carried:
         return not any(carriers.get(id(t)) for t in op.outputs)  # nothing carried in, nothing out
