@@ -120,11 +120,12 @@ def external_outputs(ecg: ECG, ops: Iterable[int]) -> list:
 
 
 def default_cache_dir() -> Path:
-    """$DNNFUSION_CACHE_DIR, else $XDG_CACHE_HOME/dnnfusion, else ~/.cache/dnnfusion."""
+    """$DNNFUSION_CACHE_DIR, else $XDG_CACHE_HOME/dnnfusion, else ~/.cache/dnnfusion; absolute,
+    since the archiver and linker that read cached kernels run in folders of their own."""
     if os.environ.get("DNNFUSION_CACHE_DIR"):
-        return Path(os.environ["DNNFUSION_CACHE_DIR"])
+        return Path(os.environ["DNNFUSION_CACHE_DIR"]).absolute()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "dnnfusion"
+    return (Path(base) / "dnnfusion").absolute()
 
 
 class CachedCost:

@@ -100,6 +100,16 @@ def test_unusable_cache_location_is_one_clear_error(tmp_path):
         cached_entry(tmp_path / "file" / "kernels", "k1", writer([]))
 
 
+def test_a_relative_cache_location_is_made_absolute(tmp_path, monkeypatch):
+    # The archiver and linker that read cached kernels run in other folders: a relative path
+    # from the environment would name nothing there.
+    from fusion.cost import default_cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DNNFUSION_CACHE_DIR", "relative/cache")
+    assert default_cache_dir() == tmp_path / "relative" / "cache"
+
+
 def test_untouched_entry_raises_no_warning(tmp_path):
     cached_entry(tmp_path, "k1", writer([]))
     with warnings.catch_warnings():
