@@ -142,10 +142,19 @@ def pytest_collection_modifyitems(items):
             item.add_marker("gpu")
 
 
+def _run_folder(tmp_path_factory, name: str) -> Path:
+    """A folder of this test run that every worker shares: under pytest-xdist each worker's temporary
+    root sits in the run's, and the caches kept there are safe to share (entries appear by rename)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 @pytest.fixture(scope="session")
 def kernel_cache(tmp_path_factory):
-    """One compile cache for the session: models share blocks."""
-    return tmp_path_factory.mktemp("kernels")
+    """One compile cache for the run: models share blocks."""
+    return _run_folder(tmp_path_factory, "kernels")
 
 
 # Cache entries that depend on the target alone (the delegate runtime's objects, the Halide runtime):
@@ -155,8 +164,8 @@ RUNTIME_ENTRIES = ("delegate-", "runtime-")
 
 @pytest.fixture(scope="session")
 def runtime_store(tmp_path_factory):
-    """The compiled runtimes the session's private caches share (RUNTIME_ENTRIES)."""
-    return tmp_path_factory.mktemp("runtimes")
+    """The compiled runtimes the run's private caches share (RUNTIME_ENTRIES)."""
+    return _run_folder(tmp_path_factory, "runtimes")
 
 
 def _copy_runtimes(source: Path, destination: Path) -> None:
@@ -169,7 +178,10 @@ def _copy_runtimes(source: Path, destination: Path) -> None:
         if entry.is_dir() and entry.name.startswith(RUNTIME_ENTRIES) and not (destination / entry.name).exists():
             staged = destination / f".tmp-{os.getpid()}-copy-{entry.name}"
             shutil.copytree(entry, staged)
-            staged.rename(destination / entry.name)
+            try:
+                staged.rename(destination / entry.name)
+            except OSError:  # another worker copied it first
+                shutil.rmtree(staged, ignore_errors=True)
 
 
 @pytest.fixture
