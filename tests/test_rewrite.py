@@ -170,6 +170,24 @@ def m_reshape_to_inferred_dim(b, x):
     return b.op("RELU", [b.op("RESHAPE", [x, target], [1, 128])], [1, 128])
 
 
+
+def m_row_permutation_before_product(b, x):
+    # Rows split then permuted (grouped-query attention's [t, g] -> [g, t]), through a scale...
+    split = b.op("RESHAPE", [b.op("BATCH_MATMUL", [x, b.const("w", w(1, 4, 8, 12))], [1, 4, 4, 12])],
+                 [1, 4, 2, 2, 12], new_shape=[1, 4, 2, 2, 12])
+    scaled = b.op("MUL", [split, b.const("scale", np.float32(0.125))], [1, 4, 2, 2, 12])
+    a = b.op("TANH", [b.op("TRANSPOSE", [scaled, b.const("p", np.array([0, 1, 3, 2, 4], np.int32))],
+                           [1, 4, 2, 2, 12])], [1, 4, 2, 2, 12])
+    # ...and rows exchanged with the batch axis the right operand is broadcast along.
+    spread = b.op("BATCH_MATMUL", [x, b.const("w1", w(1, 1, 8, 12))], [1, 4, 4, 12])
+    moved = b.op("TRANSPOSE", [spread, b.const("q", np.array([0, 2, 1, 3], np.int32))], [1, 4, 4, 12])
+    return b.op("ADD", [a, b.op("RESHAPE", [moved], [1, 4, 2, 2, 12], new_shape=[1, 4, 2, 2, 12])], [1, 4, 2, 2, 12])
+
+
+def m_merged_rows_as_batch(b, x):
+    merged = b.op("RESHAPE", [x], [1, 16, 8], new_shape=[1, 16, 8])
+    return b.op("TANH", [b.op("BATCH_MATMUL", [merged, b.const("w", w(1, 8, 12))], [1, 16, 12])], [1, 16, 12])
+
 CASES = {name[2:]: fn for name, fn in globals().items() if name.startswith("m_")}
 
 

@@ -99,9 +99,7 @@ def reorganize_chain(g: GraphView, op: Operator) -> Rewrite | None:
             if not g.bypass(op, x, y):
                 return False
         else:
-            shape = g.constant(y.name + "/shape", np.array(y.shape, np.int32))
-            reshape = g.make_op("RESHAPE", [x, shape], [y], new_shape=[int(d) for d in y.shape])
-            g.insert_before(op, reshape)
+            g.insert_before(op, _reshape(g, x, y))
             g.remove_op(op)
         if inner is not None and inner in g.sg.operators:
             g.remove_op(inner)
@@ -358,3 +356,170 @@ def affine_into_conv_any(g: GraphView, op: Operator) -> Rewrite | None:
     """Any per-channel constant MUL / ADD after CONV_2D, DEPTHWISE_CONV_2D or FULLY_CONNECTED ->
     folded into weights and bias (fast-math: w*s rounds differently from (x.w)*s)."""
     return _affine_match(g, op, exact=False)
+
+
+# Elementwise ops that commute with any permutation of their operand's elements when the other
+# operand is one value: a row permutation after them equals one before them.
+_SCALAR_ELEMENTWISE = ("MUL", "ADD", "SUB", "DIV")
+
+
+def _scalar_elementwise(op: Operator, x: Tensor) -> bool:
+    """True when `op` computes elementwise on `x` alone: its other operand a one-element constant."""
+    if op.name not in _SCALAR_ELEMENTWISE or len(op.inputs) != 2 or not keeps_shape(op, x):
+        return False
+    other = other_input(op, x)
+    return other is not x and other is not None and other.is_constant and other.num_elements == 1
+
+
+def _row_groups(product: tuple[int, ...], split: tuple[int, ...]) -> int | None:
+    """How many axes of `split` the rows of a product of shape `product` ([*batch, rows, columns])
+    were split into, where `split` keeps the batch axes and the columns: [*batch, r1, .., rk,
+    columns] with r1 x .. x rk = rows. None for any other reshape."""
+    batch = product[:-2]
+    if split[: len(batch)] != batch or split[-1] != product[-1] or len(split) < len(product):
+        return None
+    rows = split[len(batch):-1]
+    return len(rows) if int(np.prod(rows)) == product[-2] else None
+
+
+def _permutable_axes(g: GraphView, product: Operator, reshape: Operator | None) -> set[int] | None:
+    """The axes of the product's result (after `reshape`, where it splits the rows) that a permutation
+    may exchange with the product computing the same rows: the axes the rows were split into, or
+    without a reshape, the rows and the batch axes the right operand is broadcast along. None where
+    the reshape does more than split the rows."""
+    out, right = tuple(product.outputs[0].shape), product.inputs[1]
+    if reshape is not None:
+        split = tuple(reshape.outputs[0].shape)
+        groups = _row_groups(out, split)
+        return None if groups is None else set(range(len(out) - 2, len(out) - 2 + groups))
+    shifted = (1,) * (len(out) - len(right.shape)) + tuple(right.shape)
+    return {len(out) - 2} | {i for i in range(len(out) - 2) if shifted[i] == 1}
+
+
+@rule("row_permutation_before_product", exact=True, family="cleanup")
+def row_permutation_before_product(g: GraphView, op: Operator) -> Rewrite | None:
+    """TRANSPOSE of a BATCH_MATMUL's rows (or of its rows and the batch axes its right operand is
+    broadcast along; through a RESHAPE splitting the rows, and ops with one-value operands) -> the same
+    permutation of its left operand's rows, before the product. Each row of a product is computed on
+    its own, so the result is the same; the permutation moves `depth` values a row instead of
+    `columns` (grouped-query attention regroups each query row's heads between its scores and their
+    softmax: [t, g] -> [g, t] rows of 1024 scores, where the product's rows are 64 queries), and the
+    attention stages then read each other's rows in order."""
+    if op.name != "TRANSPOSE" or const(op.inputs[1]) is None:
+        return None
+    perm = [int(p) for p in const(op.inputs[1])]
+    chain, x, reshape = [], op.inputs[0], None
+    while True:
+        producer = g.producer_of(x)
+        if producer is None or not g.single_use(x) or not all_float(producer) and producer.name != "RESHAPE":
+            return None
+        if producer.name == "BATCH_MATMUL":
+            break
+        if producer.name in REORGANIZE and reshape is None and producer.inputs[0] is not None:
+            reshape = producer
+            x = producer.inputs[0]
+        elif _scalar_elementwise(producer, producer.inputs[0]) or _scalar_elementwise(producer, producer.inputs[1]):
+            chain.append(producer)
+            x = next(t for t in producer.inputs if _scalar_elementwise(producer, t))
+        else:
+            return None
+    product = producer
+    if getattr(product.options, "adjX", False) or not all_float(product) or product.inputs[1] is None:
+        return None
+    out, left = tuple(product.outputs[0].shape), product.inputs[0]
+    split = tuple(reshape.outputs[0].shape) if reshape is not None else out
+    axes = _permutable_axes(g, product, reshape)
+    moved_axes = {i for i, p in enumerate(perm) if p != i}
+    if axes is None or not moved_axes or not moved_axes <= axes or perm[-1] != len(split) - 1:
+        return None
+    if reshape is None and tuple(left.shape[:-1]) != out[:-1] or tuple(left.shape[:-1]) != tuple(out[:-1]):
+        return None
+    depth = left.shape[-1]
+    if depth > out[-1]:
+        return None
+    # The elementwise ops in the order they ran (they were met walking back).
+    chain.reverse()
+
+    def apply() -> bool:
+        y = op.outputs[0]
+        perm_constant = g.constant(y.name + "/perm", np.array(perm, np.int32))
+        new: list[Operator] = []
+        if reshape is not None:
+            rows = g.like(left, left.name + "/rows", shape=split[:-1] + (depth,))
+            moved = g.like(left, left.name + "/rows_moved", shape=tuple(rows.shape[p] for p in perm))
+            operand = g.like(left, left.name + "/permuted", shape=left.shape)
+            new += [_reshape(g, left, rows), g.make_op("TRANSPOSE", [rows, perm_constant], [moved]),
+                    _reshape(g, moved, operand)]
+            result = g.like(product.outputs[0], product.outputs[0].name + "/permuted")
+        else:
+            operand = g.like(left, left.name + "/permuted", shape=tuple(left.shape[p] for p in perm))
+            new.append(g.make_op("TRANSPOSE", [left, perm_constant], [operand]))
+            result = y if not chain else g.like(y, y.name + "/permuted")
+        new.append(Operator(product.opcode, [operand, *product.inputs[1:]], [result], product.options_type,
+                            product.options, product.options2_type, product.options2))
+        current = result
+        if reshape is not None:
+            current = y if not chain else g.like(y, y.name + "/regrouped")
+            new.append(_reshape(g, result, current))
+        # Then the elementwise ops in their own order, on the permuted rows: one value per element
+        # each, whatever the order, so the same bits.
+        for k, step in enumerate(chain):
+            target = y if k == len(chain) - 1 else g.like(y, step.outputs[0].name + "/permuted")
+            operand = next(t for t in step.inputs if _scalar_elementwise(step, t))
+            new.append(Operator(step.opcode, [current if t is operand else t for t in step.inputs], [target],
+                                step.options_type, step.options, step.options2_type, step.options2))
+            current = target
+        for n in new:
+            g.insert_before(op, n)
+        for old in [product, *([reshape] if reshape is not None else []), *chain, op]:
+            g.remove_op(old)
+        return True
+
+    return Rewrite(int(np.prod(out[:-1])) * (out[-1] - depth), apply)
+
+
+def _reshape(g: GraphView, x: Tensor, y: Tensor) -> Operator:
+    """RESHAPE x -> y, the shape in its input alone: no option differs between two signatures'
+    copies of one block at other lengths (prefill_128, prefill_512), so they share a kernel and the
+    delegate tells their nodes apart (halide_gen.bundle.indistinguishable)."""
+    shape = g.constant(y.name + "/shape", np.array(y.shape, np.int32))
+    return g.make_op("RESHAPE", [x, shape], [y])
+
+
+# TFLite's BATCH_MATMUL takes operands of at most five dimensions.
+_PRODUCT_RANK = 5
+
+
+@rule("merged_rows_as_batch", exact=True, family="cleanup")
+def merged_rows_as_batch(g: GraphView, op: Operator) -> Rewrite | None:
+    """BATCH_MATMUL(RESHAPE(x: [.., a, rows, depth] -> [.., a x rows, depth]), y) -> the product of x
+    itself, y broadcast along a new unit axis, reshaped after. The same dot products, but the rows
+    keep the axes they came with (grouped-query attention merges a head's query groups into one row
+    axis for each product and splits it again between them), so what reads the product by those axes,
+    and the product by what they index, need no reshape between them."""
+    if op.name != "BATCH_MATMUL" or getattr(op.options, "adjX", False) or not all_float(op):
+        return None
+    merge = g.produced_by(op.inputs[0], "RESHAPE")
+    right, out = op.inputs[1], op.outputs[0]
+    if merge is None or merge.inputs[0] is None or not g.single_use(op.inputs[0]) or right is None:
+        return None
+    x, merged = merge.inputs[0], tuple(op.inputs[0].shape)
+    batch = merged[:-2]
+    if (len(x.shape) != len(merged) + 1 or len(x.shape) > _PRODUCT_RANK or tuple(x.shape[: len(batch)]) != batch
+            or tuple(x.shape[-1:]) != merged[-1:] or x.shape[-3] * x.shape[-2] != merged[-2]
+            or tuple(right.shape[:-2]) != batch or not _same_type(x, op.inputs[0])):
+        return None
+
+    def apply() -> bool:
+        spread = g.like(right, right.name + "/spread", shape=batch + (1,) + tuple(right.shape[-2:]))
+        product = g.like(out, out.name + "/rows", shape=tuple(x.shape[:-1]) + (out.shape[-1],))
+        for n in [_reshape(g, right, spread),
+                  Operator(op.opcode, [x, spread], [product], op.options_type, op.options, op.options2_type,
+                           op.options2),
+                  _reshape(g, product, out)]:
+            g.insert_before(op, n)
+        g.remove_op(op)
+        g.remove_op(merge)
+        return True
+
+    return Rewrite(out.num_elements, apply)
