@@ -1122,6 +1122,29 @@ def test_an_attention_core_is_one_exact_kernel_tiled_by_query_rows_past_its_fami
     assert check_model_blocks(model, params=params) == {"attention core": 1}  # the roofline plan fuses it whole
 
 
+
+def test_an_attention_core_whose_keys_and_values_outgrow_the_weight_cache_is_computed_a_stage_at_a_time():
+    # Each row tile re-reads its head's keys and values whole: past CpuParams.weight_cache_bytes (a
+    # Gemma head of 256 over 1024 keys, 2 MB) the stages one at a time were faster. Here 40 keys x
+    # (8 + 8) x 4 bytes = 2560 against a cache of 2048, 2560 and 4096: whole scores in the first only.
+    import dataclasses
+
+    from blockcheck import check_model_blocks
+    from graphgen import attention_ops
+    from halide_gen.schedule.params import X86
+
+    rows = 40
+    b = tflite_tools.ModelBuilder()
+    q, k, v = (b.input(n, [1, 2, rows, 8]) for n in "qkv")
+    b.output(attention_ops(b, q, k, v, np.triu(np.full((rows, rows), -1e9, np.float32), 1)[None, None]))
+    model = b.build()
+    for cache, whole in ((2048, True), (2560, False), (4096, False)):
+        params = dataclasses.replace(X86, attention_whole_bytes=0, weight_cache_bytes=cache)
+        scores = set(re.findall(r"allocate \w*op0_batch_matmul\[float32 \* (\d+) \* (\d+)",
+                                scheduled_stmt(model, params)))
+        assert len(scores) == 1 and all((int(r) == rows) == whole for _, r in scores), (cache, scores)
+    assert check_model_blocks(model, params=params) == {"attention core": 1}
+
 def test_query_rows_no_tile_divides_are_tiles_of_one_size_the_last_shifted_back():
     # Grouped-query attention with each key/value head's query heads on its rows (2 x 23 = 46 rows
     # per key/value head here, 788 for 4 x 197): no tile of 6-12 rows divides them. A shorter last
