@@ -73,7 +73,7 @@ std::string IndexOutOfBounds(halide_buffer_t& raw, const int32_t* bounds, int n_
 }  // namespace
 
 Partition::Partition(TfLiteContext* context, DelegateState& state, const TfLiteDelegateParams& params)
-    : state_(state), graph_(state.GraphOf(context)) {
+    : state_(Hold(state)), graph_(state.GraphOf(context)) {
   if (graph_ == nullptr) {
     error_ = "the delegate claimed no graph in this subgraph";
     return;
@@ -125,6 +125,7 @@ Partition::Partition(TfLiteContext* context, DelegateState& state, const TfLiteD
 Partition::~Partition() {
   if (!state_.options.profile.empty()) WriteProfile();
   FreeDeviceMemory();
+  Release(&state_);
 }
 
 void Partition::FreeDeviceMemory() {

@@ -219,7 +219,7 @@ __attribute__((visibility("default"))) TfLiteDelegate* tflite_plugin_create_dele
 
 __attribute__((visibility("default"))) void tflite_plugin_destroy_delegate(TfLiteDelegate* delegate) {
   if (delegate == nullptr) return;
-  delete static_cast<dnnfusion::DelegateState*>(delegate->data_);
+  dnnfusion::Release(static_cast<dnnfusion::DelegateState*>(delegate->data_));  // partitions may outlive it
   std::free(delegate);
   dnnfusion::ReleaseThreadPool();
   dnnfusion::TrimKernelHeap();

@@ -13,9 +13,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "HalideRuntime.h"
 #include "check.h"
@@ -427,6 +431,31 @@ int main() {
     if (bytes > 0) CHECK(data[0] == 0 && data[bytes - 1] == 0);
     if (bytes > 0) data[0] = 7;
     CHECK(memory.Allocate(bytes) == data && (bytes == 0 || data[0] == 7));
+  }
+
+  // A host that destroys the delegate before freeing its partition (a Python process's teardown
+  // finalizes the delegate and the interpreter in no fixed order): the partition still writes its
+  // profile, to the path it was given, when it is freed.
+  {
+    char path[] = "/tmp/dnnfusion-profile-XXXXXX";
+    const int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    Host h;
+    SetUp(h);
+    TfLiteDelegate* d = Create({{"claim", "all"}, {"log_level", "silent"}, {"profile", path}});
+    CHECK(d->Prepare(&h.context, d) == kTfLiteOk);
+    TfLiteDelegateParams params{d, IntArray({0, 1, 2}), IntArray({0}), IntArray({3})};
+    TfLiteNode node{};
+    node.user_data = h.kernel.init(&h.context, reinterpret_cast<const char*>(&params), 0);
+    CHECK(h.kernel.prepare(&h.context, &node) == kTfLiteOk && h.kernel.invoke(&h.context, &node) == kTfLiteOk);
+    tflite_plugin_destroy_delegate(d);
+    h.kernel.free(&h.context, node.user_data);
+    std::ifstream written(path);
+    std::stringstream text;
+    text << written.rdbuf();
+    CHECK(text.str().find("{\"block\": \"first\"") != std::string::npos);
+    std::remove(path);
   }
 
   if (g_failures == 0) std::printf("fake host: all checks passed\n");
