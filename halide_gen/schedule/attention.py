@@ -44,8 +44,8 @@ def keys_and_values_bytes(scores: Accumulator, weights: Accumulator) -> int:
     """What each row tile of an attention core reads whole: one head's keys and values. A tile of 12
     query rows re-reads them all; where they outgrow the cache a product's weights stay in
     (CpuParams.weight_cache_bytes), the stages one at a time, each a product tiled for its own
-    operands, are faster (Gemma's heads of 256 over 1024 keys: 2 MB a head, 42 ms a layer's prefill
-    of 512 tokens in row tiles, 26 ms a stage at a time; heads of 64 the other way round)."""
+    operands, are faster (a Gemma head of 256 over 1024 keys, 2 MB; heads of 64 the other way round:
+    bench/RESULTS.md, "Grouped-query attention fused whole")."""
     keys, depth = scores.value.shape[-1], int(np.prod(scores.extents))
     return 4 * keys * (depth + weights.value.shape[-1])
 
