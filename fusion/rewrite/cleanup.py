@@ -382,7 +382,7 @@ def _row_groups(product: tuple[int, ...], split: tuple[int, ...]) -> int | None:
     return len(rows) if int(np.prod(rows)) == product[-2] else None
 
 
-def _permutable_axes(g: GraphView, product: Operator, reshape: Operator | None) -> set[int] | None:
+def _permutable_axes(product: Operator, reshape: Operator | None) -> set[int] | None:
     """The axes of the product's result (after `reshape`, where it splits the rows) that a permutation
     may exchange with the product computing the same rows: the axes the rows were split into, or
     without a reshape, the rows and the batch axes the right operand is broadcast along. None where
@@ -428,14 +428,12 @@ def row_permutation_before_product(g: GraphView, op: Operator) -> Rewrite | None
         return None
     out, left = tuple(product.outputs[0].shape), product.inputs[0]
     split = tuple(reshape.outputs[0].shape) if reshape is not None else out
-    axes = _permutable_axes(g, product, reshape)
+    axes = _permutable_axes(product, reshape)
     moved_axes = {i for i, p in enumerate(perm) if p != i}
     if axes is None or not moved_axes or not moved_axes <= axes or perm[-1] != len(split) - 1:
         return None
-    if reshape is None and tuple(left.shape[:-1]) != out[:-1] or tuple(left.shape[:-1]) != tuple(out[:-1]):
-        return None
     depth = left.shape[-1]
-    if depth > out[-1]:
+    if tuple(left.shape[:-1]) != out[:-1] or depth > out[-1]:  # a left operand broadcast; more to move
         return None
     # The elementwise ops in the order they ran (they were met walking back).
     chain.reverse()
