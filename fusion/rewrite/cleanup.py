@@ -172,7 +172,8 @@ def reshape_to_inferred_dim(g: GraphView, op: Operator) -> Rewrite | None:
 
     def apply() -> bool:
         operand = g.constant(op.outputs[0].name + "/shape", np.array(shape, op.inputs[1].numpy_dtype))
-        g.insert_before(op, g.make_op("RESHAPE", [op.inputs[0], operand], list(op.outputs), new_shape=shape))
+        # The shape in the input alone, as _reshape writes it (no option that differs by length).
+        g.insert_before(op, g.make_op("RESHAPE", [op.inputs[0], operand], list(op.outputs)))
         g.remove_op(op)
         return True
 
@@ -415,12 +416,13 @@ def row_permutation_before_product(g: GraphView, op: Operator) -> Rewrite | None
             return None
         if producer.name == "BATCH_MATMUL":
             break
+        operand = next((t for t in producer.inputs if _scalar_elementwise(producer, t)), None)
         if producer.name in REORGANIZE and reshape is None and producer.inputs[0] is not None:
             reshape = producer
             x = producer.inputs[0]
-        elif _scalar_elementwise(producer, producer.inputs[0]) or _scalar_elementwise(producer, producer.inputs[1]):
-            chain.append(producer)
-            x = next(t for t in producer.inputs if _scalar_elementwise(producer, t))
+        elif operand is not None:
+            chain.append((producer, operand))
+            x = operand
         else:
             return None
     product = producer
@@ -445,15 +447,15 @@ def row_permutation_before_product(g: GraphView, op: Operator) -> Rewrite | None
         if reshape is not None:
             rows = g.like(left, left.name + "/rows", shape=split[:-1] + (depth,))
             moved = g.like(left, left.name + "/rows_moved", shape=tuple(rows.shape[p] for p in perm))
-            operand = g.like(left, left.name + "/permuted", shape=left.shape)
+            permuted = g.like(left, left.name + "/permuted", shape=left.shape)
             new += [_reshape(g, left, rows), g.make_op("TRANSPOSE", [rows, perm_constant], [moved]),
-                    _reshape(g, moved, operand)]
+                    _reshape(g, moved, permuted)]
             result = g.like(product.outputs[0], product.outputs[0].name + "/permuted")
         else:
-            operand = g.like(left, left.name + "/permuted", shape=tuple(left.shape[p] for p in perm))
-            new.append(g.make_op("TRANSPOSE", [left, perm_constant], [operand]))
+            permuted = g.like(left, left.name + "/permuted", shape=tuple(left.shape[p] for p in perm))
+            new.append(g.make_op("TRANSPOSE", [left, perm_constant], [permuted]))
             result = y if not chain else g.like(y, y.name + "/permuted")
-        new.append(Operator(product.opcode, [operand, *product.inputs[1:]], [result], product.options_type,
+        new.append(Operator(product.opcode, [permuted, *product.inputs[1:]], [result], product.options_type,
                             product.options, product.options2_type, product.options2))
         current = result
         if reshape is not None:
@@ -461,15 +463,14 @@ def row_permutation_before_product(g: GraphView, op: Operator) -> Rewrite | None
             new.append(_reshape(g, result, current))
         # Then the elementwise ops in their own order, on the permuted rows: one value per element
         # each, whatever the order, so the same bits.
-        for k, step in enumerate(chain):
+        for k, (step, operand) in enumerate(chain):
             target = y if k == len(chain) - 1 else g.like(y, step.outputs[0].name + "/permuted")
-            operand = next(t for t in step.inputs if _scalar_elementwise(step, t))
             new.append(Operator(step.opcode, [current if t is operand else t for t in step.inputs], [target],
                                 step.options_type, step.options, step.options2_type, step.options2))
             current = target
         for n in new:
             g.insert_before(op, n)
-        for old in [product, *([reshape] if reshape is not None else []), *chain, op]:
+        for old in [product, *([reshape] if reshape is not None else []), *(step for step, _ in chain), op]:
             g.remove_op(old)
         return True
 
