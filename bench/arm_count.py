@@ -32,7 +32,10 @@ cycles per pass, summed. Neither figure sees cache misses: read both beside the 
 and never trade a few instructions or cycles for many more accesses. The pipeline models' limits,
 measured on microkernels, are in bench/arm_cycles.py and bench/RESULTS.md. --hot N lists, per
 contender, the N translated blocks that take the most cycles, with the multiply-adds they issue a
-cycle: a GEMM loop's rate against the core's peak.
+cycle: a GEMM loop's rate against the core's peak. Beside XNNPACK's cycles stands the floor: the
+model's multiply-adds at the core's peak rate (bench/arm_cycles.py PEAK_MULTIPLY_ADDS), as a ratio to
+XNNPACK's cycles; a model whose floor is near XNNPACK's own cycles leaves a schedule nothing to gain
+in this measure, however much memory traffic fusion saves.
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from arm_cycles import PipelineModel, read_blocks  # noqa: E402
+from arm_cycles import PipelineModel, floor_cycles, read_blocks  # noqa: E402
 
 HERE = REPO / "bench" / "arm64"
 CPUS = {
@@ -211,6 +214,29 @@ def claimed_nodes(report: Path, signature: str | None = None) -> int:
     return len(claims.get("claimed_nodes") or []) if claims else 0
 
 
+def multiply_adds(model: Path, precision: str = "fp32", signature: str | None = None) -> dict[str, int]:
+    """The multiply-adds of one invoke of `model` (of `signature`'s subgraph, where named) by the
+    arithmetic they run in: float products in `precision`, products of int8 or int4 operands (the
+    quantized ops, and dynamic-range ones, which both runtimes compute in int8) as "int8"."""
+    import tflite_tools
+    from tflite_tools.model.schema import fb
+    from tflite_tools.model.stats import macs
+
+    loaded = tflite_tools.load(model)
+    index = next((s.subgraph_index for s in loaded.signatures if s.key == signature), 0) if signature else 0
+    integer = {fb.TensorType.INT8, fb.TensorType.UINT8, fb.TensorType.INT4}
+    names = {v: k.lower() for k, v in vars(fb.TensorType).items() if not k.startswith("_")}
+    totals: dict[str, int] = {}
+    for op in loaded.subgraphs[index].operators:
+        if not (n := macs(op)):
+            continue
+        types = {t.dtype for t in op.inputs if t is not None and t.dtype != fb.TensorType.INT32}  # not shapes, biases
+        kind = ("int8" if types & integer else precision if types <= {fb.TensorType.FLOAT32}
+                else "+".join(sorted(names.get(t, str(t)) for t in types)))
+        totals[kind] = totals.get(kind, 0) + n
+    return totals
+
+
 def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None, cycles: bool = True,
                  hot: int = 0, precision: str = "fp32", signature: str | None = None) -> dict:
     """XNNPACK alone against our delegate (claim all, and the default policy) on one model (one of
@@ -224,6 +250,7 @@ def model_counts(model: Path, cpu: str, work: Path, invokes: int, fused=None, cy
               for policy in reports]
     counts = count(cases, cpu, invokes, cycles=cycles, hot=hot)
     row = {"model": f"{model.stem} {signature}" if signature else model.stem, "cpu": cpu, "precision": precision,
+           "floor_cycles": floor_cycles(multiply_adds(model, precision, signature), cpu),
            **{name: asdict(c) for name, c in counts.items()}}
     for policy, report in reports.items():
         row[f"dnnfusion-{policy}"]["claimed_nodes"] = claimed_nodes(report, signature)
@@ -280,14 +307,17 @@ def ratio(ours: dict, xnn: dict, key: str) -> str:
 
 def format_models(rows: list[dict]) -> str:
     """The per-model table (M = millions per invoke; ratios are ours / XNNPACK; cycles on the core's
-    pipeline model, IPC = instructions / cycles)."""
-    lines = ["| model | cpu | precision | XNNPACK M insns | M cycles (IPC) | all: insns ratio | cycles ratio | mem ratio | "
-             "profitable: insns ratio | cycles ratio | mem ratio | nodes claimed (all / profitable) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    pipeline model, IPC = instructions / cycles; the floor ratio is the model's multiply-adds at the
+    core's peak rate over XNNPACK's cycles, below which no schedule's cycles ratio can go)."""
+    lines = ["| model | cpu | precision | XNNPACK M insns | M cycles (IPC) | floor ratio | all: insns ratio | cycles ratio | "
+             "mem ratio | profitable: insns ratio | cycles ratio | mem ratio | nodes claimed (all / profitable) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         x, a, p = r["xnnpack"], r["dnnfusion-all"], r["dnnfusion-profitable"]
         cycles = f"{_m(x['cycles'])} ({x['insns'] / x['cycles']:.2f})" if x.get("cycles") else "-"
-        lines.append(f"| {r['model']} | {r['cpu']} | {r.get('precision', 'fp32')} | {_m(x['insns'])} | {cycles} | {ratio(a, x, 'insns')} | "
+        floor = ratio({"cycles": r.get("floor_cycles")}, x, "cycles")
+        lines.append(f"| {r['model']} | {r['cpu']} | {r.get('precision', 'fp32')} | {_m(x['insns'])} | {cycles} | {floor} | "
+                     f"{ratio(a, x, 'insns')} | "
                      f"{ratio(a, x, 'cycles')} | {ratio(a, x, 'mems')} | {ratio(p, x, 'insns')} | "
                      f"{ratio(p, x, 'cycles')} | {ratio(p, x, 'mems')} | "
                      f"{a['claimed_nodes']} / {p['claimed_nodes']} |")

@@ -189,6 +189,22 @@ class PipelineModel:
 MULTIPLY_ADDS = re.compile(r"^(fmla|fmls|fmadd|fmsub|sdot|udot|usdot|smlal2?|umlal2?|mla|sadalp|uadalp)\b")
 
 
+# Multiply-adds a core completes a cycle at most, per arithmetic (lanes x vector multiply-adds issued a
+# cycle; Arm's Software Optimization Guides): the A76 issues two 128-bit FMLAs or SDOTs a cycle, the
+# A55 one FMLA (it has no dot product in the -nodot build's ARMv8.0, nor fp16 arithmetic). No schedule
+# computes a model's multiply-adds in fewer cycles than these rates allow (`floor_cycles`).
+PEAK_MULTIPLY_ADDS = {"cortex-a76": {"fp32": 8, "fp16": 16, "int8": 32}, "cortex-a53": {"fp32": 4}}
+
+
+def floor_cycles(multiply_adds: dict[str, int], cpu: str) -> float | None:
+    """The fewest cycles in which `cpu` completes `multiply_adds` ({arithmetic: count}) at its peak
+    rate, on every pipeline model alike; None where the core's rate for an arithmetic is not known."""
+    rates = PEAK_MULTIPLY_ADDS[cpu]
+    if any(n and kind not in rates for kind, n in multiply_adds.items()):
+        return None
+    return sum(n / rates[kind] for kind, n in multiply_adds.items() if n)
+
+
 @dataclass(frozen=True)
 class HotBlock:
     """One translated block among those that take the most cycles: where the time goes, and what

@@ -79,3 +79,48 @@ def test_blocks_stay_apart_past_encodings_that_do_not_decode(pipeline_models):
     assert [i.split()[0] for i in text[1]] == ["ldp", "add", "nop"]
     assert text[2] is None
     assert [i.split()[0] for i in text[3]] == ["add", "nop"]
+
+
+def _products_model(tmp_path):
+    """A float FULLY_CONNECTED (8 rows x 16 -> 32), a dynamic-range one (int8 weights) and a
+    TRANSPOSE_CONV (whose first input is the output shape), each with known multiply-adds."""
+    import numpy as np
+
+    from tflite_tools import save
+    from tflite_tools.model.builder import ModelBuilder, quantization
+
+    rng = np.random.default_rng(0)
+    b = ModelBuilder()
+    x = b.input("x", [8, 16])
+    w = b.const("w", rng.standard_normal((32, 16)).astype(np.float32))
+    y = b.op("FULLY_CONNECTED", [x, w, None], [8, 32], dtype="float32")
+    q = b.const("q", rng.integers(-127, 128, (32, 32)).astype(np.int8), "int8", quant=quantization([0.01], 0))
+    b.output(b.op("FULLY_CONNECTED", [y, q, None], [8, 32], dtype="float32"))
+    image = b.input("image", [1, 4, 4, 8])
+    shape = b.const("shape", np.array([1, 8, 8, 3], np.int32))
+    filters = b.const("filters", rng.standard_normal((3, 2, 2, 8)).astype(np.float32))
+    b.output(b.op("TRANSPOSE_CONV", [shape, filters, image], [1, 8, 8, 3], dtype="float32", padding="VALID",
+                  strideH=2, strideW=2))
+    path = tmp_path / "products.tflite"
+    save(b.build(), path)
+    return path
+
+
+def test_the_floor_is_the_models_multiply_adds_at_the_cores_peak_rate(tmp_path):
+    model = _products_model(tmp_path)
+    float_products = 8 * 32 * 16 + 16 * 8 * 2 * 2 * 3  # the float FC; each input value x a 2 x 2 x 3 patch
+    assert arm_count.multiply_adds(model) == {"fp32": float_products, "int8": 8 * 32 * 32}
+    assert arm_count.multiply_adds(model, "fp16") == {"fp16": float_products, "int8": 8 * 32 * 32}
+    # The A76 issues two 128-bit FMLAs (or SDOTs) a cycle, the A55 one FMLA and no dot product.
+    assert arm_cycles.floor_cycles({"fp32": 800, "int8": 640}, "cortex-a76") == 800 / 8 + 640 / 32
+    assert arm_cycles.floor_cycles({"fp32": 800}, "cortex-a53") == 800 / 4
+    assert arm_cycles.floor_cycles({"fp32": 800, "int8": 640}, "cortex-a53") is None
+    assert arm_cycles.floor_cycles({"float16+int16": 5}, "cortex-a76") is None  # a rate no guide gives
+
+
+def test_the_model_table_sets_the_floor_beside_xnnpacks_cycles():
+    counts = {"insns": 2e6, "mems": 1e6, "cycles": 1e6}
+    row = {"model": "m", "cpu": "cortex-a76", "floor_cycles": 8.5e5, "xnnpack": counts,
+           **{f"dnnfusion-{p}": {**counts, "claimed_nodes": 3} for p in ("all", "profitable")}}
+    header, _, line = arm_count.format_models([row]).splitlines()
+    assert dict(zip(header.split(" | "), line.split(" | ")))["floor ratio"] == "0.850"
