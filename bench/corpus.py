@@ -23,7 +23,8 @@ bench/RESULTS.md. `speed` times each model fused for the host against LiteRT + X
 our delegate claiming every block and the default policy, and prints a table of ratios with the
 geometric mean over the models with float activations. `memory` measures each model's peak resident memory (a
 fresh process per contender, through one invoke) with LiteRT + XNNPACK alone and with our delegate
-under both policies. Models are cached in the output folder (not committed: bench/corpus/ is ignored).
+under both policies. Models are cached in the output folder (not committed: bench/corpus/ is ignored), and
+`check` and `speed` keep the kernels they compile in its kernels/ folder, so one compiles what the other times.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import Callable, Sequence
 from real_size import REAL_SIZE  # beside this script
 
 REPO = Path(__file__).resolve().parents[1]
+KERNELS = "kernels"  # a corpus folder's kernel cache, shared by check and speed
 sys.path.insert(0, str(REPO))
 
 # name -> recipe(tf) returning (keras model, converter settings). Inputs are small (the corpus
@@ -416,8 +418,9 @@ def fuse_for_row(path: Path, work: Path, row: dict, cache: Path | None = None):
     return result
 
 
-def check_model(path: Path, work: Path) -> dict:
-    """One corpus row: fuse, run with the delegate (claim:all and default), compare."""
+def check_model(path: Path, work: Path, cache: Path | None = None) -> dict:
+    """One corpus row: fuse (kernels cached in `cache`, else in `work`), run with the delegate
+    (claim:all and default), compare."""
     from tflite_tools import runtime
     from tflite_tools.model.errors import ModelError
     from tflite_tools.run import run
@@ -429,7 +432,7 @@ def check_model(path: Path, work: Path) -> dict:
     except (RuntimeError, ValueError) as exc:
         row["note"] = f"stock LiteRT cannot run it: {str(exc).splitlines()[0]}"
         return row
-    result = fuse_for_row(path, work, row)
+    result = fuse_for_row(path, work, row, cache)
     if result is None:
         return row
     row["fused"] = True
@@ -450,15 +453,16 @@ def check_model(path: Path, work: Path) -> dict:
     return row
 
 
-def speed_model(path: Path, work: Path, threads: Sequence[int], runs: int) -> dict:
-    """One speed row: per thread count, XNNPACK's median ms and our two policies' ratios to it."""
+def speed_model(path: Path, work: Path, threads: Sequence[int], runs: int, cache: Path | None = None) -> dict:
+    """One speed row: per thread count, XNNPACK's median ms and our two policies' ratios to it
+    (kernels cached in `cache`, else in `work`)."""
     from tflite_tools.bench import benchmark, ratios
     from tflite_tools.fuse import fuse
     from tflite_tools.model.errors import ModelError
 
     row = {"model": path.stem, "int8": "int8" in path.stem, "times": {}, "note": ""}
     try:
-        result = fuse(path, work / path.stem, cache_dir=work / "cache")
+        result = fuse(path, work / path.stem, cache_dir=cache or work / "cache")
         for t in threads:
             timings = benchmark(str(result.model), str(result.library), threads=t, runs=runs)
             base = next(x for x in timings if x.name == "xnnpack").median / 1000
@@ -590,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="dnnfusion-corpus-") as tmp:
             rows = []
             for path in paths:
-                rows.append(speed_model(path, Path(tmp), args.threads, args.runs))
+                rows.append(speed_model(path, Path(tmp), args.threads, args.runs, args.folder / KERNELS))
                 print(speed_line(rows[-1], args.threads), flush=True)
         print(speed_table(rows, args.threads))
         return 0
@@ -603,7 +607,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="dnnfusion-corpus-") as tmp:
         for path in paths:
-            rows.append(check_model(path, Path(tmp)))
+            rows.append(check_model(path, Path(tmp), args.folder / KERNELS))
             print(table(rows[-1:]).splitlines()[-1], flush=True)
     print(table(rows))
     if args.write_results:
