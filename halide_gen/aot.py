@@ -97,6 +97,12 @@ def default_kernel_cache() -> Path:
     return default_cache_dir() / "kernels"
 
 
+def kernel_cache(cache_dir: Path | str | None) -> Path:
+    """The kernel cache's folder: `cache_dir`, else the default one; absolute, since the archiver
+    and linker that read its entries run in folders of their own."""
+    return Path(cache_dir).absolute() if cache_dir is not None else default_kernel_cache()
+
+
 def _describe(t: Tensor) -> dict:
     return {"name": t.name, "type": t.type_name, "shape": list(t.shape)}
 
@@ -123,7 +129,7 @@ def compile_kernel(
     The cache entry (halide_gen.cache) is verified before use and rebuilt when damaged.
     """
     spec = target_spec(target)
-    root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
+    root = kernel_cache(cache_dir)
     identity = build_block_for(spec, "identity", ops, outputs).identity
     name = f"{spec.name}-{cache_key(identity, spec, emit_asm, schedule, in_place)}"
 
@@ -224,7 +230,7 @@ def compile_runtime(target: str, cache_dir: Path | None = None, debug: bool = Fa
     launch (the delegate routes those lines to its log at log_level:verbose).
     """
     spec = target_spec(target)
-    root = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
+    root = kernel_cache(cache_dir)
     key = hashlib.sha256(json.dumps([spec.halide, generator_digest(), debug]).encode()).hexdigest()[:16]
 
     def build(folder: Path) -> None:

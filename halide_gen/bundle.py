@@ -31,7 +31,7 @@ from tflite_tools.model.fingerprint import bound_values, nodes_fingerprint
 from tflite_tools.model.ir import Operator, Subgraph, Tensor
 from tflite_tools.model.shapes import sized_at_run_time
 
-from .aot import KernelArtifact, compile_runtime, default_kernel_cache
+from .aot import KernelArtifact, compile_runtime, kernel_cache
 from .block import Argument
 from .bundle_abi import ARG_SOURCE, ARG_SPEC, BLOCK_SPEC, BUNDLE, CLAIM_POLICY, GPU_API, GRAPH_SPEC, MAX_RANK, NODE_SPEC
 from .bundle_abi import PACK, SCRATCH_SPEC, TENSOR_SPEC, TFLITE_TYPES, initializer
@@ -389,7 +389,7 @@ def runtime_objects(target: str, cache_dir: Path | None = None) -> list[Path]:
         if path.is_file() and path.suffix in (".cc", ".h", ".map"):
             digest.update(path.name.encode() + path.read_bytes())
     digest.update(" ".join([compiler, *compile_flags()]).encode())
-    cache = Path(cache_dir) if cache_dir is not None else default_kernel_cache()
+    cache = kernel_cache(cache_dir)
 
     def build(folder: Path) -> None:
         for src in sources:

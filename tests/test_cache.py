@@ -110,6 +110,20 @@ def test_a_relative_cache_location_is_made_absolute(tmp_path, monkeypatch):
     assert default_cache_dir() == tmp_path / "relative" / "cache"
 
 
+def test_fuse_takes_a_relative_kernel_cache(tmp_path, private_cache, monkeypatch):
+    # The same for fuse's own argument: a multitarget library's kernels are taken apart by an
+    # archiver working in a folder of its own, where a relative cache_dir named no library.
+    from conftest import MODELS
+    from tflite_tools.fuse import fuse
+    from tflite_tools.run import run
+
+    monkeypatch.chdir(tmp_path)
+    result = fuse(MODELS / "add_relu.tflite", tmp_path / "out", target="host",
+                  cache_dir=private_cache.relative_to(tmp_path))
+    assert result.kernels and all(k.kernel for k in result.kernels)
+    assert run(result.model, result.library).ok
+
+
 def test_untouched_entry_raises_no_warning(tmp_path):
     cached_entry(tmp_path, "k1", writer([]))
     with warnings.catch_warnings():
