@@ -52,8 +52,10 @@ def environment() -> dict[str, str]:
     import numpy
     from importlib.metadata import PackageNotFoundError, version
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    from tflite_tools.bench import host_cpu
+
+    cpu = host_cpu()
+
     def installed(name: str) -> str:
         try:
             return version(name)

@@ -9,7 +9,7 @@ import pytest
 from conftest import answers_ctrl_c
 
 from tflite_tools import cli
-from tflite_tools.bench import Timings, format_benchmark, ratios
+from tflite_tools.bench import Timings, format_benchmark, host_cpu, ratios
 
 
 def timings(name: str, runs: list[float]) -> Timings:
@@ -288,3 +288,13 @@ def test_delegate_options_read_both_forms():
         "claim": "all", "num_threads": "2", "log_level": "error"}
     with pytest.raises(ModelError, match="expected KEY=VALUE or key:value;key:value"):
         delegate_options(["claim"], "--option")
+
+
+def test_the_host_names_the_vector_extension_x86_kernels_turn_on():
+    # A VM may hide AVX-512 from a CPU whose model name has it: the figures must say what ran.
+    def cpuinfo(name, flags):
+        return "".join(f"processor\t: {k}\nmodel name\t: {name}\nflags\t\t: {flags}\n\n" for k in range(2))
+
+    assert host_cpu(cpuinfo("AMD EPYC", "fpu sse2 avx fma avx2 bmi2")) == "AMD EPYC (AVX2, no AVX-512)"
+    assert host_cpu(cpuinfo("Intel Xeon", "avx2 avx512f avx512_vnni amx_tile")) == "Intel Xeon (AVX-512)"
+    assert host_cpu("processor\t: 0\nmodel name\t: Cortex\nFeatures\t: fp asimd\n") == "Cortex"
