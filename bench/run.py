@@ -54,15 +54,13 @@ def environment() -> dict[str, str]:
 
     from tflite_tools.bench import host_cpu
 
-    cpu = host_cpu()
-
     def installed(name: str) -> str:
         try:
             return version(name)
         except PackageNotFoundError:
             return "?"
 
-    return {"date": datetime.date.today().isoformat(), "cpu": cpu, "cores": str(os.cpu_count()),
+    return {"date": datetime.date.today().isoformat(), "cpu": host_cpu(), "cores": str(os.cpu_count()),
             "python": platform.python_version(), "ai-edge-litert": installed("ai-edge-litert"),
             "halide": installed("halide"), "numpy": numpy.__version__}
 

@@ -90,17 +90,13 @@ def cache_key(identity: str, spec: TargetSpec, emit_asm: bool, schedule: str = "
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def default_kernel_cache() -> Path:
-    """$DNNFUSION_CACHE_DIR/kernels (see fusion.cost.default_cache_dir)."""
+def kernel_cache(cache_dir: Path | str | None = None) -> Path:
+    """The kernel cache's folder: `cache_dir`, else $DNNFUSION_CACHE_DIR/kernels (see
+    fusion.cost.default_cache_dir); absolute, since the archiver and linker that read its entries
+    run in folders of their own."""
     from fusion.cost import default_cache_dir
 
-    return default_cache_dir() / "kernels"
-
-
-def kernel_cache(cache_dir: Path | str | None) -> Path:
-    """The kernel cache's folder: `cache_dir`, else the default one; absolute, since the archiver
-    and linker that read its entries run in folders of their own."""
-    return Path(cache_dir).absolute() if cache_dir is not None else default_kernel_cache()
+    return Path(cache_dir).absolute() if cache_dir is not None else default_cache_dir() / "kernels"
 
 
 def _describe(t: Tensor) -> dict:
