@@ -5,8 +5,9 @@ Targets are described in halide_gen/targets.py (TargetSpec, one entry per target
 Kernels are compiled without the Halide runtime (`no_runtime`); `compile_runtime` emits it once
 per target for a bundle. Each kernel's function is named after its identity (BlockKernel.identity:
 its ops, outputs and every constant value it bakes in), so identical blocks share one kernel and
-one cache entry, and blocks that differ in any of it never do. Halide's argv / metadata entry points
-(`<name>_argv`, `<name>_metadata`) come with every kernel. Cache entries are verified before use
+one cache entry, and blocks that differ in any of it never do. Callers run a kernel through its
+argv entry point (`<name>_argv`), which a multitarget library's dispatch provides (halide_gen.dispatch)
+and a single target's Halide (with `<name>` and `<name>_metadata`). Cache entries are verified before use
 (halide_gen.cache) and keyed by the generator's own source, so editing a lowering or a schedule
 retires every kernel it may have changed without anyone remembering to.
 """
@@ -16,7 +17,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -28,10 +28,11 @@ from fusion import mapping
 from tflite_tools.model import fingerprint
 from tflite_tools.model.ir import Operator, Tensor
 
-from .block import build_block_for
+from .block import BlockKernel, build_block_for
 from .cache import cached_entry
 from .lower import LoweringError
-from .schedule import schedule_from
+from .dispatch import archive_builds, build_function
+from .schedule import schedule_from, schedule_variant
 from .targets import TargetSpec, target_spec
 from .values import tflite_type_name
 
@@ -139,51 +140,63 @@ def compile_kernel(
 def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tensor], identity: str,
                   spec: TargetSpec, emit_asm: bool, schedule: str, in_place: bool) -> None:
     """Lowers, schedules and compiles a block into `folder`: the static library, its header,
-    kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files."""
-    # Lowered again under the kernel's own name (Halide names the entry point after a Func).
-    name = kernel_name(identity) + ("_in_place" if in_place else "")
-    kernel = build_block_for(spec, name, ops, outputs, in_place=in_place)
-    if kernel.identity != identity:
-        raise RuntimeError(f"lowering {kernel.name} twice gave two identities: it depends on something it does not record")
-    # Halide names a multitarget library's entry point after the first output Func, and may have
-    # made that name unique in this process; the header says what the C function is called.
-    fn = re.sub(r"[^0-9A-Za-z_]", "_", kernel.outputs[0][1].func.name())
-    schedule_from(kernel, spec, schedule, spec.targets()[0])
-    if spec.gpu_api == "vulkan":
-        # Halide's Vulkan runtime clears a fresh buffer; for a 4-byte scratch buffer (a softmax's
-        # row max) that clear wrote past the end of its memory block on lavapipe (valgrind). Under
-        # 64 bytes (its allocator's granule here), a kernel allocates its own as before: the runtime
-        # pools those, and measured on every reference model none is allocated after the first invoke.
-        kernel.scratch = [v for v in kernel.scratch
-                          if int(np.prod(v.shape)) * v.func.type().bits() // 8 >= VULKAN_GRANULE]
-    args = [arg.param for arg in kernel.arguments]
-    pipeline = kernel.aot_pipeline()
+    kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files.
+
+    Each Halide target is compiled from a kernel scheduled for it (schedule_variant: the x86
+    sub-targets' register tiles differ); a multitarget library dispatches among them
+    (halide_gen.dispatch)."""
+    fn = kernel_name(identity) + ("_in_place" if in_place else "")
     targets = spec.targets()
+    kernels: dict = {}
+
+    def scheduled(target: hl.Target) -> BlockKernel:
+        variant = schedule_variant(spec, schedule, target)
+        if variant not in kernels:
+            # Lowered again per schedule: a Func takes one schedule.
+            kernel = build_block_for(spec, fn, ops, outputs, in_place=in_place)
+            if kernel.identity != identity:
+                raise RuntimeError(f"lowering {kernel.name} twice gave two identities: it depends on something it "
+                                   "does not record")
+            schedule_from(kernel, spec, schedule, target)
+            if spec.gpu_api == "vulkan":
+                # Halide's Vulkan runtime clears a fresh buffer; for a 4-byte scratch buffer (a softmax's
+                # row max) that clear wrote past the end of its memory block on lavapipe (valgrind). Under
+                # 64 bytes (its allocator's granule here), a kernel allocates its own as before: the runtime
+                # pools those, and measured on every reference model none is allocated after the first invoke.
+                kernel.scratch = [v for v in kernel.scratch
+                                  if int(np.prod(v.shape)) * v.func.type().bits() // 8 >= VULKAN_GRANULE]
+            kernels[variant] = kernel
+        return kernels[variant]
+
+    def compile_one(outputs_: dict, name: str, target: hl.Target) -> None:
+        kernel = scheduled(target)
+        kernel.aot_pipeline().compile_to(outputs_, [arg.param for arg in kernel.arguments], name, target)
+
     try:
         if len(targets) > 1:
-            pipeline.compile_to_multitarget_static_library(str(folder / fn), args, targets)
+            objects = [folder / f"{build_function(fn, k)}.o" for k in range(len(targets))]
+            for k, (target, obj) in enumerate(zip(targets, objects)):
+                compile_one({hl.OutputFileType.object: str(obj)}, build_function(fn, k), target)
+            archive_builds(folder, fn, spec.halide, objects, spec.name)
         else:
-            pipeline.compile_to({hl.OutputFileType.static_library: str(folder / f"{fn}.a"),
-                                 hl.OutputFileType.c_header: str(folder / f"{fn}.h")}, args, fn, targets[0])
+            compile_one({hl.OutputFileType.static_library: str(folder / f"{fn}.a"),
+                         hl.OutputFileType.c_header: str(folder / f"{fn}.h")}, fn, targets[0])
     except hl.HalideError as exc:
         # What the target cannot express (64-bit integers on Vulkan, say) leaves the block to
         # TFLite, as an op without a lowering does.
         raise LoweringError(f"{spec.name} cannot compile it: {error_line(exc)}") from None
-    header = next(folder.glob("*.h"))
-    match = re.search(r"int (\w+)_argv\(void \*\*args\);", header.read_text())
-    if match is None:
-        raise RuntimeError(f"{header}: no argv entry point")
     extra = []
     if emit_asm:
-        for k, t in enumerate(targets):
+        for k, target in enumerate(targets):
             suffix = f"_{k}" if len(targets) > 1 else ""
-            pipeline.compile_to({hl.OutputFileType.assembly: str(folder / f"{fn}{suffix}.s"),
-                                 hl.OutputFileType.stmt: str(folder / f"{fn}{suffix}.stmt")}, args, fn, t)
+            compile_one({hl.OutputFileType.assembly: str(folder / f"{fn}{suffix}.s"),
+                         hl.OutputFileType.stmt: str(folder / f"{fn}{suffix}.stmt")}, fn, target)
             extra += [f"{fn}{suffix}.s", f"{fn}{suffix}.stmt"]
+    kernel = scheduled(targets[0])
     meta = {
-        "function": match.group(1),
-        "library": next(folder.glob("*.a")).name,
-        "header": header.name,
+        "function": fn,
+        "library": f"{fn}.a",
+        "header": f"{fn}.h",
         "target": spec.name,
         "halide_targets": list(spec.halide),
         "arguments": [{**_describe(a.tensor), "type": a.type_name, "shape": list(a.shape), "pack": a.pack}

@@ -424,9 +424,8 @@ def _output_func(kernel: BlockKernel, index: int, t: Tensor, v: Value,
     is written, at its starts, and the rest of the output's memory is left as the caller passed it
     (Halide skips stores of undef; ops of the block that read the output read that memory).
 
-    Each output gets its own Func named after the kernel: Halide names a multitarget library's
-    entry point after the first output, and two outputs may share a Func. The build counter keeps
-    the name unique in this process (Halide would append "$n" itself)."""
+    Each output gets its own Func named after the kernel (two outputs may share a value). The build
+    counter keeps the name unique in this process (Halide would append "$n" itself)."""
     wrapper = hl.Func(f"{kernel.name}_{next(_BUILDS)}" if index == 0 else f"{kernel.name}_out{index}")
     vars_ = [hl.Var(a.name()) for a in v.func.args()]
     out_type = halide_type(t.type_name)

@@ -38,7 +38,8 @@ from .bundle_abi import PACK, SCRATCH_SPEC, TENSOR_SPEC, TFLITE_TYPES, initializ
 from .cache import cached_entry
 from .pack import CHANNEL_TILE
 from .runtime_build import LINK_OPTIONS, SYSTEM_LIBRARIES, compile_flags
-from .targets import ANDROID_MIN_SDK, VULKAN_ALLOC_CONFIG, target_spec
+from .targets import ANDROID_MIN_SDK, VULKAN_ALLOC_CONFIG, feature_words, target_spec
+from .toolchain import archiver_for, compiler_for, run_tool
 
 # The delegate runtime's sources: inside the package when installed from a wheel, else the
 # checkout's delegate/ (an editable install).
@@ -192,14 +193,6 @@ def claim_groups(operators: Sequence[Operator], blocks: Sequence[BundleBlock]) -
     return unclaimable
 
 
-def feature_words(features: Sequence[int]) -> list[int]:
-    """Halide target features as halide_can_use_target_features takes them: bit k of word k / 64."""
-    words = [0] * (max(features) // 64 + 1) if features else []
-    for f in features:
-        words[f // 64] |= 1 << (f % 64)
-    return words
-
-
 def _c_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -350,34 +343,8 @@ def runtime_sources() -> list[Path]:
     return sorted((DELEGATE_DIR / "src").glob("*.cc"))
 
 
-def compiler_for(target: str) -> str:
-    """The C++ compiler that builds a delegate library for `target` (a clear error if missing): the
-    one its toolchain names (halide_gen.targets.TOOLCHAINS), never a guess."""
-    try:
-        toolchain = target_spec(target).toolchain
-    except ValueError as exc:
-        raise ToolchainError(str(exc)) from None
-    compiler = os.environ.get(toolchain.compiler_env) or toolchain.compiler
-    if shutil.which(compiler) is None:
-        raise ToolchainError(f"{compiler} not found (apt-get install {toolchain.package}, or name one in "
-                             f"{toolchain.compiler_env})")
-    return compiler
-
-
 def _flags() -> list[str]:
     return [*compile_flags(), f"-I{DELEGATE_DIR / 'include'}", f"-I{DELEGATE_DIR / 'src'}", f"-I{HALIDE_INCLUDE}"]
-
-
-def _run(cmd: list[str], what: str) -> None:
-    """Runs a compiler; ToolchainError with the compiler's last words when it fails."""
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-    except OSError as exc:
-        raise ToolchainError(f"{what}: cannot run {cmd[0]}: {exc.strerror or exc}") from None
-    if proc.returncode != 0:
-        last = [line.strip() for line in proc.stderr.splitlines() if line.strip()]
-        raise ToolchainError(f"{what} failed ({cmd[0]} exit {proc.returncode}): "
-                             f"{last[-1] if last else 'no message'}")
 
 
 def runtime_objects(target: str, cache_dir: Path | None = None) -> list[Path]:
@@ -393,7 +360,7 @@ def runtime_objects(target: str, cache_dir: Path | None = None) -> list[Path]:
 
     def build(folder: Path) -> None:
         for src in sources:
-            _run([compiler, *_flags(), "-c", str(src), "-o", str(folder / (src.stem + ".o"))], f"compiling {src.name}")
+            run_tool([compiler, *_flags(), "-c", str(src), "-o", str(folder / (src.stem + ".o"))], f"compiling {src.name}")
 
     entry, _ = cached_entry(cache, f"delegate-{target_spec(target).name}-{digest.hexdigest()[:16]}", build)
     return [entry / (src.stem + ".o") for src in sources]
@@ -405,7 +372,7 @@ def grouped_by_subtarget(compiler: str, kernels: Sequence[Path], folder: Path) -
     The linker lays code out in the order of its inputs: linked library by library, every page of
     kernel code would hold the code of sub-targets the CPU never runs, resident with the page (and
     the pages the OS maps around it) as soon as the CPU runs the page's one kernel."""
-    archiver = subprocess.run([compiler, "-print-prog-name=ar"], capture_output=True, text=True).stdout.strip() or "ar"
+    archiver = archiver_for(compiler)
     groups: dict[str, list[Path]] = {}
     for k, kernel in enumerate(kernels):
         into = folder / str(k)
@@ -439,7 +406,7 @@ def link_delegate(source: str, blocks: Sequence[BundleBlock], target: str, libra
             kernel_inputs = [str(o) for o in grouped_by_subtarget(compiler, kernels, Path(tmp) / "kernels")]
         else:
             kernel_inputs = [str(k) for k in kernels]
-        _run([compiler, *_flags(), "-shared", str(table), *map(str, runtime_objects(target, cache_dir)),
+        run_tool([compiler, *_flags(), "-shared", str(table), *map(str, runtime_objects(target, cache_dir)),
               *kernel_inputs, str(runtime), f"-Wl,--version-script={DELEGATE_DIR / 'exports.map'}", *LINK_OPTIONS,
               *SYSTEM_LIBRARIES, "-o", str(out)], "linking the delegate library")
         os.replace(out, library)
@@ -524,5 +491,5 @@ def build_cmake_project(folder: Path, build: Path, cmake_args: Sequence[str]) ->
     cmake = shutil.which("cmake")
     if cmake is None:
         raise ToolchainError("cmake not found (pip install cmake, or apt-get install cmake)")
-    _run([cmake, "-S", str(folder), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *cmake_args], "cmake configure")
-    _run([cmake, "--build", str(build), "--parallel", "2"], "cmake build")
+    run_tool([cmake, "-S", str(folder), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release", *cmake_args], "cmake configure")
+    run_tool([cmake, "--build", str(build), "--parallel", "2"], "cmake build")

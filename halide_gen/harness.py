@@ -18,9 +18,10 @@ from typing import Sequence
 import numpy as np
 
 from .aot import KernelArtifact, compile_runtime
-from .bundle import HALIDE_INCLUDE, compiler_for
+from .bundle import HALIDE_INCLUDE
 from .pack import half_saturated
-from .targets import target_spec
+from .targets import feature_word_count, feature_words, target_spec
+from .toolchain import compiler_for
 
 _TYPES = {
     "FLOAT32": ("halide_type_float", 32, np.float32), "FLOAT16": ("halide_type_float", 16, np.float16),
@@ -35,8 +36,11 @@ def _buffer(var: str, desc: dict) -> str:
     return f"  Halide::Runtime::Buffer<void> {var}(halide_type_t({code}, {bits}), std::vector<int>{{{sizes}}});"
 
 
-def runner_source(artifact: KernelArtifact) -> str:
-    """C++ source of a runner for `artifact`: `runner IN... OUT...` (paths to raw files)."""
+def runner_source(artifact: KernelArtifact, features: Sequence[int] | None = None) -> str:
+    """C++ source of a runner for `artifact`: `runner IN... OUT...` (paths to raw files). With
+    `features` (Halide target features), a multitarget kernel's dispatch may take only a build that
+    needs no others, and the runner fails (exit 3) unless it took the build of exactly these: each
+    build can then be run on a CPU that has more."""
     n_in, n_out = len(artifact.arguments), len(artifact.outputs)
     lines = [
         "#include <cstdio>",
@@ -44,6 +48,27 @@ def runner_source(artifact: KernelArtifact) -> str:
         '#include "HalideBuffer.h"',
         f'#include "{artifact.header.name}"',
         "",
+    ]
+    if features is not None:
+        words = feature_words(features) or [0] * feature_word_count()
+        allowed = ", ".join(f"0x{w:x}ULL" for w in words)
+        lines += [
+            f"static const uint64_t allowed[{len(words)}] = {{{allowed}}};",
+            f"static uint64_t granted[{len(words)}];  // the features of the build the dispatch took (none: the baseline)",
+            "static int only_allowed(int count, const uint64_t *features) {",
+            "  for (int k = 0; k < count; k++) if (features[k] & ~allowed[k]) return 0;",
+            "  int ok = halide_default_can_use_target_features(count, features);",
+            "  for (int k = 0; ok && k < count; k++) granted[k] = features[k];",
+            "  return ok;",
+            "}",
+            "static const int installed = (halide_set_custom_can_use_target_features(only_allowed), 0);",
+            "static bool took_the_allowed_build() {",
+            f"  for (int k = 0; k < {len(words)}; k++) if (granted[k] != allowed[k]) return false;",
+            "  return true;",
+            "}",
+            "",
+        ]
+    lines += [
         "static bool read_raw(const char *path, Halide::Runtime::Buffer<void> &b) {",
         '  FILE *f = std::fopen(path, "rb");',
         "  if (!f) return false;",
@@ -76,6 +101,8 @@ def runner_source(artifact: KernelArtifact) -> str:
     lines.append(f"  void *args[] = {{{', '.join(buffers)}}};")
     lines.append(f"  int err = {artifact.function}_argv(args);")
     lines.append('  if (err) { std::fprintf(stderr, "kernel failed: %d\\n", err); return 1; }')
+    if features is not None:
+        lines.append('  if (!took_the_allowed_build()) { std::fprintf(stderr, "the dispatch took another build\\n"); return 3; }')
     for k in range(n_out):
         lines.append(f"  out{k}.copy_to_host();")
         lines.append(f'  if (!write_raw(argv[{1 + n_in + k}], out{k})) return 2;')
@@ -113,14 +140,16 @@ class Runner:
             return results
 
 
-def build_runner(artifact: KernelArtifact, target: str, out_dir: Path) -> Runner:
-    """Compiles and links a runner for an AOT kernel (g++ for x86, aarch64-linux-gnu-g++ for ARM)."""
+def build_runner(artifact: KernelArtifact, target: str, out_dir: Path, features: Sequence[int] | None = None) -> Runner:
+    """Compiles and links a runner for an AOT kernel (g++ for x86, aarch64-linux-gnu-g++ for ARM);
+    `features` as runner_source takes them."""
     compiler = compiler_for(target)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = out_dir / f"{artifact.function}_runner.cpp"
-    text = runner_source(artifact)
-    exe = out_dir / f"{artifact.function}_runner"
+    name = artifact.function + ("" if features is None else "_" + "_".join(map(str, sorted(features))))
+    source = out_dir / f"{name}_runner.cpp"
+    text = runner_source(artifact, features)
+    exe = out_dir / f"{name}_runner"
     runtime = compile_runtime(target, artifact.library.parent.parent)
     cmd = [compiler, "-std=c++17", "-O1", f"-I{HALIDE_INCLUDE}", f"-I{artifact.header.parent}", str(source),
            str(artifact.library), str(runtime), "-o", str(exe), "-lpthread", "-ldl"]

@@ -27,7 +27,7 @@ from tflite_tools.model.ir import Model, Operator, Signature, Subgraph, Tensor, 
 from .aot import generator_digest
 from .block import build_block, build_block_for
 from .jit import JitKernel
-from .schedule import is_template, schedule_from, template_sources
+from .schedule import is_template, schedule_for, schedule_from, template_sources
 from .schedule.auto import CPU_AUTOSCHEDULERS, GPU_AUTOSCHEDULERS
 from .targets import VULKAN_ALLOC_CONFIG, target_spec
 
@@ -192,6 +192,9 @@ class HostProfiler:
     def latency(self, ecg: ECG, ops: frozenset[int]) -> float:
         """Median seconds of the ops as one Halide kernel (plus nothing: launch cost is inside)."""
         members = sorted(ops)
-        kernel = JitKernel(build_block("profile", [ecg.nodes[i].op for i in members], external_outputs(ecg, members)))
+        jit = hl.get_jit_target_from_environment()
+        # The templates for this CPU's vector extension, as the host library's build for it has.
+        kernel = JitKernel(build_block("profile", [ecg.nodes[i].op for i in members], external_outputs(ecg, members)),
+                           target=jit, schedule=lambda k: schedule_for(k, target_spec("host"), "template", jit))
         inputs = [t for t in external_inputs(ecg, members) if not t.is_constant]
         return _kernel_seconds(kernel, inputs, self.min_seconds)

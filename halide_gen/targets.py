@@ -2,7 +2,8 @@
 
     host                  x86-64 Linux, multitarget: AVX-512 with VNNI (Sapphire Rapids and
                           later; Zen 4 and later), AVX-512, AVX2, and a plain x86-64 baseline
-                          (Halide picks the best one the running CPU supports)
+                          (each scheduled for its own registers; the library runs the best
+                          one the CPU supports: halide_gen.dispatch)
     host-native           x86-64 Linux, the one of host's builds this CPU runs: a fifth of the
                           compile time, for a library that runs where it was built (the
                           delegate declines it on a CPU without that build's features)
@@ -37,6 +38,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, replace
+from typing import Sequence
 
 _X86_AVX512 = "x86-64-linux-avx-avx2-avx512-avx512_skylake-f16c-fma-sse41"
 # AVX-512 with VNNI: int8 sums with VPDPBUSD, 4 byte products per 32-bit lane. Two builds, one per
@@ -182,7 +184,7 @@ class TargetSpec:
         if not self.native:
             return []
         (build,) = self.halide
-        return [int(f) for f in _features_of(build)]
+        return [int(f) for f in features_of(build)]
 
     @property
     def dot_product(self) -> bool:
@@ -335,17 +337,33 @@ def _for_this_cpu(spec: TargetSpec) -> TargetSpec:
 
     host = hl.get_host_target()
     for build in spec.halide:
-        if all(host.has_feature(f) for f in _features_of(build)):
+        if all(host.has_feature(f) for f in features_of(build)):
             return replace(spec, halide=(build,))
     raise ValueError(f"{spec.name}: this CPU runs none of its builds ({host})")
 
 
-def _features_of(build: str) -> list:
+def features_of(build: str) -> list:
     """The Halide target features (hl.TargetFeature) a build's target string sets."""
     import halide as hl
 
     target, end = hl.Target(build), int(hl.TargetFeature.FeatureEnd)
     return [f for f in hl.TargetFeature.__members__.values() if int(f) < end and target.has_feature(f)]
+
+
+def feature_word_count() -> int:
+    """The 64-bit words halide_can_use_target_features takes (its runtime refuses any other count)."""
+    import halide as hl
+
+    return (int(hl.TargetFeature.FeatureEnd) + 63) // 64
+
+
+def feature_words(features: Sequence[int]) -> list[int]:
+    """Halide target features as halide_can_use_target_features takes them: bit k of word k / 64,
+    feature_word_count() words; [] for none."""
+    words = [0] * feature_word_count() if features else []
+    for f in features:
+        words[f // 64] |= 1 << (f % 64)
+    return words
 
 
 GPU_TARGETS = tuple(name for name, spec in TARGETS.items() if spec.family == "gpu" and spec.precision == "fp32")

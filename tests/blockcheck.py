@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+import halide as hl
 import numpy as np
 
 import tflite_tools
@@ -51,9 +52,10 @@ def block_kind(names: list[str]) -> str:
 
 
 def check_model_blocks(model: Model | str | Path, precision: str = "fp32", params: CpuParams = X86,
-                       seed: int = 3, allow_unlowered: bool = False, scale_floor: float = 1e-30) -> Counter:
+                       seed: int = 3, allow_unlowered: bool = False, scale_floor: float = 1e-30,
+                       target: str | None = None) -> Counter:
     """Checks every planned block of `model` (a Model, or a path) against LiteRT under the CPU
-    schedule `params`, one kernel per identity (each block runs the first kernel built for its
+    schedule `params`, compiled for `target` (a Halide target string; default this CPU's), one kernel per identity (each block runs the first kernel built for its
     identity, on its own arguments, as in a bundle); returns the block kinds checked. A block with no lowering fails the check
     unless `allow_unlowered` (random graphs: fuse leaves such a block to TFLite). Float errors are
     relative to max(max|ref|, `scale_floor`): a graph built at unit scale passes 1.0, since one
@@ -81,7 +83,8 @@ def check_model_blocks(model: Model | str | Path, precision: str = "fp32", param
                 raise
             continue
         if lowered.identity not in jits:
-            jits[lowered.identity] = JitKernel(lowered, schedule=lambda k: schedule_cpu(k, params))
+            jits[lowered.identity] = JitKernel(lowered, target=hl.Target(target) if target else None,
+                                               schedule=lambda k: schedule_cpu(k, params))
         feeds = {id(t): interp.get_tensor(index[id(t)]) for t in block.inputs}
         got = jits[lowered.identity](argument_arrays(lowered, feeds))
         for t, out in zip(block.outputs, got):

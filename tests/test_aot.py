@@ -62,7 +62,7 @@ def target_ready(target: str) -> dict[str, str]:
     return {}
 
 
-def run_block(kind: str, target: str, model_path, tmp_path) -> float:
+def run_block(kind: str, target: str, model_path, tmp_path, features=None) -> float:
     stem, ops = BLOCKS[kind]
     env = target_ready(target)
     model = tflite_tools.load(model_path(stem))
@@ -71,7 +71,7 @@ def run_block(kind: str, target: str, model_path, tmp_path) -> float:
     # (Int8 on Vulkan, which has no 64-bit integers here, requantizes in 32-bit pieces: lower.quantized.)
     artifact = compile_kernel([plan.ecg.nodes[i].op for i in block.ops], block.outputs, target,
                               cache_dir=tmp_path / "cache")
-    runner = build_runner(artifact, target, tmp_path / "build")
+    runner = build_runner(artifact, target, tmp_path / "build", features)
     # LiteRT computes every tensor of the model; the block's inputs and outputs are read from it.
     index = {id(t): k for k, t in enumerate(model.main.tensors)}
     quantized = stem.endswith("_int8")  # LiteRT's reference int8 SOFTMAX aborts: builtin kernels, 1 LSB
@@ -108,6 +108,33 @@ RUNS_ON = {"host": "host", "arm64-linux": "arm64_under_qemu", "host-opencl": "op
 @pytest.mark.parametrize("kind", sorted(BLOCKS))
 def test_block_runs_on(kind, target, model_path, tmp_path):
     run_block(kind, target, model_path, tmp_path)
+
+
+def _host_runs(build: str) -> bool:
+    """Whether this CPU runs a host build: its features, and the vendor's instructions the delegate
+    checks besides (delegate/src/cpu_caps.cc: AMD's SSE4a for Zen 4's, AVX512-FP16 for Sapphire Rapids')."""
+    import halide as hl
+
+    from halide_gen.targets import features_of
+
+    host = hl.get_host_target()
+    flags = set(next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")),
+                     "").split())
+    vendor = {"avx512_zen4": "sse4a", "avx512_sapphirerapids": "avx512_fp16"}
+    return (all(host.has_feature(f) for f in features_of(build))
+            and all(flag in flags for feature, flag in vendor.items() if feature in build.split("-")))
+
+
+@pytest.mark.parametrize("kind", ["fully connected", "conv + relu6", "depthwise + residual", "int8 inverted residual"])
+def test_every_build_of_the_host_library_that_this_cpu_runs_is_right(kind, model_path, tmp_path):
+    # Each x86 build is compiled from a kernel scheduled for its own registers (AVX-512's tiles, AVX2's,
+    # SSE's): every build this CPU can run, taken by the library's own dispatch, against LiteRT.
+    from halide_gen.targets import features_of
+
+    builds = [b for b in target_spec("host").halide if _host_runs(b)]
+    assert len(builds) >= 2  # at least AVX2 (or better) and the baseline
+    for build in builds:
+        run_block(kind, "host", model_path, tmp_path, features=[int(f) for f in features_of(build)])
 
 
 def swish_block(model_path):

@@ -29,6 +29,19 @@ def test_fused_blocks_match_litert(model_path, stem, precision):
     assert sum(check_model_blocks(model_path(stem), precision).values()) > 0
 
 
+# The tiles of the host library's AVX2 and SSE2 builds (halide_gen.schedule.params), compiled for
+# their own vector extension: AVX-512's are the default above.
+X86_BUILDS = [("X86_AVX2", "x86-64-linux-avx-avx2-f16c-fma-sse41-jit"), ("X86_SSE", "x86-64-linux-jit")]
+
+
+@pytest.mark.parametrize("params_name, target", X86_BUILDS, ids=[name for name, _ in X86_BUILDS])
+@pytest.mark.parametrize("stem", ["transformer_encoder", "mobilenet_v2_035_96", "unet_tiny", "mobilenet_v2_035_96_int8"])
+def test_fused_blocks_match_litert_under_each_x86_builds_tiles(model_path, stem, params_name, target):
+    from halide_gen.schedule import params
+
+    assert sum(check_model_blocks(model_path(stem), params=getattr(params, params_name), target=target).values()) > 0
+
+
 def test_every_block_kind_is_covered(model_path):
     kinds = Counter()
     for stem in ("transformer_encoder", "swish_chain", "reshape_transpose", "depthwise_residual"):

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from halide_gen.aot import compile_runtime
-from halide_gen.bundle import DELEGATE_DIR, HALIDE_INCLUDE, compiler_for, runtime_sources
+from halide_gen.bundle import DELEGATE_DIR, HALIDE_INCLUDE, runtime_sources
+from halide_gen.toolchain import compiler_for
 
 
 def _build_host_program(sources, exe: Path, tmp_path: Path, flags=("-Wall", "-Werror")) -> subprocess.CompletedProcess:

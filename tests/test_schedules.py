@@ -1334,3 +1334,85 @@ def test_every_statement_a_test_reads_has_stable_names():
     readers = [p.name for p in here.glob("*.py") if p.name != "halide_text.py"
                and re.search(r"compile_to_lowered_stmt\(|read_text\(\)[^\n]*\.stmt\b", p.read_text())]
     assert readers == [], "read a statement through halide_text"
+
+
+def _innermost_loops(listing: str) -> list[list[str]]:
+    """The innermost loops of an x86 assembly listing: the lines from a label to a later jump back
+    to it, with no such loop inside."""
+    lines, where, spans = listing.splitlines(), {}, []
+    for k, line in enumerate(lines):
+        if (label := re.match(r"^(\.LBB\w+):", line)) is not None:
+            where[label.group(1)] = k
+        jump = re.match(r"^\s+j\w+\s+(\.LBB\w+)", line)
+        if jump is not None and jump.group(1) in where:
+            spans.append((where[jump.group(1)], k))
+    return [lines[a:b + 1] for a, b in spans if not any(a <= c and d <= b and (c, d) != (a, b) for c, d in spans)]
+
+
+MULTIPLY_ADDS = re.compile(r"\b(vfn?madd\w*|vpdpbusd|v?pmaddwd|v?pmaddubsw|mulps)\b")
+VECTOR_TO_STACK = re.compile(r"\bv?mov\w*\s+%[xyz]mm\d+,.*\(%rsp\)")
+
+
+def _product_model(case: str):
+    rng = np.random.default_rng(0)
+    if case.startswith("int8"):
+        from test_lowering_int8 import conv_model, fully_connected_model
+
+        return fully_connected_model(64, 128, 128) if case == "int8 fc" else conv_model((1, 28, 28, 32), 64, 1, 1, "SAME")
+    w = lambda *shape: (rng.standard_normal(shape) * 0.1).astype(np.float32)  # noqa: E731
+    b = tflite_tools.ModelBuilder()
+    if case == "fc":
+        x = b.input("x", [1, 64, 96])
+        b.output(b.op("FULLY_CONNECTED", [x, b.const("w", w(128, 96)), b.const("b", w(128))], [1, 64, 128],
+                      keep_num_dims=True))
+    else:  # a 1x1 or 3x3 conv into 28-pixel rows, which a 7-pixel tile divides (unpadded: tiles by the
+        k = 3 if case == "conv 3x3" else 1  # padding guard each load, which costs registers of its own)
+        x = b.input("x", [1, 27 + k, 27 + k, 32])
+        b.output(b.op("CONV_2D", [x, b.const("w", w(64, k, k, 32)), b.const("b", w(64))], [1, 28, 28, 64],
+                      padding="VALID", stride_h=1, stride_w=1, fused_activation_function="RELU6"))
+    return b.build()
+
+
+@pytest.mark.parametrize("case", ["fc", "conv 1x1", "conv 3x3", "int8 fc", "int8 conv"])
+def test_no_x86_build_keeps_a_register_tiles_accumulators_on_the_stack(case, tmp_path):
+    # The host library holds builds for AVX-512 (32 vector registers), AVX2 and SSE (16 each). All
+    # scheduled with AVX-512's 32 x 12 tile, the AVX2 build kept every accumulator on the stack, a
+    # store and a load around each FMA (2.2x XNNPACK's time on an AVX2 host); a 16 x 7 conv tile
+    # (whole_rows' extra pixel) spilled too. No build's multiply-add loop stores a vector to the
+    # stack in its innermost loop, the reduction's; int8 sums on SSE2, the baseline, widen through
+    # more temporaries than it has registers.
+    from halide_gen.aot import compile_kernel
+
+    sg = _product_model(case).main
+    art = compile_kernel(sg.operators, sg.outputs, "host", cache_dir=tmp_path, emit_asm=True)
+    listings = sorted(p for p in art.extra if p.suffix == ".s")
+    for listing in listings[:-1] if case.startswith("int8") else listings:
+        products = [loop for loop in _innermost_loops(listing.read_text()) if any(MULTIPLY_ADDS.search(ln) for ln in loop)]
+        assert products, listing.name
+        spills = [ln.strip() for loop in products for ln in loop if VECTOR_TO_STACK.search(ln)]
+        assert not spills, (listing.name, spills[:4])
+
+
+def test_each_x86_build_is_scheduled_for_its_vector_registers():
+    # AVX-512's three builds share its tiles; AVX2 and the SSE2 baseline have tiles of their own.
+    import halide as hl
+
+    from halide_gen.schedule import X86, X86_AVX2, X86_SSE, schedule_variant, template_params
+    from halide_gen.targets import target_spec
+
+    spec = target_spec("host")
+    params = [template_params(spec, "template", t) for t in spec.targets()]
+    assert params == [X86, X86, X86, X86_AVX2, X86_SSE]
+    assert len({schedule_variant(spec, "template", t) for t in spec.targets()}) == 3
+    assert template_params(spec, "template-7px", spec.targets()[3]).conv_row_pixels == 0  # variants apply to each
+    # An autoscheduler plans each build for itself.
+    assert len({schedule_variant(spec, "Adams2019", t) for t in spec.targets()}) == len(spec.targets())
+    for p in (X86, X86_AVX2, X86_SSE):  # accumulators, weight vectors and a broadcast input fit 32 / 16 / 16
+        registers = 32 if p is X86 else 16
+        assert (p.mm_channels // p.lanes) * (p.mm_rows + 1) + 1 <= registers
+        assert (p.conv_channels // p.lanes) * (p.conv_pixels + 1) + 1 <= registers
+    native = target_spec("host-native")
+    host = hl.get_host_target()
+    expected = X86 if host.has_feature(hl.TargetFeature.AVX512) else X86_AVX2 if host.has_feature(
+        hl.TargetFeature.AVX2) else X86_SSE
+    assert template_params(native, "template", native.targets()[0]) == expected

@@ -6,6 +6,7 @@ bench/RESULTS-history.md, "Schedule parameters and code choices: the measurement
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Collection
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ class CpuParams:
 
 # AVX-512 (16 lanes, 32 registers): 32 x 7 conv tiles (7 divides MobileNet's rows) and 32 x 14 on rows
 # that 14 divides, 32 x 12 matrix-product tiles: enough accumulators to hide two FMA pipes' latency.
-# AVX2 and baseline builds split each 16-lane vector into the registers they have. L1: 8 ways of 4 KB.
+# L1: 8 ways of 4 KB.
 # Attention in tiles of up to 12 query rows, as many as divide the queries (attention.query_tile_rows:
 # 8 for 128 or 512, 12 for 300), at every size: a small core a stage at a time, each stage its own
 # parallel loop, was slower at two threads than at one. Conv chains stream from 4 MB of
@@ -98,6 +99,17 @@ class CpuParams:
 X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pixels=8, mm_channels=32, mm_rows=12,
                 dot_tile=(32, 7), conv_row_pixels=14, weight_cache_bytes=1 << 20, small_weight_bytes=64 << 10,
                 l1_ways=8, attention_rows=12, min_chains=8, stream_bytes=4 << 20)
+
+# AVX2 (8 lanes, 16 registers): AVX-512's tiles would need twice the registers there are, and every
+# accumulator lived on the stack. Float matrix products and convolutions in 16 x 6 tiles (12
+# accumulators, two weight vectors and a broadcast input: 15 of 16); int8 sums, which widen through
+# temporaries, in 16 x 4; depthwise tiles of 8 x 4 (4 accumulators beside 9 taps' weights); attention
+# in tiles of up to 6 query rows. The rest as AVX-512's: the caches are alike.
+X86_AVX2 = replace(X86, lanes=8, conv_channels=16, conv_pixels=6, conv_row_pixels=6, dw_channels=8, dw_pixels=4,
+                   mm_channels=16, mm_rows=6, dot_tile=(16, 4), attention_rows=6)
+
+# The x86-64 baseline (SSE2: 4 lanes, 16 registers): AVX2's tiles at half the channels.
+X86_SSE = replace(X86_AVX2, lanes=4, conv_channels=8, dw_channels=4, mm_channels=8, dot_tile=(8, 4))
 
 # NEON (4 lanes, 32 registers): tiles modelled per op (registers=32), 4 reduction steps per input
 # vector load (`fmla` by element; 2 where 4 do not divide the reduction) two groups to a loop
@@ -143,8 +155,18 @@ WHOLE_MAP_PIXELS = 16
 CACHE_LINE = 64  # bytes
 
 
-# The CPU template parameters of each CPU family a TargetSpec may name.
-CPU_PARAMS = {"x86": X86, "arm": NEON}
+# The CPU template parameters of each CPU family a TargetSpec may name: per vector extension, the
+# widest first (cpu_params picks the first whose features a target has).
+CPU_PARAMS: dict[str, tuple[tuple[tuple[str, ...], CpuParams], ...]] = {
+    "x86": ((("avx512",), X86), (("avx2",), X86_AVX2), ((), X86_SSE)),
+    "arm": (((), NEON),),
+}
+
+
+def cpu_params(family: str, features: Collection[str]) -> CpuParams:
+    """The template parameters of a CPU family for a target with these Halide feature names: a
+    register tile sized to the registers its vector extension has."""
+    return next(params for needs, params in CPU_PARAMS[family] if set(needs) <= set(features))
 
 # Named variants of a CPU family's template parameters: the defaults were measured on one CPU and
 # tile shapes do not carry to the next, so where a default beat an alternative on one host, the
