@@ -172,6 +172,9 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
         kernel = scheduled(target)
         kernel.aot_pipeline().compile_to(outputs_, [arg.param for arg in kernel.arguments], name, target)
 
+    # Scheduled before compiling: a schedule the generator cannot make is its fault, not the target's.
+    for target in targets:
+        scheduled(target)
     try:
         if len(targets) > 1:
             objects = [folder / f"{build_function(fn, k)}.o" for k in range(len(targets))]
