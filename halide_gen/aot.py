@@ -137,44 +137,45 @@ def compile_kernel(
     return _load(entry, cached, identity)
 
 
+def _scheduled_kernel(spec: TargetSpec, name: str, ops: Sequence[Operator], outputs: Sequence[Tensor], identity: str,
+                      schedule: str, target: hl.Target, in_place: bool) -> BlockKernel:
+    """The block lowered under the kernel's own name and scheduled for one Halide target."""
+    kernel = build_block_for(spec, name, ops, outputs, in_place=in_place)
+    if kernel.identity != identity:
+        raise RuntimeError(f"lowering {kernel.name} twice gave two identities: it depends on something it does not record")
+    schedule_from(kernel, spec, schedule, target)
+    if spec.gpu_api == "vulkan":
+        # Halide's Vulkan runtime clears a fresh buffer; for a 4-byte scratch buffer (a softmax's
+        # row max) that clear wrote past the end of its memory block on lavapipe (valgrind). Under
+        # 64 bytes (its allocator's granule here), a kernel allocates its own as before: the runtime
+        # pools those, and measured on every reference model none is allocated after the first invoke.
+        kernel.scratch = [v for v in kernel.scratch
+                          if int(np.prod(v.shape)) * v.func.type().bits() // 8 >= VULKAN_GRANULE]
+    return kernel
+
+
 def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tensor], identity: str,
                   spec: TargetSpec, emit_asm: bool, schedule: str, in_place: bool) -> None:
     """Lowers, schedules and compiles a block into `folder`: the static library, its header,
     kernel.json (what the bundle needs to call it) and, with emit_asm, .s / .stmt files.
 
     Each Halide target is compiled from a kernel scheduled for it (schedule_variant: the x86
-    sub-targets' register tiles differ); a multitarget library dispatches among them
+    builds' register tiles differ); a multitarget library dispatches among them
     (halide_gen.dispatch)."""
     fn = kernel_name(identity) + ("_in_place" if in_place else "")
     targets = spec.targets()
+    # Every schedule made before anything compiles: one the generator cannot make is its fault, not
+    # the target's. A Func takes one schedule, so each variant lowers the block again.
     kernels: dict = {}
-
-    def scheduled(target: hl.Target) -> BlockKernel:
+    for target in targets:
         variant = schedule_variant(spec, schedule, target)
         if variant not in kernels:
-            # Lowered again per schedule: a Func takes one schedule.
-            kernel = build_block_for(spec, fn, ops, outputs, in_place=in_place)
-            if kernel.identity != identity:
-                raise RuntimeError(f"lowering {kernel.name} twice gave two identities: it depends on something it "
-                                   "does not record")
-            schedule_from(kernel, spec, schedule, target)
-            if spec.gpu_api == "vulkan":
-                # Halide's Vulkan runtime clears a fresh buffer; for a 4-byte scratch buffer (a softmax's
-                # row max) that clear wrote past the end of its memory block on lavapipe (valgrind). Under
-                # 64 bytes (its allocator's granule here), a kernel allocates its own as before: the runtime
-                # pools those, and measured on every reference model none is allocated after the first invoke.
-                kernel.scratch = [v for v in kernel.scratch
-                                  if int(np.prod(v.shape)) * v.func.type().bits() // 8 >= VULKAN_GRANULE]
-            kernels[variant] = kernel
-        return kernels[variant]
+            kernels[variant] = _scheduled_kernel(spec, fn, ops, outputs, identity, schedule, target, in_place)
 
     def compile_one(outputs_: dict, name: str, target: hl.Target) -> None:
-        kernel = scheduled(target)
+        kernel = kernels[schedule_variant(spec, schedule, target)]
         kernel.aot_pipeline().compile_to(outputs_, [arg.param for arg in kernel.arguments], name, target)
 
-    # Scheduled before compiling: a schedule the generator cannot make is its fault, not the target's.
-    for target in targets:
-        scheduled(target)
     try:
         if len(targets) > 1:
             objects = [folder / f"{build_function(fn, k)}.o" for k in range(len(targets))]
@@ -195,7 +196,7 @@ def _compile_into(folder: Path, ops: Sequence[Operator], outputs: Sequence[Tenso
             compile_one({hl.OutputFileType.assembly: str(folder / f"{fn}{suffix}.s"),
                          hl.OutputFileType.stmt: str(folder / f"{fn}{suffix}.stmt")}, fn, target)
             extra += [f"{fn}{suffix}.s", f"{fn}{suffix}.stmt"]
-    kernel = scheduled(targets[0])
+    kernel = kernels[schedule_variant(spec, schedule, targets[0])]
     meta = {
         "function": fn,
         "library": f"{fn}.a",
