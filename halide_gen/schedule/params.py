@@ -108,8 +108,10 @@ X86 = CpuParams(lanes=16, conv_channels=32, conv_pixels=7, dw_channels=16, dw_pi
 X86_AVX2 = replace(X86, lanes=8, conv_channels=16, conv_pixels=6, conv_row_pixels=6, dw_channels=8, dw_pixels=4,
                    mm_channels=16, mm_rows=6, dot_tile=(16, 4), attention_rows=6)
 
-# The x86-64 baseline (SSE2: 4 lanes, 16 registers): AVX2's tiles at half the channels.
-X86_SSE = replace(X86_AVX2, lanes=4, conv_channels=8, dw_channels=4, mm_channels=8, dot_tile=(8, 4))
+# The x86-64 baseline (SSE2: 4 lanes, 16 registers): AVX2's float tiles at half the channels. Its int8
+# sums keep 32 channels: a dot-product tile narrower than the weights' blocks of 32 loads them by the
+# byte (an 8-channel tile ran an int8 FULLY_CONNECTED at 3x the time; bench/x86_tiles.py --build sse2).
+X86_SSE = replace(X86_AVX2, lanes=4, conv_channels=8, dw_channels=4, mm_channels=8, dot_tile=(32, 4))
 
 # NEON (4 lanes, 32 registers): tiles modelled per op (registers=32), 4 reduction steps per input
 # vector load (`fmla` by element; 2 where 4 do not divide the reduction) two groups to a loop
