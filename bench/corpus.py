@@ -33,7 +33,6 @@ import argparse
 import collections
 import datetime
 import math
-import os
 import re
 import statistics
 import sys
@@ -597,9 +596,9 @@ def main(argv: list[str] | None = None) -> int:
             for path in paths:
                 rows.append(speed_model(path, Path(tmp), args.threads, args.runs, args.folder / KERNELS))
                 print(speed_line(rows[-1], args.threads), flush=True)
-        from tflite_tools.bench import host_cpu  # here: `build` runs in a venv without the project
+        from tflite_tools.bench import host_line  # here: `build` runs in a venv without the project
 
-        print(f"Host: {host_cpu()}, {os.cpu_count()} cores.\n")  # x86 speed turns on its vector extension
+        print(host_line() + "\n")  # x86 speed turns on its vector extension
         print(speed_table(rows, args.threads))
         return 0
     if args.command == "memory":

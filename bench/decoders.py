@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -396,9 +395,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="dnnfusion-decoders-") as tmp:
         if args.command == "speed":
             rows = [speed_model(p, Path(tmp), args.threads, args.runs) for p in paths]
-            from tflite_tools.bench import host_cpu  # here: `build` runs in a venv without the project
+            from tflite_tools.bench import host_line  # here: `build` runs in a venv without the project
 
-            print(f"Host: {host_cpu()}, {os.cpu_count()} cores.\n")  # x86 speed turns on its vector extension
+            print(host_line() + "\n")  # x86 speed turns on its vector extension
             print(speed_table(rows, args.threads))
             return 0
         print(CHECK_HEAD)

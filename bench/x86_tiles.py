@@ -103,11 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     from halide_gen.profile import interleaved_seconds, random_array
     from halide_gen.schedule import X86, schedule_cpu, template_params
     from halide_gen.targets import target_spec
-    from tflite_tools.bench import host_cpu
+    from tflite_tools.bench import host_line
 
     target = hl.Target(BUILDS[args.build])
     own = template_params(target_spec("host"), "template", target)
-    print(f"Host: {host_cpu()}; {args.build} code, {args.threads} thread(s)\n")
+    print(f"{host_line()} {args.build} code, {args.threads} thread(s).\n")
     print(f"| block | AVX-512's tiles ms | {args.build}'s own ms | ratio |")
     print("|---|---|---|---|")
     for name, model in cases().items():

@@ -424,6 +424,11 @@ def host_cpu(cpuinfo: str | None = None) -> str:
     return f"{name} (AVX2, no AVX-512)" if "avx2" in flags else name
 
 
+def host_line() -> str:
+    """The line speed tables print above them: the host CPU (host_cpu) and its core count."""
+    return f"Host: {host_cpu()}, {os.cpu_count()} cores."
+
+
 def benchmark_json(timings: Sequence[Timings], model: str, threads: int, cold: bool = False) -> dict:
     """`bench --json`: per contender the raw samples (us) with their mean, deviation and
     percentiles, benchmark_model's figures and the ratio to XNNPACK; the host and the versions."""
