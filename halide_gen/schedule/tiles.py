@@ -156,8 +156,9 @@ def _fixed_tile_shape(acc: Accumulator, params: CpuParams, channels: int, pixels
         return channels, width
     requested = pixels
     if acc.kind == AccumulatorKind.CONV and width > pixels:
-        # The pixel whole_rows may add must fit the registers too: AVX2's 16 x 7 spilled.
-        pixels = min(whole_rows(width, pixels), max(pixels, _accumulator_budget(params) * params.lanes // channels))
+        pixels = whole_rows(width, pixels)
+        if budget := _accumulator_budget(params):  # the pixel it may add must fit too: AVX2's 16 x 7 spilled
+            pixels = min(pixels, max(requested, budget * params.lanes // channels))
     pixels = max(1, min(pixels, width))
     if pixels < requested:
         # Keep the accumulator count: fewer pixels, more channels (a one-row GEMV gets 8x the
