@@ -62,9 +62,10 @@ class BundleBlock:
     # (BlockKernel.bound): the model fingerprint covers them (bound_constants).
     bound: Mapping[tuple[int, int], str] = field(default_factory=dict)
     in_place: KernelArtifact | None = None  # the kernel's in-place form (halide_gen.block.build_block)
-    # Where the delegate may run the kernel once per item of a larger batch: the ids of the argument
-    # tensors it then cuts per item (tflite_tools.batch_items); None where it may not.
-    per_item: frozenset[int] | None = None
+    # Per direction (0: the batch, 1: the sequence) along which the delegate may run the kernel on
+    # windows of a resized model's steps: the axis carrying it of each tensor it then takes in
+    # windows, by tensor id (tflite_tools.windows); the others it takes whole.
+    windows: Mapping[int, Mapping[int, int]] = field(default_factory=dict)
 
     def kernels(self) -> list[KernelArtifact]:
         """The compiled kernels the block links: its kernel and its in-place form, if any."""
@@ -228,6 +229,7 @@ def _graph_tables(graph: BundleGraph, suffix: str) -> tuple[list[str], str]:
         return -1 if t is None else index[id(t)]
 
     touched: dict[int, Tensor] = {}
+    window_axes: dict[int, list[int]] = {}  # tensor -> its axis carrying the batch, the sequence (-1: none)
     nodes, node_io, args, outputs, scratch, rows, index_bounds, in_place = [], [], [], [], [], [], [], []
     for b in graph.blocks:
         first_node, first_arg, first_out, first_scratch = len(nodes), len(args), len(outputs), len(scratch)
@@ -247,8 +249,7 @@ def _graph_tables(graph: BundleGraph, suffix: str) -> tuple[list[str], str]:
                                     stored=idx(stored), pack=PACK.code(a.pack), half=int(a.half), rank=len(a.shape),
                                     dims=_dims(a.shape), first_index_bound=len(index_bounds),
                                     n_index_bounds=len(a.index_bounds),
-                                    index_op=_c_string(a.index_op) if a.index_op else "nullptr",
-                                    per_item=int(b.per_item is not None and id(a.tensor) in b.per_item)))
+                                    index_op=_c_string(a.index_op) if a.index_op else "nullptr"))
             index_bounds.extend(str(int(bound)) for bound in a.index_bounds)
         for t in b.outputs:
             touched[idx(t)] = t
@@ -263,9 +264,14 @@ def _graph_tables(graph: BundleGraph, suffix: str) -> tuple[list[str], str]:
                                 group=b.group, first_scratch=first_scratch, n_scratch=len(b.artifact.scratch),
                                 in_place_kernel=f"{b.in_place.function}_argv" if b.in_place else "nullptr",
                                 first_in_place=first_in_place, n_in_place=(len(in_place) - first_in_place) // 2,
-                                per_item=int(b.per_item is not None)))
+                                windows=sum(1 << d for d in b.windows)))
+        for d, axes in b.windows.items():
+            for t in (*(a.tensor for a in b.arguments), *b.outputs):
+                if id(t) in axes:
+                    window_axes.setdefault(idx(t), [-1, -1])[d] = axes[id(t)]
     tensors = [initializer(TENSOR_SPEC, index=i, type=TFLITE_TYPES.value(t.type_name), rank=len(t.shape),
-                           dims=_dims(t.shape)) for i, t in sorted(touched.items())]
+                           dims=_dims(t.shape), batch_axis=window_axes.get(i, [-1, -1])[0],
+                           sequence_axis=window_axes.get(i, [-1, -1])[1]) for i, t in sorted(touched.items())]
     tables = [
         _table("int32_t", f"kGraphCodes{suffix}", [str(op.opcode.builtin) for op in graph.operators], "0"),
         _table("TensorSpec", f"kTensors{suffix}", tensors, "{}"),

@@ -135,6 +135,8 @@ TENSOR_SPEC = Struct("TensorSpec", "A tensor as the model was compiled (TFLite o
     Field("type", "int32_t", "TfLiteType"),
     Field("rank", "int32_t"),
     Field("dims", "int32_t[kMaxRank]"),
+    Field("batch_axis", "int32_t", "the axis carrying the batch where a block takes it in windows (-1: none)"),
+    Field("sequence_axis", "int32_t", "the axis carrying the sequence where a block takes it in windows (-1: none)"),
 ))
 
 NODE_SPEC = Struct("NodeSpec", "A graph node a block replaces.", (
@@ -156,7 +158,6 @@ ARG_SPEC = Struct("ArgSpec", "One kernel argument: the tensor it reads and the s
     Field("first_index_bound", "int32_t", "slice of Bundle::index_bounds: indices a GPU kernel reads unchecked, each "
                                           "innermost position k < bound[k % n]; the partition checks them first"),
     Field("n_index_bounds", "int32_t", "0: no check"),
-    Field("per_item", "int32_t", "1: carries the batch; a block run once per item passes each item's slice"),
     Field("index_op", "const char*", "the op reading them, for the message (\"gather\")"),
 ))
 
@@ -187,8 +188,9 @@ BLOCK_SPEC = Struct("BlockSpec", "One fused block and its kernel.", (
     Field("first_in_place", "int32_t", "slice of GraphSpec::in_place, in pairs: an argument's position among "
                                        "the block's, then the output's it updates (a KV cache passed in and out)"),
     Field("n_in_place", "int32_t", "pairs"),
-    Field("per_item", "int32_t", "1: may run once per item where its tensors carry a batch that many times the one "
-                                 "it was compiled for (ArgSpec::per_item says which arguments; every output does)"),
+    Field("windows", "int32_t", "bit d set: may run on windows of the compiled steps where the model is resized "
+                                "along direction d (0: the batch, 1: the sequence), taking each tensor that "
+                                "carries it (TensorSpec::batch_axis, sequence_axis) in windows, the others whole"),
 ))
 
 GRAPH_SPEC = Struct("GraphSpec", "One fused subgraph's table: the blocks the delegate may claim in it.", (

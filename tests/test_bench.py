@@ -77,8 +77,8 @@ def test_cli_bench_takes_benchmark_models_flags_and_delegate_options(capsys, mod
 
 
 def test_cli_bench_resizes_the_inputs_as_benchmark_model_does(capsys, model_path, tmp_path, private_cache):
-    # --input_layer_shape: a batch of 3 of a model fused at batch 1 stays claimed (each block once
-    # per item); a shape LiteRT cannot take, or one shape too many, is one line and exit 2.
+    # --input_layer_shape: a batch of 3 of a model fused at batch 1 stays claimed (each block on
+    # windows of one item); a shape LiteRT cannot take, or one shape too many, is one line and exit 2.
     from tflite_tools.fuse import fuse
 
     result = fuse(model_path("add_relu"), tmp_path / "out", cache_dir=private_cache)

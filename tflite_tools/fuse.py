@@ -51,7 +51,6 @@ from halide_gen.bundle import (JNI_LIBRARY, BundleBlock, BundleGraph, BundleInfo
 from halide_gen.lower import LoweringError
 from halide_gen.targets import ANDROID_MIN_SDK, TargetSpec, default_target, target_spec
 
-from .batch_items import batch_carriers, per_item_arguments
 from .explorer import block_overlay, claims_overlay, write_overlay
 from .fuse_report import format_report
 from .measure import MEASURED_THREADS, BlockTimings, best_default_claim
@@ -63,6 +62,7 @@ from .model.variants import ShapeVariant, parse_variant, resolve, with_shapes
 from .model.writer import save, serialize
 from .outdir import OutputFolder
 from .runtime import tensor_shapes
+from .windows import DIRECTIONS, Carriers, carriers, window_arguments
 
 Progress = Callable[[int, int, str], None]  # (done, total, what)
 
@@ -78,9 +78,9 @@ class KernelRecord:
     shapes: str | None = None  # the `--shape` variant it is compiled at (None: the model's own shapes)
     kernel: str | None = None  # the C entry point, when the block has a kernel
     in_place_kernel: str | None = None  # its in-place form's, for a block that updates a KV cache
-    # The delegate may run it once per item where the model is resized to a larger batch
-    # (tflite_tools.batch_items).
-    per_item: bool = False
+    # The directions ("batch", "sequence") along which the delegate may run it on windows of the
+    # compiled steps where the model is resized (tflite_tools.windows).
+    windows: list[str] = field(default_factory=list)
     cached: bool = False
     skipped: str | None = None  # why the block stays with TFLite
     schedule: str = "template"  # the CPU templates, or the autoscheduler that measured faster
@@ -196,14 +196,13 @@ def fuse(model_path: str | os.PathLike, out_dir: str | os.PathLike, target: str 
         _check_room(staging, job.model_path)
         summaries = [plan_model(model, fast_math=fast_math, cost=cost, config=spec.plan_config(), subgraph=i,
                                 prefix=block_prefix(model, i), trace=trace) for i in range(len(model.subgraphs))]
-        # The rewritten model's bytes, which LiteRT sizes at other shapes (variants, the batch's carriers).
+        # The rewritten model's bytes, which LiteRT sizes at other shapes (variants, the resizes' carriers).
         content = serialize(model) if variants or spec.gpu_api is None else b""
         shaped = _shaped_subgraphs(model, content, variants)
         job.blocks = sum(len(summaries[v.index].plan.blocks) for v in shaped) + \
             sum(len(summary.plan.blocks) for summary in summaries)
-        carriers = _batch_carriers(job, model, content)
         graphs = [g for i, summary in enumerate(summaries)
-                  for g in _compile_subgraph(job, model, i, summary, [v for v in shaped if v.index == i], carriers[i])]
+                  for g in _compile_subgraph(job, model, i, summary, [v for v in shaped if v.index == i], content)]
         _withhold_indistinguishable(model, graphs)
         own = [g for g in graphs if g.variant is None]
         fingerprint = model_fingerprint([subgraph_fingerprint(model.subgraphs[g.index], bound_constants(g.blocks))
@@ -336,27 +335,29 @@ class _Graph:
     decoders: int = 0  # stored-weight decoders restored at its front (_restore_stored_weights)
 
 
-def _batch_carriers(job: _Job, model: Model, content: bytes) -> list[dict[int, bool] | None]:
-    """Per subgraph, which of its tensors carry the batch (batch_items.batch_carriers), for a CPU
-    target, whose kernels the delegate may run once per item of a larger batch; else None each.
-    `content`: the rewritten model's bytes."""
+def _resize_carriers(job: _Job, sg: Subgraph, content: bytes, index: int) -> tuple[Carriers | None, ...]:
+    """Per direction (windows.DIRECTIONS), which tensors of `sg` (subgraph `index`, at its shapes)
+    carry it (windows.carriers), for a CPU target, whose kernels the delegate may run on windows of
+    a resized model's steps; else None each. `content`: the rewritten model's bytes."""
     if job.spec.gpu_api is not None:
-        return [None] * len(model.subgraphs)
-    return [batch_carriers(model, content, i) for i in range(len(model.subgraphs))]
+        return (None,) * len(DIRECTIONS)
+    return tuple(carriers(sg, content, index, d) for d in range(len(DIRECTIONS)))
 
 
 def _compile_subgraph(job: _Job, model: Model, index: int, summary: PlanSummary,
-                      shaped: Sequence[_Shaped], carriers: dict[int, bool] | None = None) -> list[_Graph]:
+                      shaped: Sequence[_Shaped], content: bytes) -> list[_Graph]:
     """Compiles subgraph `index`'s planned blocks, and again at each variant's shapes under the same
-    plan (so its nodes are the same), then puts the stored weights back in each. `carriers`: which
-    tensors carry the batch (blocks of the model's own shapes may then run once per item)."""
+    plan (so its nodes are the same), then puts the stored weights back in each; each graph's blocks
+    may run on windows of a resized model's steps where LiteRT (sizing `content`, the rewritten
+    model's bytes) says their tensors carry the steps."""
     sg, label = model.subgraphs[index], model.subgraph_label(index)
-    graphs = [_Graph(index, label, summary, *_compile_blocks(job, sg, summary.plan.blocks, carriers), sg)]
+    found = _resize_carriers(job, sg, content, index)
+    graphs = [_Graph(index, label, summary, *_compile_blocks(job, sg, summary.plan.blocks, found), sg)]
     for variant in shaped:
         copy, copies = with_shapes(sg, variant.shapes)
         blocks = [replace(b, name=variant.prefix + b.name.removeprefix(block_prefix(model, index)),
                           outputs=[copies[id(t)] for t in b.outputs]) for b in summary.plan.blocks]
-        records, bundle_blocks = _compile_blocks(job, copy, blocks)
+        records, bundle_blocks = _compile_blocks(job, copy, blocks, _resize_carriers(job, copy, content, index))
         for record in records:
             record.shapes = variant.variant.text
         graphs.append(_Graph(index, variant.name, summary, records, bundle_blocks, copy, variant))
@@ -401,11 +402,11 @@ def _withhold_indistinguishable(model: Model, graphs: list[_Graph]) -> None:
             _withhold(graph, withheld[name], {name})
 
 
-def _compile_blocks(job: _Job, sg, plan_blocks, carriers: dict[int, bool] | None = None
+def _compile_blocks(job: _Job, sg, plan_blocks, found: Sequence[Carriers | None] = ()
                     ) -> tuple[list[KernelRecord], list[BundleBlock]]:
     """Lowers, schedules and compiles every planned block (through the kernel cache); returns a
-    record per block and the bundle blocks of those with a kernel, each with the arguments it takes
-    per item where it may run once per item of a larger batch (`carriers`: batch_carriers')."""
+    record per block and the bundle blocks of those with a kernel, each with the axes of the tensors
+    it takes in windows along each direction it may run so (`found`: per direction, carriers')."""
     timings = BlockTimings(job.cache_dir) if job.measure or job.autoschedulers else None
     records: list[KernelRecord] = []
     blocks: list[BundleBlock] = []
@@ -444,11 +445,10 @@ def _compile_blocks(job: _Job, sg, plan_blocks, carriers: dict[int, bool] | None
             record.profitable = record.ratio < 1.0
         else:
             record.profitable = job.spec.claims_unmeasured(ops)
-        per_item = None if artifact.scratch else per_item_arguments(
-            ops, [a.tensor for a in lowered.arguments], block.outputs, carriers)
-        record.per_item = per_item is not None
+        windows = {} if artifact.scratch or in_place is not None else _windows(ops, lowered, block.outputs, found)
+        record.windows = [DIRECTIONS[d] for d in sorted(windows)]
         blocks.append(BundleBlock(block.name, block.ops, lowered.arguments, block.outputs, artifact, record.profitable,
-                                  bound=lowered.bound, in_place=in_place, per_item=per_item))
+                                  bound=lowered.bound, in_place=in_place, windows=windows))
     for name, why in claim_groups(sg.operators, blocks).items():
         record = next(r for r in records if r.block == name)
         record.kernel, record.profitable, record.skipped = None, False, why
@@ -603,6 +603,17 @@ def _build_with_ndk(project: Path, build: Path, name: str) -> Path | None:
     if (build / JNI_LIBRARY).exists():  # the JNI library Java goes through (the NDK always builds it)
         shutil.copy2(build / JNI_LIBRARY, project / JNI_LIBRARY)
     return built
+
+
+def _windows(ops, lowered, outputs, found: Sequence[Carriers | None]) -> dict[int, dict[int, int]]:
+    """Per direction along which the block's kernel may run on windows of a resized model's steps:
+    the axis carrying it of each tensor the kernel then takes in windows (tensor id -> axis)."""
+    windows: dict[int, dict[int, int]] = {}
+    for d, carried in enumerate(found):
+        cut = window_arguments(ops, [a.tensor for a in lowered.arguments], outputs, carried)
+        if cut is not None:
+            windows[d] = {t: carried[t] for t in (*cut, *(id(o) for o in outputs))}
+    return windows
 
 
 def _check_interface(artifact, lowered) -> None:

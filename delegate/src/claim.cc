@@ -113,9 +113,9 @@ bool IsConstant(const TfLiteTensor& t) {
 // only here can a model whose weights changed since fuse be caught.
 const char kNotFinite[] = "' holds NaN or infinity (the kernel would differ from TFLite's at padding)";
 
-// Why tensor `index` differs from the bundle's spec, or "" when it matches.
-// Why tensor `index` differs from its spec with its leading dimension `items` times the spec's, or "".
-std::string CheckTensor(TfLiteContext* context, const GraphSpec& graph, int index, bool constant, int items = 1) {
+// Why tensor `index` differs from its spec (with axis `axis`, where not -1, of extent `extent`), or "".
+std::string CheckTensor(TfLiteContext* context, const GraphSpec& graph, int index, bool constant, int axis = -1,
+                        int extent = 0) {
   const TensorSpec* spec = FindTensorSpec(graph, index);
   if (spec == nullptr || index < 0 || static_cast<size_t>(index) >= context->tensors_size) {
     return "tensor " + std::to_string(index) + " is not in the bundle";
@@ -127,10 +127,10 @@ std::string CheckTensor(TfLiteContext* context, const GraphSpec& graph, int inde
   }
   int32_t dims[kMaxRank];
   std::copy(spec->dims, spec->dims + spec->rank, dims);
-  if (spec->rank > 0) dims[0] *= items;
+  if (axis >= 0 && axis < spec->rank) dims[axis] = extent;
   if (!SameDims(t.dims, spec->rank, dims)) {
     return "tensor '" + name + "' has shape " + ShapeText(t.dims) + ", the kernel was compiled for " +
-           SpecShapeText(spec->rank, spec->dims) + (items > 1 ? " per item" : "");
+           SpecShapeText(spec->rank, spec->dims) + (axis >= 0 ? " per window" : "");
   }
   // A dimension the signature leaves open (-1) is fine once TFLite has sized it (the dims checked
   // above); a tensor its producer sizes only while the model runs is not.
@@ -254,52 +254,115 @@ std::string ShapeText(const TfLiteIntArray* dims) {
 
 namespace {
 
-// Why the block's tensors differ from its spec with each batch-carrying one `items` times its
-// compiled batch (1: exactly as compiled), or "". `constants`: check constant arguments are constants.
-std::string ShapesAt(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, int items,
-                     bool constants) {
+// Calls `visit(index, spec, axis)` for each tensor of the block taken in windows along `direction`
+// (its outputs and non-constant arguments carrying it); false when one of them does not carry it.
+template <typename Visit>
+bool ForEachWindowed(const GraphSpec& graph, const BlockSpec& block, int direction, Visit visit) {
+  for (int k = 0; k < block.n_args + block.n_outputs; ++k) {
+    const bool output = k >= block.n_args;
+    const ArgSpec* arg = output ? nullptr : &graph.args[block.first_arg + k];
+    if (arg != nullptr && arg->source != ArgSource::kComputed) continue;  // weights: whole
+    const int index = output ? graph.outputs[block.first_output + k - block.n_args] : arg->tensor;
+    const TensorSpec* spec = FindTensorSpec(graph, index);
+    const int axis = spec == nullptr ? -1 : WindowAxis(*spec, direction);
+    if (axis < 0 || axis >= spec->rank || spec->dims[axis] <= 0) {
+      if (output) return false;
+      continue;  // computed but shared by every step (a mask)
+    }
+    visit(index, *spec, axis);
+  }
+  return true;
+}
+
+// Why the block's tensors differ from its spec with those it takes in windows along `direction`
+// (-1: none) holding `steps` steps of which it was compiled for `compiled`, or "". `constants`:
+// check constant arguments are constants.
+std::string ShapesAt(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, int direction,
+                     int steps, int compiled, bool constants) {
+  std::map<int, std::pair<int, int>> windowed;  // tensor -> (axis, extent now)
+  if (direction >= 0) {
+    ForEachWindowed(graph, block, direction, [&](int index, const TensorSpec& spec, int axis) {
+      windowed[index] = {axis, spec.dims[axis] / compiled * steps};
+    });
+  }
+  auto check = [&](int index, bool constant) {
+    auto it = windowed.find(index);
+    return it == windowed.end() ? CheckTensor(context, graph, index, constant)
+                                : CheckTensor(context, graph, index, constant, it->second.first, it->second.second);
+  };
   for (int k = 0; k < block.n_args; ++k) {
     const ArgSpec& arg = graph.args[block.first_arg + k];
-    std::string why = CheckTensor(context, graph, arg.tensor, constants && arg.source == ArgSource::kConstant,
-                                  arg.per_item ? items : 1);
+    std::string why = check(arg.tensor, constants && arg.source == ArgSource::kConstant);
     if (!why.empty()) return why;
   }
   for (int k = 0; k < block.n_outputs; ++k) {
-    std::string why = CheckTensor(context, graph, graph.outputs[block.first_output + k], false, items);
+    std::string why = check(graph.outputs[block.first_output + k], false);
     if (!why.empty()) return why;
   }
   return "";
 }
 
-// How many items of its compiled batch a per-item block's first output holds now (0: none whole).
-int ItemsHeld(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block) {
-  if (!block.per_item || block.n_outputs == 0) return 0;
-  const int index = graph.outputs[block.first_output];
-  const TensorSpec* spec = FindTensorSpec(graph, index);
-  if (spec == nullptr || spec->rank == 0 || spec->dims[0] <= 0 || index < 0 ||
-      static_cast<size_t>(index) >= context->tensors_size) {
-    return 0;
+// The steps along `direction` a block's windowed tensors hold at compile time (the fewest any
+// holds; the others hold whole multiples of them) and now (0, 0 where it cannot run so).
+std::pair<int, int> StepsAlong(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block,
+                               int direction) {
+  if (!(block.windows >> direction & 1) || block.n_outputs == 0) return {0, 0};
+  int compiled = 0;
+  int first_index = -1, first_axis = -1, first_extent = 0;
+  const bool all = ForEachWindowed(graph, block, direction, [&](int index, const TensorSpec& spec, int axis) {
+    if (compiled == 0 || spec.dims[axis] < compiled) compiled = spec.dims[axis];
+    if (first_index < 0) first_index = index, first_axis = axis, first_extent = spec.dims[axis];
+  });
+  if (!all || compiled <= 0 || first_index < 0 || static_cast<size_t>(first_index) >= context->tensors_size) {
+    return {0, 0};
   }
-  const TfLiteIntArray* dims = context->tensors[index].dims;
-  if (dims == nullptr || dims->size != spec->rank || dims->data[0] % spec->dims[0] != 0) return 0;
-  return dims->data[0] / spec->dims[0];
+  const TfLiteIntArray* dims = context->tensors[first_index].dims;
+  const int per_step = first_extent / compiled;
+  if (dims == nullptr || first_axis >= dims->size || dims->data[first_axis] % per_step != 0) return {0, 0};
+  return {compiled, dims->data[first_axis] / per_step};
 }
 
 }  // namespace
 
-int BlockItems(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, std::string* why,
+int WindowAxis(const TensorSpec& spec, int direction) {
+  return direction == 0 ? spec.batch_axis : direction == 1 ? spec.sequence_axis : -1;
+}
+
+BlockRun RunAt(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, std::string* why,
                bool constants) {
-  std::string exact = ShapesAt(context, graph, block, 1, constants);
-  if (exact.empty()) return 1;
-  const int items = ItemsHeld(context, graph, block);
-  if (items > 1 && ShapesAt(context, graph, block, items, constants).empty()) return items;
+  BlockRun run;
+  std::string exact = ShapesAt(context, graph, block, -1, 0, 0, constants);
+  if (exact.empty()) {
+    run.ok = true;
+    return run;
+  }
+  for (int direction = 0; direction < 2; ++direction) {
+    const auto steps = StepsAlong(context, graph, block, direction);
+    if (steps.second <= 0 || steps.second == steps.first) continue;
+    if (ShapesAt(context, graph, block, direction, steps.second, steps.first, constants).empty()) {
+      run.ok = true;
+      run.direction = direction;
+      run.compiled_steps = steps.first;
+      run.steps = steps.second;
+      return run;
+    }
+  }
   if (why != nullptr) *why = exact;
-  return 0;
+  return run;
+}
+
+int64_t RunCost(const BlockRun& run) {
+  // A product over this many rows reads its weights about as long as it computes (a guess: each
+  // window of a few steps is worth fewer windows of more, even padded).
+  constexpr int64_t kRunSteps = 16;
+  if (run.direction < 0) return 0;
+  const int64_t windows = (std::max(run.steps, run.compiled_steps) + run.compiled_steps - 1) / run.compiled_steps;
+  return windows * (run.compiled_steps + kRunSteps);
 }
 
 std::string BlockShapeProblem(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block) {
   std::string why;
-  BlockItems(context, graph, block, &why, /*constants=*/true);
+  RunAt(context, graph, block, &why, /*constants=*/true);
   return why;
 }
 
@@ -312,24 +375,36 @@ const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index) {
 
 namespace {
 
-// True when every tensor the graph's blocks touch is as they were compiled for (CheckTensor) or,
-// where `by_items`, when every block runs at its tensors' shapes, once or once per item.
-bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph, bool by_items) {
-  if (by_items) {
-    for (int b = 0; b < graph.n_blocks; ++b) {
-      if (BlockItems(context, graph, graph.blocks[b], nullptr, /*constants=*/false) == 0) return false;
-    }
-    return true;
-  }
+// True when every tensor the graph's blocks touch is as they were compiled for (CheckTensor).
+bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph) {
   for (int i = 0; i < graph.n_tensor_specs; ++i) {
     if (!CheckTensor(context, graph, graph.tensors[i].index, /*constant=*/false).empty()) return false;
   }
   return true;
 }
 
+// What a graph's kernels can do at the tensors' current shapes: how many nodes its blocks that
+// run (as compiled or on windows) replace, and their summed RunCost.
+struct Fit {
+  int nodes = 0;
+  int64_t cost = 0;
+  bool Better(const Fit& other) const { return nodes != other.nodes ? nodes > other.nodes : cost < other.cost; }
+};
+Fit FitAt(TfLiteContext* context, const GraphSpec& graph) {
+  Fit fit;
+  for (int b = 0; b < graph.n_blocks; ++b) {
+    const BlockRun run = RunAt(context, graph, graph.blocks[b], nullptr, /*constants=*/false);
+    if (!run.ok) continue;
+    fit.nodes += graph.blocks[b].n_nodes;
+    fit.cost += RunCost(run);
+  }
+  return fit;
+}
+
 // The bundle's graph for the subgraph in `context`: of those whose operators it has (CheckGraph),
-// the first with blocks whose tensor shapes agree too (exactly, else once per item of a larger
-// batch), else the first with blocks (they are then declined one by one, naming the tensor that
+// the first with blocks whose tensor shapes agree too, else the one whose blocks that can run at
+// these shapes (on windows of a resized model's steps) replace the most nodes, at the least
+// RunCost, else the first with blocks (they are then declined one by one, naming the tensor that
 // differs), else one without blocks (the entry subgraph's, which claims nothing). Any graph
 // accepted here computes what this subgraph computes (fuse leaves out graphs another subgraph
 // could be mistaken for: bundle.indistinguishable), so the choice only decides which shapes'
@@ -337,7 +412,8 @@ bool ShapesAgree(TfLiteContext* context, const GraphSpec& graph, bool by_items) 
 const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::string* why) {
   const GraphSpec* first = nullptr;
   const GraphSpec* empty = nullptr;
-  const GraphSpec* by_items = nullptr;  // the first that runs per item: one compiled for these shapes wins
+  const GraphSpec* best = nullptr;  // of the others, the one whose kernels replace the most nodes, cheapest
+  Fit best_fit;
   for (int g = 0; g < bundle.n_graphs; ++g) {
     const GraphSpec& graph = bundle.graphs[g];
     const std::string problem = CheckGraph(context, graph);
@@ -349,11 +425,12 @@ const GraphSpec* SelectGraph(TfLiteContext* context, const Bundle& bundle, std::
       if (empty == nullptr) empty = &graph;
       continue;
     }
-    if (ShapesAgree(context, graph, false)) return &graph;
-    if (by_items == nullptr && ShapesAgree(context, graph, true)) by_items = &graph;
+    if (ShapesAgree(context, graph)) return &graph;
+    const Fit fit = FitAt(context, graph);
+    if (fit.nodes > 0 && (best == nullptr || fit.Better(best_fit))) best = &graph, best_fit = fit;
     if (first == nullptr) first = &graph;
   }
-  if (by_items != nullptr) return by_items;
+  if (best != nullptr) return best;
   if (first == nullptr) first = empty;
   if (first == nullptr && bundle.n_graphs == 0) *why = "the bundle holds no kernel for any subgraph of the model";
   if (first == nullptr && bundle.n_graphs > 1) {

@@ -53,15 +53,30 @@ std::string ShapeText(const TfLiteIntArray* dims);
 
 // Why a tensor block `block` reads or writes differs from the graph's spec (type, shape, a constant
 // that is not, a size known only as the model runs), or "" when none does: none differs, or the
-// block may run once per item (BlockSpec::per_item) and its batch-carrying tensors hold a whole
-// number of the items it was compiled for.
+// block may run on windows of its compiled steps (BlockRun) at the shapes they have now.
 std::string BlockShapeProblem(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block);
 
-// How many times the block's kernel runs at its tensors' current shapes: 1 where they are as
-// compiled, B where a per-item block's batch-carrying tensors hold B times its compiled batch, 0
-// (`why` says which tensor differs) otherwise. `constants`: also check constant arguments are.
-int BlockItems(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, std::string* why,
+// How a block's kernel runs at its tensors' current shapes: as compiled (`direction` -1), or, where
+// the model was resized along a direction the block may run windowed in (BlockSpec::windows), on
+// windows of its compiled steps along it: its tensors carrying the direction (those of its outputs
+// and non-constant arguments whose TensorSpec names an axis for it) hold `steps` steps there, the
+// kernel takes `compiled_steps`; every other dimension and tensor is as compiled.
+struct BlockRun {
+  bool ok = false;  // false: neither (`why` says which tensor differs)
+  int direction = -1;
+  int steps = 0;
+  int compiled_steps = 0;
+};
+BlockRun RunAt(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, std::string* why,
                bool constants = true);
+
+// What running a block so costs beside running it as compiled (0), in steps computed: each window
+// computes the compiled steps, and costs as many again as a window of kRunSteps steps (the weights
+// read again). Chooses between graphs compiled at other shapes that could each run a resized model.
+int64_t RunCost(const BlockRun& run);
+
+// The axis of tensor `spec` carrying `direction` (0: the batch, 1: the sequence), or -1.
+int WindowAxis(const TensorSpec& spec, int direction);
 
 // The spec of tensor `index` in a graph of the bundle, or nullptr.
 const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index);

@@ -356,14 +356,22 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
       bound.push_back(b);
       if (role == Role::kOutput) step.to_host.push_back(b);
     }
-    step.items = std::max(1, BlockItems(context, graph, block, nullptr, /*constants=*/false));
-    for (int k = 0; step.items > 1 && k < block.n_args; ++k) {
-      if (graph.args[block.first_arg + k].per_item) step.cut.emplace_back(bound[k], bound[k]->raw.size_in_bytes());
+    step.run = RunAt(context, graph, block, nullptr, /*constants=*/false);
+    const int direction = step.run.direction;
+    for (int k = 0; direction >= 0 && k < block.n_args + block.n_outputs; ++k) {
+      const bool output = k >= block.n_args;
+      const ArgSpec* arg = output ? nullptr : &graph.args[block.first_arg + k];
+      const TensorSpec* spec = output ? nullptr : FindTensorSpec(graph, arg->tensor);
+      if (!output && (arg->source != ArgSource::kComputed || spec == nullptr || WindowAxis(*spec, direction) < 0)) {
+        continue;  // weights, and tensors every step shares: whole
+      }
+      Step::Cut& cut = step.cut.emplace_back();
+      cut.buffer = bound[k];
+      cut.output = output;
+      cut.step_bytes = bound[k]->raw.size_in_bytes() / step.run.compiled_steps;
+      if (step.run.steps < step.run.compiled_steps) cut.padded.Allocate(bound[k]->raw.size_in_bytes());
     }
-    for (int k = 0; step.items > 1 && k < block.n_outputs; ++k) {
-      step.cut.emplace_back(bound[block.n_args + k], bound[block.n_args + k]->raw.size_in_bytes());
-    }
-    for (int k = 0; step.items == 1 && block.in_place_kernel != nullptr && k < block.n_in_place; ++k) {
+    for (int k = 0; direction < 0 && block.in_place_kernel != nullptr && k < block.n_in_place; ++k) {
       const int32_t* pair = graph.in_place + block.first_in_place + 2 * k;
       const Buffer* in = bound[pair[0]];
       const Buffer* out = bound[block.n_args + pair[1]];
@@ -387,20 +395,20 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
 
 std::string Partition::ShapeChange(TfLiteContext* context) const {
   const GraphSpec& graph = *graph_;
-  std::set<const Buffer*> batched;  // checked per item here, not against their compiled shapes below
+  std::set<const Buffer*> windowed;  // checked by RunAt here, not against their compiled shapes below
   for (const Step& step : steps_) {
-    if (step.items == 1) continue;
+    if (step.run.direction < 0) continue;
     std::string why;
-    const int items = BlockItems(context, graph, graph.blocks[step.block], &why, /*constants=*/false);
-    if (items != step.items) {
+    const BlockRun run = RunAt(context, graph, graph.blocks[step.block], &why, /*constants=*/false);
+    if (run.direction != step.run.direction || run.steps != step.run.steps) {
       return why.empty() ? "block " + std::string(graph.blocks[step.block].name) + " now holds " +
-                               std::to_string(items) + " items of its batch, not " + std::to_string(step.items)
+                               std::to_string(run.steps) + " steps, not " + std::to_string(step.run.steps)
                          : why;
     }
-    for (const auto& cut : step.cut) batched.insert(cut.first);
+    for (const Step::Cut& cut : step.cut) windowed.insert(cut.buffer);
   }
   for (const Buffer& b : buffers_) {
-    if (batched.count(&b)) continue;
+    if (windowed.count(&b)) continue;
     if (!b.packed.empty() || b.role == Role::kScratch) continue;  // packed or scratch: shapes of our own
     const TensorSpec* spec = FindTensorSpec(graph, b.tensor);
     const TfLiteIntArray* dims = context->tensors[b.tensor].dims;
@@ -416,30 +424,35 @@ std::string Partition::ShapeChange(TfLiteContext* context) const {
 
 const GraphSpec* Partition::GraphForShapes(TfLiteContext* context, std::vector<int>* blocks) const {
   const Bundle& bundle = *state_.bundle;
-  for (const bool by_items : {false, true}) {
-    for (int g = 0; g < bundle.n_graphs; ++g) {
-      const GraphSpec& other = bundle.graphs[g];
-      if (other.subgraph != graph_->subgraph) continue;
-      blocks->clear();
-      for (const Step& step : steps_) {
-        const BlockSpec& mine = graph_->blocks[step.block];
-        int found = -1;
-        for (int b = 0; b < other.n_blocks && found < 0; ++b) {
-          const BlockSpec& theirs = other.blocks[b];
-          bool same = theirs.n_nodes == mine.n_nodes;
-          for (int k = 0; same && k < mine.n_nodes; ++k) {
-            same = other.nodes[theirs.first_node + k].index == graph_->nodes[mine.first_node + k].index;
-          }
-          const int items = same ? BlockItems(context, other, theirs, nullptr) : 0;
-          if (items == 1 || (by_items && items > 1)) found = b;
+  const GraphSpec* best = nullptr;  // of those whose blocks all run: as compiled, else the least RunCost
+  int64_t best_cost = 0;
+  for (int g = 0; g < bundle.n_graphs; ++g) {
+    const GraphSpec& other = bundle.graphs[g];
+    if (other.subgraph != graph_->subgraph) continue;
+    std::vector<int> theirs_blocks;
+    int64_t cost = 0;
+    for (const Step& step : steps_) {
+      const BlockSpec& mine = graph_->blocks[step.block];
+      int found = -1;
+      for (int b = 0; b < other.n_blocks && found < 0; ++b) {
+        const BlockSpec& theirs = other.blocks[b];
+        bool same = theirs.n_nodes == mine.n_nodes;
+        for (int k = 0; same && k < mine.n_nodes; ++k) {
+          same = other.nodes[theirs.first_node + k].index == graph_->nodes[mine.first_node + k].index;
         }
-        if (found < 0) break;
-        blocks->push_back(found);
+        const BlockRun run = same ? RunAt(context, other, theirs, nullptr) : BlockRun();
+        if (run.ok) found = b, cost += RunCost(run);
       }
-      if (blocks->size() == steps_.size()) return &other;
+      if (found < 0) break;
+      theirs_blocks.push_back(found);
+    }
+    if (theirs_blocks.size() == steps_.size() && (best == nullptr || cost < best_cost)) {
+      best = &other;
+      best_cost = cost;
+      *blocks = theirs_blocks;
     }
   }
-  return nullptr;
+  return best;
 }
 
 void Partition::Rebind(const GraphSpec& graph, const std::vector<int>& blocks) {
@@ -498,25 +511,43 @@ TfLiteStatus Partition::Prepare(TfLiteContext* context) {
 
 int Partition::RunStep(Step& step) {
   const BlockSpec& block = graph_->blocks[step.block];
-  int err = 0;
-  if (step.items == 1) {
-    err = (SharesMemory(step.in_place) ? block.in_place_kernel : block.kernel)(step.argv.data());
-  } else {
-    // Each item's slice of the batch-carrying buffers in turn; the others (weights, a shared mask) whole.
-    std::vector<uint8_t*> bases;
-    for (const auto& cut : step.cut) bases.push_back(cut.first->raw.host);
-    for (int item = 0; item < step.items && err == 0; ++item) {
-      for (size_t k = 0; k < step.cut.size(); ++k) step.cut[k].first->raw.host = bases[k] + item * step.cut[k].second;
-      err = block.kernel(step.argv.data());
-    }
-    for (size_t k = 0; k < step.cut.size(); ++k) step.cut[k].first->raw.host = bases[k];
-  }
+  int err = step.run.direction >= 0 ? RunWindows(step)
+                                    : (SharesMemory(step.in_place) ? block.in_place_kernel : block.kernel)(step.argv.data());
   for (Buffer* b : step.to_host) {
     if (err == 0) err = halide_copy_to_host(nullptr, &b->raw);  // no-op unless a GPU wrote it
-    if (err == 0 && b->copy_to != nullptr) {
-      std::memcpy(b->copy_to, b->raw.host, b->raw.size_in_bytes() * static_cast<size_t>(step.items));
+    if (err == 0 && b->copy_to != nullptr) std::memcpy(b->copy_to, b->raw.host, b->copy_bytes);
+  }
+  return err;
+}
+
+int Partition::RunWindows(Step& step) {
+  const KernelEntry kernel = graph_->blocks[step.block].kernel;
+  const int steps = step.run.steps;
+  const int window = step.run.compiled_steps;
+  std::vector<uint8_t*> bases;
+  for (const Step::Cut& cut : step.cut) bases.push_back(cut.buffer->raw.host);
+  int err = 0;
+  if (steps < window) {
+    // The steps there are, then zeros (a valid index, a finite value): no step reads another's, so
+    // what the kernel makes of the padding is dropped.
+    for (Step::Cut& cut : step.cut) {
+      if (!cut.output) std::memcpy(cut.padded.data(), cut.buffer->raw.host, cut.step_bytes * steps);
+      cut.buffer->raw.host = cut.padded.data();
+    }
+    err = kernel(step.argv.data());
+    for (size_t k = 0; k < step.cut.size(); ++k) {
+      if (err == 0 && step.cut[k].output) std::memcpy(bases[k], step.cut[k].padded.data(), step.cut[k].step_bytes * steps);
+    }
+  } else {
+    // Windows side by side; the last ends at the last step, computing again, to the same values,
+    // the steps it shares with the one before.
+    for (int start = 0; err == 0 && start < steps; start += window) {
+      const int at = std::min(start, steps - window);
+      for (size_t k = 0; k < step.cut.size(); ++k) step.cut[k].buffer->raw.host = bases[k] + at * step.cut[k].step_bytes;
+      err = kernel(step.argv.data());
     }
   }
+  for (size_t k = 0; k < step.cut.size(); ++k) step.cut[k].buffer->raw.host = bases[k];
   return err;
 }
 
@@ -562,6 +593,7 @@ TfLiteStatus Partition::Invoke(TfLiteContext* context) {
     if (b.role == Role::kOutput && Aligned(b.raw.host) != b.raw.host) {
       b.raw.host = b.shadow.Allocate(t.bytes);
       b.copy_to = t.data.raw;
+      b.copy_bytes = t.bytes;
     }
     if (b.role == Role::kInput) b.raw.set_host_dirty(true);  // new data: upload on first use
   }

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "HalideRuntime.h"
+#include "claim.h"
 #include "delegate_state.h"
 #include "dnnfusion/tflite_abi.h"
 #include "memory_plan.h"
@@ -73,6 +74,7 @@ class Partition {
     // (aligned inside), and the step copies it to `copy_to` after.
     AlignedBytes shadow;
     void* copy_to = nullptr;
+    size_t copy_bytes = 0;
     std::vector<halide_dimension_t> dims;
     halide_buffer_t raw{};
   };
@@ -95,25 +97,34 @@ class Partition {
     // the caller passes in and out as one buffer): empty when the block has none, or when a pair
     // is a tensor internal to the partition (memory of ours, never shared).
     std::vector<std::pair<const Buffer*, const Buffer*>> in_place;
-    // The kernel runs once per item of a batch `items` times the one it was compiled for
-    // (BlockSpec::per_item), on each item's slice of the buffers in `cut` (each an item's bytes).
-    int items = 1;
-    std::vector<std::pair<Buffer*, size_t>> cut;
+    // Where the model was resized along a direction the block runs windowed in (RunAt), the kernel
+    // runs on windows of the compiled steps of the buffers in `cut`: side by side, the last ending
+    // at the last step; with fewer steps than compiled, once on copies padded to the compiled steps.
+    BlockRun run;
+    struct Cut {
+      Buffer* buffer = nullptr;
+      size_t step_bytes = 0;  // one step's bytes
+      bool output = false;
+      AlignedBytes padded;    // the compiled steps' bytes, where the tensor holds fewer
+    };
+    std::deque<Cut> cut;
   };
 
   TfLiteStatus Fail(TfLiteContext* context, const std::string& message);
   TfLiteStatus Build(TfLiteContext* context);
   // True when every pair shares its memory (and there is one): the block's in-place form may run.
   static bool SharesMemory(const std::vector<std::pair<const Buffer*, const Buffer*>>& pairs);
-  // "" when every tensor has the shape the kernels were built for (once per item where the steps
-  // run so); else which one differs.
+  // "" when every tensor has the shape the kernels were built for (on windows where the steps run
+  // so); else which one differs.
   std::string ShapeChange(TfLiteContext* context) const;
   // A graph of the bundle for this subgraph (a `fuse --shape` variant, or the model's own shapes
-  // again, run once per item of a larger batch) holding this partition's blocks, node for node, at
+  // again, run on windows of a resized model's steps) holding this partition's blocks, node for node, at
   // the shapes the tensors have now, one compiled for exactly those shapes first; null when none does.
   const GraphSpec* GraphForShapes(TfLiteContext* context, std::vector<int>* blocks) const;
-  // Runs step's kernel (once per item where it runs so), then hands its outputs back to TFLite.
+  // Runs step's kernel (on windows where it runs so), then hands its outputs back to TFLite.
   int RunStep(Step& step);
+  // Runs a windowed step's kernel on each window of its steps (Step::run).
+  int RunWindows(Step& step);
   // Makes `graph`'s `blocks` the partition's steps; what was built for the old graph is dropped.
   void Rebind(const GraphSpec& graph, const std::vector<int>& blocks);
   void FreeDeviceMemory();

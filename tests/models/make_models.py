@@ -573,6 +573,29 @@ def make_tensorflow(out: Path, only: set[str] | None = None) -> list[Path]:
     conv = tf.lite.TFLiteConverter.from_concrete_functions([encoder.__call__.get_concrete_function()], encoder)
     write("encoder_open_shapes", conv.convert())
 
+    # An encoder layer whose sequence is open ([1, None, 32]) and whose reshapes say -1 for it, so
+    # LiteRT sizes every tensor at any length when the model is prepared (a prompt as long as it is).
+    class OpenSequence(OpenEncoder):
+        def __init__(self):
+            super().__init__()
+            self.bias = tf.constant(np.random.default_rng(17).standard_normal(64).astype(np.float32) * 0.1)
+
+        @tf.function(input_signature=[tf.TensorSpec([1, None, 32], tf.float32)])
+        def __call__(self, x):
+            def heads(w):
+                return tf.transpose(tf.reshape(tf.matmul(x, w), [1, -1, 4, 8]), [0, 2, 1, 3])
+
+            scores = tf.matmul(heads(self.wq), heads(self.wk), transpose_b=True) / np.sqrt(8.0)
+            attended = tf.transpose(tf.matmul(tf.nn.softmax(scores), heads(self.wv)), [0, 2, 1, 3])
+            h = x + tf.matmul(tf.reshape(attended, [1, -1, 32]), self.wo)
+            mean, variance = tf.nn.moments(h, axes=[-1], keepdims=True)
+            h = (h - mean) * tf.math.rsqrt(variance + 1e-5)
+            return h + tf.matmul(tf.nn.gelu(tf.matmul(h, self.up) + self.bias, approximate=True), self.down)
+
+    sequence = OpenSequence()
+    conv = tf.lite.TFLiteConverter.from_concrete_functions([sequence.__call__.get_concrete_function()], sequence)
+    write("encoder_open_sequence", conv.convert())
+
     # Decoders as the decoder corpus builds them (bench/decoders.py), at a tiny size: prefill_4,
     # prefill_8 and decode over a 16-position KV cache. Gemma-style in float (one key/value head, a
     # GELU-tanh gate; the converter numbers its two prefills' tensors differently), Llama-style with

@@ -76,6 +76,8 @@ struct TensorSpec {
   int32_t type;  // TfLiteType
   int32_t rank;
   int32_t dims[kMaxRank];
+  int32_t batch_axis;  // the axis carrying the batch where a block takes it in windows (-1: none)
+  int32_t sequence_axis;  // the axis carrying the sequence where a block takes it in windows (-1: none)
 };
 
 // A graph node a block replaces.
@@ -98,7 +100,6 @@ struct ArgSpec {
   int32_t dims[kMaxRank];  // after packing, TFLite order
   int32_t first_index_bound;  // slice of Bundle::index_bounds: indices a GPU kernel reads unchecked, each innermost position k < bound[k % n]; the partition checks them first
   int32_t n_index_bounds;  // 0: no check
-  int32_t per_item;  // 1: carries the batch; a block run once per item passes each item's slice
   const char* index_op;  // the op reading them, for the message ("gather")
 };
 
@@ -127,7 +128,7 @@ struct BlockSpec {
   KernelEntry in_place_kernel;  // the kernel's in-place form (nullptr: none), run instead where every pair of in_place shares its memory: it writes only the updates
   int32_t first_in_place;  // slice of GraphSpec::in_place, in pairs: an argument's position among the block's, then the output's it updates (a KV cache passed in and out)
   int32_t n_in_place;  // pairs
-  int32_t per_item;  // 1: may run once per item where its tensors carry a batch that many times the one it was compiled for (ArgSpec::per_item says which arguments; every output does)
+  int32_t windows;  // bit d set: may run on windows of the compiled steps where the model is resized along direction d (0: the batch, 1: the sequence), taking each tensor that carries it (TensorSpec::batch_axis, sequence_axis) in windows, the others whole
 };
 
 // One fused subgraph's table: the blocks the delegate may claim in it.
