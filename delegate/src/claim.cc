@@ -255,20 +255,17 @@ std::string ShapeText(const TfLiteIntArray* dims) {
 namespace {
 
 // Calls `visit(index, spec, axis)` for each tensor of the block taken in windows along `direction`
-// (its outputs and non-constant arguments carrying it); false when one of them does not carry it.
+// (its outputs, and the arguments TakesInWindows); false when an output does not carry it.
 template <typename Visit>
 bool ForEachWindowed(const GraphSpec& graph, const BlockSpec& block, int direction, Visit visit) {
   for (int k = 0; k < block.n_args + block.n_outputs; ++k) {
     const bool output = k >= block.n_args;
     const ArgSpec* arg = output ? nullptr : &graph.args[block.first_arg + k];
-    if (arg != nullptr && arg->source != ArgSource::kComputed) continue;  // weights: whole
+    if (!output && !TakesInWindows(graph, *arg, direction)) continue;
     const int index = output ? graph.outputs[block.first_output + k - block.n_args] : arg->tensor;
     const TensorSpec* spec = FindTensorSpec(graph, index);
     const int axis = spec == nullptr ? -1 : WindowAxis(*spec, direction);
-    if (axis < 0 || axis >= spec->rank || spec->dims[axis] <= 0) {
-      if (output) return false;
-      continue;  // computed but shared by every step (a mask)
-    }
+    if (axis < 0 || axis >= spec->rank || spec->dims[axis] <= 0) return false;
     visit(index, *spec, axis);
   }
   return true;
@@ -326,6 +323,11 @@ std::pair<int, int> StepsAlong(TfLiteContext* context, const GraphSpec& graph, c
 
 int WindowAxis(const TensorSpec& spec, int direction) {
   return direction == 0 ? spec.batch_axis : direction == 1 ? spec.sequence_axis : -1;
+}
+
+bool TakesInWindows(const GraphSpec& graph, const ArgSpec& arg, int direction) {
+  const TensorSpec* spec = FindTensorSpec(graph, arg.tensor);
+  return arg.source == ArgSource::kComputed && spec != nullptr && WindowAxis(*spec, direction) >= 0;
 }
 
 BlockRun RunAt(TfLiteContext* context, const GraphSpec& graph, const BlockSpec& block, std::string* why,

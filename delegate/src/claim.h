@@ -78,6 +78,10 @@ int64_t RunCost(const BlockRun& run);
 // The axis of tensor `spec` carrying `direction` (0: the batch, 1: the sequence), or -1.
 int WindowAxis(const TensorSpec& spec, int direction);
 
+// Whether a block run on windows along `direction` takes argument `arg` in windows (a tensor it
+// computes from, carrying the direction), not whole (weights, a tensor every step shares).
+bool TakesInWindows(const GraphSpec& graph, const ArgSpec& arg, int direction);
+
 // The spec of tensor `index` in a graph of the bundle, or nullptr.
 const TensorSpec* FindTensorSpec(const GraphSpec& graph, int index);
 

@@ -360,11 +360,7 @@ TfLiteStatus Partition::Build(TfLiteContext* context) {
     const int direction = step.run.direction;
     for (int k = 0; direction >= 0 && k < block.n_args + block.n_outputs; ++k) {
       const bool output = k >= block.n_args;
-      const ArgSpec* arg = output ? nullptr : &graph.args[block.first_arg + k];
-      const TensorSpec* spec = output ? nullptr : FindTensorSpec(graph, arg->tensor);
-      if (!output && (arg->source != ArgSource::kComputed || spec == nullptr || WindowAxis(*spec, direction) < 0)) {
-        continue;  // weights, and tensors every step shares: whole
-      }
+      if (!output && !TakesInWindows(graph, graph.args[block.first_arg + k], direction)) continue;
       Step::Cut& cut = step.cut.emplace_back();
       cut.buffer = bound[k];
       cut.output = output;
