@@ -205,6 +205,9 @@ def test_an_encoder_resized_along_its_sequence_keeps_its_row_blocks_and_matches(
     rows = {k.block for k in variant if "sequence" in k.windows}
     mixing = [n for k in variant if k.block not in rows for n in k.nodes]
     assert rows and mixing and sum(len(k.nodes) for k in variant if k.block in rows) > len(mixing)
+    report_md = (tmp_path / "out" / "report.md").read_text()
+    windowed = sum("sequence" in k.windows for k in result.kernels if k.kernel)
+    assert f"along the sequence, {windowed} of {sum(bool(k.kernel) for k in result.kernels)}" in report_md
     report, profile = tmp_path / "claims.jsonl", tmp_path / "profile.jsonl"
     d = runtime.load_delegate(str(result.library), options={"claim": "all", "report": str(report),
                                                             "profile": str(profile)})

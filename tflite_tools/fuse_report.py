@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from fusion.report import format_summary
 
 from .measure import MEASURED_THREADS
+from .windows import DIRECTIONS
 
 if TYPE_CHECKING:  # pragma: no cover
     from .fuse import FuseResult
@@ -25,6 +26,14 @@ def _size_line(sizes: dict[str, int | None]) -> str:
     return text + (f"; delegate library {mib(sizes['library'])}" if sizes.get("library") is not None else "")
 
 
+def _windows_line(with_kernel) -> str:
+    """How many blocks keep their kernels when the model is resized along each direction."""
+    counts = [f"along the {d}, {sum(d in k.windows for k in with_kernel)} of {len(with_kernel)}"
+              for d in DIRECTIONS if any(d in k.windows for k in with_kernel)]
+    return ("- Blocks that run on windows of their compiled steps where the model is resized (the rest run at "
+            "compiled shapes only; plan.json `windows`): " + "; ".join(counts))
+
+
 def format_report(result: FuseResult, summary, source: str, target: str) -> str:
     """report.md: the plan, then what became of each block."""
     with_kernel = [k for k in result.kernels if k.kernel]
@@ -40,6 +49,7 @@ def format_report(result: FuseResult, summary, source: str, target: str) -> str:
         *(["- Compiled at other input shapes too (`--shape`; the delegate runs these kernels when the model is "
            "resized to them): " + ", ".join(f"`{v.name}` (blocks `{v.prefix}block_NNN`)" for v in result.variants)]
           if result.variants else []),
+        *([_windows_line(with_kernel)] if any(k.windows for k in with_kernel) else []),
         f"- Delegate: `{result.library.name if result.library else 'android/arm64-v8a (build it with the NDK)'}`; "
         f"fused model: `model.fused.tflite`",
         f"- Size: {_size_line(result.sizes)}",
