@@ -107,6 +107,8 @@ def test_a_model_resized_to_compiled_shapes_runs_their_kernels_and_matches(model
     assert [v.prefix for v in result.variants] == [f"shape{k}." for k in range(1, len(shapes) + 1)]
     own = {k.block for k in result.kernels if k.kernel and k.shapes is None}
     assert own
+    # The report counts the nodes blocks replace once, whatever the shapes they are compiled at.
+    assert result.claimable_nodes == len({(k.subgraph, n) for k in result.kernels if k.kernel for n in k.nodes})
     # Every block with a kernel at the model's shapes has one at each variant's.
     for variant in result.variants:
         assert {k.block.removeprefix(variant.prefix) for k in result.kernels

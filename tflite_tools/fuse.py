@@ -136,8 +136,9 @@ class FuseResult:
 
     @property
     def claimable_nodes(self) -> int:
-        """Nodes inside blocks that have a kernel."""
-        return sum(len(k.nodes) for k in self.kernels if k.kernel)
+        """Nodes inside blocks that have a kernel (at the model's own shapes: a `--shape` variant's
+        blocks replace the same nodes)."""
+        return sum(len(k.nodes) for k in self.kernels if k.kernel and k.shapes is None)
 
 
 # The longest model stem a library name keeps: file names stop at 255 bytes on every filesystem
