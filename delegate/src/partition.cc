@@ -520,30 +520,29 @@ int Partition::RunWindows(Step& step) {
   const KernelEntry kernel = graph_->blocks[step.block].kernel;
   const int steps = step.run.steps;
   const int window = step.run.compiled_steps;
-  std::vector<uint8_t*> bases;
-  for (const Step::Cut& cut : step.cut) bases.push_back(cut.buffer->raw.host);
+  for (Step::Cut& cut : step.cut) cut.base = cut.buffer->raw.host;
   int err = 0;
   if (steps < window) {
     // The steps there are, then zeros (a valid index, a finite value): no step reads another's, so
     // what the kernel makes of the padding is dropped.
     for (Step::Cut& cut : step.cut) {
-      if (!cut.output) std::memcpy(cut.padded.data(), cut.buffer->raw.host, cut.step_bytes * steps);
+      if (!cut.output) std::memcpy(cut.padded.data(), cut.base, cut.step_bytes * steps);
       cut.buffer->raw.host = cut.padded.data();
     }
     err = kernel(step.argv.data());
-    for (size_t k = 0; k < step.cut.size(); ++k) {
-      if (err == 0 && step.cut[k].output) std::memcpy(bases[k], step.cut[k].padded.data(), step.cut[k].step_bytes * steps);
+    for (Step::Cut& cut : step.cut) {
+      if (err == 0 && cut.output) std::memcpy(cut.base, cut.padded.data(), cut.step_bytes * steps);
     }
   } else {
     // Windows side by side; the last ends at the last step, computing again, to the same values,
     // the steps it shares with the one before.
     for (int start = 0; err == 0 && start < steps; start += window) {
       const int at = std::min(start, steps - window);
-      for (size_t k = 0; k < step.cut.size(); ++k) step.cut[k].buffer->raw.host = bases[k] + at * step.cut[k].step_bytes;
+      for (Step::Cut& cut : step.cut) cut.buffer->raw.host = cut.base + at * cut.step_bytes;
       err = kernel(step.argv.data());
     }
   }
-  for (size_t k = 0; k < step.cut.size(); ++k) step.cut[k].buffer->raw.host = bases[k];
+  for (Step::Cut& cut : step.cut) cut.buffer->raw.host = cut.base;
   return err;
 }
 

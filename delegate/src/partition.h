@@ -103,7 +103,8 @@ class Partition {
     BlockRun run;
     struct Cut {
       Buffer* buffer = nullptr;
-      size_t step_bytes = 0;  // one step's bytes
+      uint8_t* base = nullptr;  // the buffer's memory while the windows run over it
+      size_t step_bytes = 0;    // one step's bytes
       bool output = false;
       AlignedBytes padded;    // the compiled steps' bytes, where the tensor holds fewer
     };
